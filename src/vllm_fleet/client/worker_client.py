@@ -1,0 +1,160 @@
+"""Async client for one worker: generate (an async iterator of chunks), abort, info, load, health.
+
+One long-lived channel per client. Cancelling the iteration (breaking out of `async for`,
+cancelling the task, or `aclose()`) cancels the RPC, and the worker aborts the engine request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from vllm_fleet.client.errors import error_from_rpc
+from vllm_fleet.errors import WorkerTimeoutError
+from vllm_fleet.protocol import SERVICE_NAME, worker_pb2 as pb, worker_pb2_grpc
+from vllm_fleet.protocol.convert import chunk_from_pb, info_from_pb, load_from_pb, request_to_pb
+from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerInfo, WorkerLoad
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """Channel settings shared by every client of a pool."""
+
+    # Pings keep idle connections alive through NAT/LBs and reveal dead peers in ~keepalive_timeout.
+    keepalive_time_ms: int = 10_000
+    keepalive_timeout_ms: int = 5_000
+    max_message_mb: int = 64
+    # Short backoff so a restarted worker is reachable again within a second or two.
+    initial_reconnect_backoff_ms: int = 200
+    max_reconnect_backoff_ms: int = 2_000
+    tls_ca: bytes | None = None            # PEM of the CA that signed the workers' certificates
+    tls_cert: bytes | None = None          # our certificate, for mTLS
+    tls_key: bytes | None = None
+    tls_server_name: str | None = None     # override the name checked against the certificate
+
+    def channel_options(self) -> list[tuple[str, object]]:
+        size = self.max_message_mb * 1024 * 1024
+        options: list[tuple[str, object]] = [
+            ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.max_send_message_length", size),
+            ("grpc.max_receive_message_length", size),
+            ("grpc.initial_reconnect_backoff_ms", self.initial_reconnect_backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", self.initial_reconnect_backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", self.max_reconnect_backoff_ms),
+            # Each worker address gets its own subchannel; do not share one across clients.
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        if self.tls_server_name:
+            options.append(("grpc.ssl_target_name_override", self.tls_server_name))
+        return options
+
+
+class WorkerClient:
+    """Client for the worker at `address` (host:port). Create and use it inside one event loop."""
+
+    def __init__(self, address: str, options: ClientOptions | None = None) -> None:
+        self.address = address
+        self.options = options or ClientOptions()
+        if self.options.tls_ca is not None:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=self.options.tls_ca,
+                private_key=self.options.tls_key,
+                certificate_chain=self.options.tls_cert,
+            )
+            self._channel = grpc.aio.secure_channel(address, credentials, options=self.options.channel_options())
+        else:
+            self._channel = grpc.aio.insecure_channel(address, options=self.options.channel_options())
+        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def generate(
+        self, request: GenerateRequest, *, timeout: float | None = None, first_chunk_timeout: float | None = None
+    ) -> AsyncIterator[Chunk]:
+        """Stream the chunks of `request`. Raises errors from `vllm_fleet.errors`.
+
+        `timeout` bounds the whole stream (the worker sees it as a gRPC deadline);
+        `first_chunk_timeout` bounds the wait for the first chunk only.
+        """
+        call = self._stub.Generate(request_to_pb(request), timeout=timeout)
+        try:
+            first = True
+            while True:
+                try:
+                    if first and first_chunk_timeout is not None:
+                        msg = await asyncio.wait_for(call.read(), first_chunk_timeout)
+                    else:
+                        msg = await call.read()
+                except TimeoutError:
+                    raise WorkerTimeoutError(
+                        f"worker {self.address}: no first chunk within {first_chunk_timeout:.1f}s",
+                        worker=self.address,
+                    ) from None
+                if msg is grpc.aio.EOF:
+                    return
+                first = False
+                yield chunk_from_pb(msg)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, self.address) from None
+        finally:
+            # Reached on normal end too; cancel() is then a no-op. On an early exit it tells
+            # the worker to abort the engine request.
+            call.cancel()
+
+    async def abort(self, request_id: str, *, timeout: float = 5.0) -> bool:
+        try:
+            reply = await self._stub.Abort(pb.AbortRequest(request_id=request_id), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, self.address) from None
+        return reply.found
+
+    async def info(self, *, timeout: float = 5.0) -> WorkerInfo:
+        try:
+            return info_from_pb(await self._stub.Info(pb.InfoRequest(), timeout=timeout))
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, self.address) from None
+
+    async def load(self, *, timeout: float = 2.0) -> WorkerLoad:
+        try:
+            return load_from_pb(await self._stub.Load(pb.LoadRequest(), timeout=timeout))
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, self.address) from None
+
+    async def health(self, *, timeout: float = 2.0, service: str = SERVICE_NAME) -> str:
+        """The worker's health status name: SERVING, NOT_SERVING, or UNREACHABLE."""
+        try:
+            reply = await self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return "UNREACHABLE"
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    async def wait_serving(self, *, timeout: float, poll_s: float = 0.2) -> None:
+        """Wait until health says SERVING; raise WorkerTimeoutError after `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        status = "UNREACHABLE"
+        while loop.time() < deadline:
+            status = await self.health(timeout=max(0.1, min(2.0, deadline - loop.time())))
+            if status == "SERVING":
+                return
+            await asyncio.sleep(poll_s)
+        raise WorkerTimeoutError(f"worker {self.address} not SERVING after {timeout:.0f}s (last: {status})",
+                                 worker=self.address)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> WorkerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,165 @@
+"""Typed configuration: one pydantic model per component, each of which builds its CLI options.
+
+Components define their models here (the engine and worker, which several rooms share) or in
+their own room (`router/config.py`, `gateway/config.py`, ...) on top of `FleetModel`.
+`add_options(parser, Model)` turns a model's fields into argparse options (the field's
+description is the help text); `from_args(Model, args)` builds the model back, so each option
+is written once. Environment variables are read only in `env_*` helpers below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vllm_fleet.errors import ConfigError
+
+
+class FleetModel(BaseModel):
+    """Base of every config model: unknown keys are an error, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment (read only here)
+
+
+def env_cache_dir() -> Path:
+    """Where converted models and other per-user files go: $VLLM_FLEET_CACHE or ~/.cache/vllm-fleet."""
+    root = os.environ.get("VLLM_FLEET_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "vllm-fleet"
+
+
+def env_log_level() -> str:
+    return os.environ.get("VLLM_FLEET_LOG_LEVEL", "INFO").upper()
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine and worker
+
+
+class EngineConfig(FleetModel):
+    """Which engine a worker runs and how. vLLM options pass through unchanged."""
+
+    engine: Literal["vllm", "mock"] = Field(
+        "vllm", description="Engine: 'vllm' (the real engine) or 'mock' (a named stand-in for control-plane tests)"
+    )
+    model: str | None = Field(
+        None, description="HF model id (e.g. Qwen/Qwen3.5-9B) or local folder; default: the packaged SmolLM2-135M-Instruct"
+    )
+    served_model_name: str | None = Field(None, description="Name clients use for this model (default: derived from --model)")
+    tokenizer: str | None = Field(None, description="Tokenizer id or folder, if not the model's own")
+    dtype: str = Field("auto", description="Weight dtype: auto, bfloat16, float16, float32")
+    max_model_len: int | None = Field(None, ge=16, description="Context length (prompt + output tokens)")
+    max_num_seqs: int | None = Field(None, ge=1, description="Most sequences the engine runs at once")
+    max_num_batched_tokens: int | None = Field(None, ge=16, description="Token budget of one engine step")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Fraction of GPU memory vLLM may use")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per worker (tensor parallel); never across MIG slices")
+    enforce_eager: bool = Field(False, description="Disable graph capture/compilation (faster start; on CPU ~30 s vs ~100 s)")
+    block_size: int | None = Field(None, ge=1, description="KV-cache block size in tokens")
+    enable_prefix_caching: bool | None = Field(None, description="Reuse KV cache across requests sharing a prefix")
+    load_format: str | None = Field(None, description="vLLM load format, e.g. 'dummy' for random weights (throughput tests)")
+    kv_cache_space_gb: float | None = Field(None, gt=0, description="CPU only: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)")
+    cpu_cores: str | None = Field(None, description="CPU only: cores this worker's engine binds to, e.g. '0' or '0-3' (VLLM_CPU_OMP_THREADS_BIND)")
+    seed: int | None = Field(None, description="Engine seed")
+    trust_remote_code: bool = Field(False, description="Allow model code from the model folder")
+    engine_arg: list[str] = Field(
+        default_factory=list, description="Any other vLLM engine argument as key=value (JSON values allowed); repeatable"
+    )
+    # The mock engine (never a default): deterministic tokens at a set pace.
+    mock_tokens_per_s: float = Field(50.0, gt=0, description="Mock engine: tokens per second per sequence")
+    mock_ttft_ms: float = Field(20.0, ge=0, description="Mock engine: fixed delay before the first token")
+    mock_prefill_ms_per_1k: float = Field(5.0, ge=0, description="Mock engine: extra prompt-processing delay per 1,000 prompt tokens")
+    mock_max_model_len: int = Field(4096, ge=16, description="Mock engine: context length it reports")
+
+
+class WorkerConfig(FleetModel):
+    """The gRPC worker around one engine."""
+
+    host: str = Field("127.0.0.1", description="Address the gRPC server binds to (0.0.0.0 to serve other hosts)")
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port (0 picks a free one)")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus metrics port (off when unset)")
+    worker_id: str | None = Field(None, description="Stable id of this worker (default host:port)")
+    device: str = Field("cpu", description="Device label reported in Info (e.g. 'GPU 0', 'MIG 1g.18gb')")
+    max_n: int = Field(16, ge=1, description="Largest n (samples per input) accepted")
+    max_inputs: int = Field(1024, ge=1, description="Most inputs accepted in one Generate request")
+    max_logprobs: int = Field(20, ge=0, description="Most top logprobs per token accepted")
+    default_stream_interval_ms: int = Field(
+        0, ge=0, description="Coalescing interval used when a request does not set one (0: every engine step)"
+    )
+    drain_grace_s: float = Field(30.0, ge=0, description="On SIGTERM: how long in-flight streams may finish before stop")
+    health_interval_s: float = Field(0.5, gt=0, description="How often engine health is checked")
+    max_message_mb: int = Field(64, ge=1, description="Largest gRPC message, in MiB")
+    tls_cert: str | None = Field(None, description="PEM certificate: serve gRPC over TLS")
+    tls_key: str | None = Field(None, description="PEM private key for --tls-cert")
+    tls_client_ca: str | None = Field(None, description="PEM CA: require client certificates signed by it (mTLS)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Model <-> argparse
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """(inner type, optional?) of `X | None`."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, model: type[FleetModel],
+                *, prefix: str = "", skip: tuple[str, ...] = ()) -> None:
+    """Add one `--kebab-name` option per field of `model` (nested models are not expanded)."""
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + (prefix + name).replace("_", "-")
+        dest = prefix + name
+        annotation, _ = _unwrap(field.annotation)
+        default = None if field.is_required() else field.get_default(call_default_factory=True)
+        helptext = (field.description or "").replace("%", "%%")
+        if default not in (None, [], False):
+            helptext += f" (default: {default})"
+        kwargs: dict[str, Any] = {"dest": dest, "help": helptext, "default": argparse.SUPPRESS}
+        origin = typing.get_origin(annotation)
+        if annotation is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif origin is Literal:
+            kwargs["choices"] = list(typing.get_args(annotation))
+        elif origin is list:
+            kwargs["action"] = "append"
+        elif annotation in (int, float, str):
+            kwargs["type"] = annotation
+        parser.add_argument(flag, **kwargs)
+
+
+def from_args(model: type[FleetModel], args: argparse.Namespace, *, prefix: str = "", **overrides: Any) -> Any:
+    """Build `model` from the options `add_options` added (only those the user gave), plus overrides."""
+    values = {}
+    for name in model.model_fields:
+        if hasattr(args, prefix + name):
+            values[name] = getattr(args, prefix + name)
+    values.update(overrides)
+    return validated(model, values)
+
+
+def validated(model: type[FleetModel], values: dict[str, Any]) -> Any:
+    """Build a config model, turning pydantic's error into a ConfigError a person can act on."""
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"--{'.'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid {model.__name__}: {problems}") from None

@@ -1,0 +1,104 @@
+"""The exception tree of vllm-fleet.
+
+Every error says whether it is *recoverable*: whether the same request may succeed if it is
+retried, possibly on another worker. Routers retry and migrate only recoverable errors;
+everything else goes straight back to the caller with its message.
+
+    FleetError
+    ├── ConfigError            fatal    a setting is wrong; the message says which and how to fix it
+    ├── ModelError             fatal    the model cannot be found, provisioned or loaded
+    ├── InvalidRequestError    fatal    the request itself is bad (HTTP 400, gRPC INVALID_ARGUMENT)
+    ├── WorkerError            recoverable unless stated: something went wrong on or with one worker
+    │   ├── WorkerUnavailableError   the worker cannot be reached, is draining, or its engine died
+    │   ├── WorkerOverloadedError    the worker refused for capacity (gRPC RESOURCE_EXHAUSTED)
+    │   ├── WorkerTimeoutError       a deadline passed, or the stream stalled
+    │   └── EngineDeadError          fatal *for that worker*: its engine died (recoverable elsewhere)
+    ├── NoWorkerError          recoverable later: no serving worker can take the request now
+    └── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
+"""
+
+from __future__ import annotations
+
+
+class FleetError(Exception):
+    """Base of every error vllm-fleet raises on purpose."""
+
+    recoverable: bool = False
+
+    def __init__(self, message: str, *, recoverable: bool | None = None) -> None:
+        super().__init__(message)
+        if recoverable is not None:
+            self.recoverable = recoverable
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ConfigError(FleetError):
+    """A setting is wrong or missing. Fatal: fix the configuration."""
+
+
+class ModelError(FleetError):
+    """The model cannot be found, provisioned or loaded. Fatal."""
+
+
+class InvalidRequestError(FleetError):
+    """The request is malformed or asks for something impossible. Fatal: fix the request.
+
+    `param` names the offending field where there is one (the OpenAI error body carries it).
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, recoverable=False)
+        self.param = param
+
+
+class WorkerError(FleetError):
+    """Something went wrong on, or on the way to, one worker. Recoverable elsewhere."""
+
+    recoverable = True
+
+    def __init__(self, message: str, *, worker: str | None = None, recoverable: bool | None = None) -> None:
+        super().__init__(message, recoverable=recoverable)
+        self.worker = worker
+
+
+class WorkerUnavailableError(WorkerError):
+    """The worker cannot be reached, is draining, or cannot generate. Recoverable."""
+
+
+class WorkerOverloadedError(WorkerError):
+    """The worker refused the request for lack of capacity. Recoverable."""
+
+
+class WorkerTimeoutError(WorkerError):
+    """A deadline passed or the stream stalled. Recoverable (the request may be retried)."""
+
+
+class EngineDeadError(WorkerError):
+    """The worker's engine died. Unrecoverable on that worker; recoverable on another."""
+
+
+class NoWorkerError(FleetError):
+    """No serving worker can take the request now. Recoverable once workers return."""
+
+    recoverable = True
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RateLimitedError(FleetError):
+    """Admission refused the request: a key's budget or a class queue is full. Retry later.
+
+    `reason` is a short label for metrics (e.g. "requests_per_min", "tokens_per_min", "queue_full").
+    """
+
+    recoverable = True
+
+    def __init__(self, message: str, *, retry_after: float, reason: str) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.reason = reason

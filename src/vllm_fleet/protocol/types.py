@@ -1,0 +1,121 @@
+"""Plain dataclasses for everything that crosses the worker protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+@dataclass(slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """vLLM's sampling parameters; None means the engine's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    n: int | None = None
+    logprobs: int | None = None
+    ignore_eos: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+
+
+@dataclass(slots=True)
+class GenerateInput:
+    """Exactly one of `text`, `messages`, `token_ids` is set.
+
+    `resume_token_ids` are tokens already generated for this input elsewhere (migration):
+    the worker continues after them and counts them against max_tokens.
+    """
+
+    text: str | None = None
+    messages: list[ChatMessage] | None = None
+    token_ids: list[int] | None = None
+    resume_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        if self.messages is not None:
+            return "chat"
+        if self.token_ids is not None:
+            return "token_ids"
+        return "text"
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    request_id: str
+    inputs: list[GenerateInput]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    session_id: str = ""
+    priority: int = 0
+    stream_interval_ms: int = 0
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """A delta of one (input index, sample) stream. `usage` is set on its final chunk."""
+
+    index: int
+    sample: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    logprobs: list[TokenLogprob] | None = None
+    stop_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class WorkerInfo:
+    model: str
+    max_model_len: int
+    engine: str
+    version: str = ""
+    engine_version: str = ""
+    settings: dict[str, str] = field(default_factory=dict)
+    device: str = ""
+    worker_id: str = ""
+
+
+@dataclass(slots=True)
+class WorkerLoad:
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_hit_rate: float = 0.0
+    output_tokens_per_s: float = 0.0
+    in_flight: int = 0
+    draining: bool = False
