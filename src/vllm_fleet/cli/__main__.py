@@ -1,0 +1,5 @@
+import sys
+
+from vllm_fleet.cli import main
+
+sys.exit(main())

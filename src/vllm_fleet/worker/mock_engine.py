@@ -1,0 +1,171 @@
+"""The mock engine: a named stand-in for control-plane tests and benchmarks. Never a default.
+
+Speaks the same protocol as the real engine, with deterministic output: each token depends
+only on the two before it (see `mock_next_token`), so a migrated stream can be
+checked against an uninterrupted one. It paces itself like an engine: a first-token delay
+(fixed + per prompt token), then `tokens_per_s` per sequence, emitted in steps of ~10 ms.
+Optionally `max_num_seqs` bounds concurrent sequences (the rest wait, as in a real scheduler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import AsyncIterator
+
+from vllm_fleet import __version__
+from vllm_fleet.config import EngineConfig
+from vllm_fleet.errors import InvalidRequestError
+from vllm_fleet.protocol.types import CHAT_ROLES, GenerateInput, SamplingParams, TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.worker.engine import Engine, SampleDelta
+
+# A small vocabulary: ids 0..3 are specials, then words. Some words are non-ASCII so that
+# UTF-8 handling is exercised even without the real engine.
+_SPECIALS = ["<eos>", "<bos>", "<|user|>", "<|assistant|>"]
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her an were are which this be "
+    "river mountain city light green north 北京 数据 流 😀 café naïve über λ model fleet token"
+).split()
+VOCAB = _SPECIALS + [" " + w for w in _WORDS]
+EOS = 0
+_STEP_S = 0.01
+
+
+def mock_next_token(previous: list[int], sample: int, first: bool) -> int:
+    """The deterministic next token after `previous` (the prompt plus what was generated).
+
+    It depends only on the last two tokens (and, for the first answer token, the sample
+    number), so a stream resumed elsewhere from prompt + tokens-so-far continues exactly as
+    the uninterrupted one would.
+    """
+    a = previous[-1] if previous else 0
+    b = previous[-2] if len(previous) > 1 else 0
+    salt = sample if first else 0
+    digest = hashlib.blake2b(f"{a}:{b}:{salt}".encode(), digest_size=4).digest()
+    return len(_SPECIALS) + int.from_bytes(digest, "little") % len(_WORDS)
+
+
+class MockEngine(Engine):
+    name = "mock"
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._active = 0
+        self._slots = asyncio.Semaphore(config.max_num_seqs) if config.max_num_seqs else None
+        self._waiting = 0
+        self._tasks: dict[str, asyncio.Event] = {}
+        self._tokens_out = 0
+        self._started = time.monotonic()
+        self._alive = False
+
+    async def start(self) -> None:
+        self._alive = True
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(
+            model=self.config.served_model_name or self.config.model or "mock-model",
+            max_model_len=self.max_model_len,
+            engine="mock",
+            engine_version=__version__,
+            settings={
+                "tokens_per_s": str(self.config.mock_tokens_per_s),
+                "ttft_ms": str(self.config.mock_ttft_ms),
+                "max_num_seqs": str(self.config.max_num_seqs or 0),
+            },
+        )
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len or self.config.mock_max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return len(VOCAB)
+
+    async def tokenize(self, item: GenerateInput) -> list[int]:
+        if item.token_ids is not None:
+            return list(item.token_ids)
+        if item.messages is not None:
+            text = ""
+            for message in item.messages:
+                if message.role not in CHAT_ROLES:
+                    raise InvalidRequestError(f"unknown chat role {message.role!r}", param="messages")
+                text += f" <|{message.role}|> {message.content}"
+            text += " <|assistant|>"
+        else:
+            text = item.text or ""
+        # One token per whitespace-separated word, hashed into the vocabulary.
+        return [len(_SPECIALS) + (hash_word(w) % len(_WORDS)) for w in text.split()]
+
+    async def generate(
+        self, engine_request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, priority: int = 0
+    ) -> AsyncIterator[list[SampleDelta]]:
+        n = params.n or 1
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(prompt_token_ids)
+        if self._slots is not None:
+            self._waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self._waiting -= 1
+        self._active += 1
+        try:
+            delay = self.config.mock_ttft_ms / 1000 + len(prompt_token_ids) * self.config.mock_prefill_ms_per_1k / 1e6
+            await asyncio.sleep(delay)
+            per_step = max(1, round(self.config.mock_tokens_per_s * _STEP_S))
+            step_s = per_step / self.config.mock_tokens_per_s
+            position = 0
+            sequences = [list(prompt_token_ids[-2:]) for _ in range(n)]
+            next_step = time.monotonic()
+            while position < max_tokens:
+                count = min(per_step, max_tokens - position)
+                deltas = []
+                for sample in range(n):
+                    ids = []
+                    for k in range(count):
+                        token = mock_next_token(sequences[sample], sample, first=position + k == 0)
+                        sequences[sample] = [sequences[sample][-1], token]
+                        ids.append(token)
+                    done = position + count >= max_tokens
+                    deltas.append(SampleDelta(
+                        sample=sample,
+                        text="".join(VOCAB[i] for i in ids),
+                        token_ids=ids,
+                        finish_reason="length" if done else None,
+                        logprobs=[TokenLogprob(i, VOCAB[i], -0.5) for i in ids] if params.logprobs is not None else None,
+                    ))
+                position += count
+                self._tokens_out += count * n
+                yield deltas
+                next_step += step_s
+                await asyncio.sleep(max(0.0, next_step - time.monotonic()))
+        finally:
+            self._active -= 1
+            if self._slots is not None:
+                self._slots.release()
+
+    async def abort(self, engine_request_ids: list[str]) -> None:
+        # Requests are aborted by cancelling their consumer; nothing else holds state.
+        return None
+
+    def load(self) -> WorkerLoad:
+        elapsed = max(1e-3, time.monotonic() - self._started)
+        capacity = self.config.max_num_seqs or 256
+        return WorkerLoad(
+            running=self._active,
+            waiting=self._waiting,
+            kv_cache_usage=min(1.0, self._active / capacity),
+            output_tokens_per_s=self._tokens_out / elapsed,
+        )
+
+    @property
+    def healthy(self) -> bool:
+        return self._alive
+
+    async def shutdown(self) -> None:
+        self._alive = False
+
+
+def hash_word(word: str) -> int:
+    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "little")

@@ -1,0 +1,267 @@
+"""The real engine: vLLM's AsyncLLM in this process, its EngineCore in a child process.
+
+We use AsyncLLM directly (not vLLM's OpenAI server): it streams RequestOutput deltas whose
+text is already whole UTF-8 characters (the detokenizer holds back partial ones), it aborts
+a request when its consumer is cancelled, and it reports scheduler statistics to stat loggers,
+from which `load()` is served without a round trip to the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from vllm_fleet.config import EngineConfig
+from vllm_fleet.errors import ConfigError, InvalidRequestError, ModelError
+from vllm_fleet.models import resolve_model
+from vllm_fleet.protocol.types import CHAT_ROLES, GenerateInput, SamplingParams, TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.worker.engine import Engine, SampleDelta
+
+logger = logging.getLogger(__name__)
+
+_PASSTHROUGH = (
+    "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+    "tensor_parallel_size", "enforce_eager", "block_size", "enable_prefix_caching", "load_format",
+    "seed", "trust_remote_code", "tokenizer",
+)
+
+
+def engine_kwargs(config: EngineConfig, model_path: str, served_name: str) -> dict[str, Any]:
+    """AsyncEngineArgs keyword arguments for a config: the named options plus --engine-arg k=v."""
+    kwargs: dict[str, Any] = {"model": model_path, "served_model_name": [served_name]}
+    for name in _PASSTHROUGH:
+        value = getattr(config, name)
+        if value is not None and not (name == "tensor_parallel_size" and value == 1):
+            kwargs[name] = value
+    for item in config.engine_arg:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--engine-arg {item!r} is not key=value")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        kwargs[key.strip().replace("-", "_")] = value
+    return kwargs
+
+
+class _LoadRecorder:
+    """A vLLM stat logger that keeps the latest scheduler numbers for `Load`."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self._generated: deque[tuple[float, int]] = deque()
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is not None:
+            self.running = scheduler_stats.num_running_reqs
+            self.waiting = scheduler_stats.num_waiting_reqs + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
+            self.kv_cache_usage = scheduler_stats.kv_cache_usage
+            prefix = scheduler_stats.prefix_cache_stats
+            if prefix is not None:
+                self.prefix_queries += prefix.queries
+                self.prefix_hits += prefix.hits
+        if iteration_stats is not None and iteration_stats.num_generation_tokens:
+            self._generated.append((time.monotonic(), iteration_stats.num_generation_tokens))
+
+    def tokens_per_s(self, window_s: float = 5.0) -> float:
+        cutoff = time.monotonic() - window_s
+        while self._generated and self._generated[0][0] < cutoff:
+            self._generated.popleft()
+        return sum(n for _, n in self._generated) / window_s
+
+
+def _stat_logger_factory(recorder: _LoadRecorder):
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class FleetLoadLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+            recorder.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return FleetLoadLogger
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._recorder = _LoadRecorder()
+        self._defaults: dict[str, Any] = {}
+        self._served_name = ""
+        self._max_model_len = 0
+        self._priority_scheduling = False
+
+    async def start(self) -> None:
+        # The engine core is a child process: it reads these when it starts.
+        if self.config.kv_cache_space_gb is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_space_gb:g}"
+        if self.config.cpu_cores is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        resolved = resolve_model(self.config.model, self.config.served_model_name)
+        self._served_name = resolved.served_name
+        kwargs = engine_kwargs(self.config, resolved.path, resolved.served_name)
+        logger.info("starting vLLM engine: %s", kwargs)
+        try:
+            args = AsyncEngineArgs(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"unknown vLLM engine argument: {exc}") from None
+        try:
+            self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self._recorder)])
+        except Exception as exc:
+            raise ModelError(f"vLLM could not load {resolved.path}: {exc}") from exc
+        vllm_config = self._llm.vllm_config
+        self._max_model_len = vllm_config.model_config.max_model_len
+        self._defaults = vllm_config.model_config.get_diff_sampling_param() or {}
+        self._priority_scheduling = vllm_config.scheduler_config.policy == "priority"
+        try:
+            self._tokenizer = self._llm.get_tokenizer()
+        except Exception:  # token-id-only deployments (e.g. dummy weights with no tokenizer)
+            self._tokenizer = None
+        logger.info("vLLM engine ready: model=%s max_model_len=%d", self._served_name, self._max_model_len)
+
+    def info(self) -> WorkerInfo:
+        import vllm
+
+        cfg = self._llm.vllm_config
+        settings = {
+            "dtype": str(cfg.model_config.dtype),
+            "max_num_seqs": str(cfg.scheduler_config.max_num_seqs),
+            "block_size": str(cfg.cache_config.block_size),
+            "num_kv_blocks": str(cfg.cache_config.num_gpu_blocks or 0),
+            "enable_prefix_caching": str(cfg.cache_config.enable_prefix_caching),
+            "tensor_parallel_size": str(cfg.parallel_config.tensor_parallel_size),
+            "model_path": str(cfg.model_config.model),
+        }
+        return WorkerInfo(model=self._served_name, max_model_len=self._max_model_len, engine="vllm",
+                          engine_version=vllm.__version__, settings=settings)
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._llm.vllm_config.model_config.get_vocab_size() if self._llm is not None else None
+
+    async def tokenize(self, item: GenerateInput) -> list[int]:
+        if item.token_ids is not None:
+            return list(item.token_ids)
+        if self._tokenizer is None:
+            raise InvalidRequestError("this worker's model has no tokenizer: send token_ids inputs", param="prompt")
+        if item.messages is not None:
+            for i, message in enumerate(item.messages):
+                if message.role not in CHAT_ROLES:
+                    raise InvalidRequestError(
+                        f"message {i} has unknown role {message.role!r}; use one of {', '.join(CHAT_ROLES)}",
+                        param="messages",
+                    )
+            try:
+                text = self._tokenizer.apply_chat_template(
+                    [{"role": m.role, "content": m.content} for m in item.messages],
+                    tokenize=False, add_generation_prompt=True,
+                )
+            except Exception as exc:  # the template itself rejects the conversation (e.g. role order)
+                raise InvalidRequestError(f"the model's chat template rejected the messages: {exc}",
+                                          param="messages") from None
+            return self._tokenizer.encode(text, add_special_tokens=False)
+        return self._tokenizer.encode(item.text or "")
+
+    async def generate(
+        self, engine_request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, priority: int = 0
+    ) -> AsyncIterator[list[SampleDelta]]:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = VllmSamplingParams(**self._sampling_kwargs(params), output_kind=RequestOutputKind.DELTA)
+        extra = {"priority": priority} if self._priority_scheduling else {}
+        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), sampling, engine_request_id, **extra)
+        async for output in stream:
+            cached = output.num_cached_tokens or 0
+            yield [
+                SampleDelta(
+                    sample=completion.index,
+                    text=completion.text,
+                    token_ids=list(completion.token_ids),
+                    finish_reason=completion.finish_reason,
+                    stop_reason=None if completion.stop_reason is None else str(completion.stop_reason),
+                    logprobs=self._convert_logprobs(completion) if params.logprobs is not None else None,
+                    cached_tokens=cached,
+                )
+                for completion in output.outputs
+            ]
+
+    def _sampling_kwargs(self, params: SamplingParams) -> dict[str, Any]:
+        kwargs = {k: v for k, v in self._defaults.items()}
+        for name in ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "n", "logprobs",
+                     "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(params, name)
+            if value is not None:
+                kwargs[name] = value
+        if params.stop:
+            kwargs["stop"] = list(params.stop)
+        if params.stop_token_ids:
+            kwargs["stop_token_ids"] = list(params.stop_token_ids)
+        if params.ignore_eos:
+            kwargs["ignore_eos"] = True
+        return kwargs
+
+    @staticmethod
+    def _convert_logprobs(completion: Any) -> list[TokenLogprob] | None:
+        if not completion.logprobs:
+            return None
+        result = []
+        for token_id, candidates in zip(completion.token_ids, completion.logprobs):
+            chosen = candidates.get(token_id)
+            top = sorted(
+                ((tid, lp.decoded_token or "", lp.logprob, lp.rank or 0) for tid, lp in candidates.items()),
+                key=lambda t: t[3],
+            )
+            result.append(TokenLogprob(
+                token_id=token_id,
+                token=(chosen.decoded_token or "") if chosen else "",
+                logprob=chosen.logprob if chosen else float("-inf"),
+                top=[(tid, tok, lp) for tid, tok, lp, _ in top],
+            ))
+        return result
+
+    async def abort(self, engine_request_ids: list[str]) -> None:
+        if self._llm is not None and engine_request_ids and not self._llm.errored:
+            await self._llm.abort(engine_request_ids)
+
+    def load(self) -> WorkerLoad:
+        r = self._recorder
+        hit_rate = r.prefix_hits / r.prefix_queries if r.prefix_queries else 0.0
+        return WorkerLoad(running=r.running, waiting=r.waiting, kv_cache_usage=r.kv_cache_usage,
+                          prefix_cache_hit_rate=hit_rate, output_tokens_per_s=r.tokens_per_s())
+
+    @property
+    def healthy(self) -> bool:
+        return self._llm is not None and not self._llm.errored
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+            await asyncio.to_thread(llm.shutdown)

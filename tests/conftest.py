@@ -1,0 +1,66 @@
+"""Shared fixtures: mock workers on demand, and real vLLM workers shared by the whole session.
+
+Real workers are expensive (~30 s, ~3 GB each), so at most two exist, each bound to its own
+core, started the first time a test asks for one and stopped at the end of the session.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from support import WorkerProcess, free_port, vllm_worker_args, worker_env
+
+VLLM_START_TIMEOUT_S = 300.0
+
+
+@pytest.fixture(scope="session")
+def mock_worker_factory():
+    """`start(**options)` → a running mock worker (WorkerProcess). Options are worker/engine CLI
+    options with underscores, e.g. start(mock_tokens_per_s=500, mock_ttft_ms=5, max_num_seqs=8)."""
+    started: list[WorkerProcess] = []
+
+    class Factory:
+        async def start(self, *, timeout: float = 30.0, **options) -> WorkerProcess:
+            args = ["--engine", "mock"]
+            for key, value in options.items():
+                flag = "--" + key.replace("_", "-")
+                if value is True:
+                    args.append(flag)
+                elif value is not False and value is not None:
+                    args += [flag, str(value)]
+            worker = WorkerProcess(args=args, env=worker_env(), port=free_port()).start()
+            started.append(worker)
+            await worker.wait_serving(timeout)
+            return worker
+
+    yield Factory()
+    for worker in started:
+        worker.stop(timeout=10)
+
+
+def _start_vllm(cores: str) -> WorkerProcess:
+    args, env = vllm_worker_args(cores)
+    worker = WorkerProcess(args=args, env=env, port=free_port()).start()
+    return worker
+
+
+@pytest.fixture(scope="session")
+async def vllm_worker():
+    """A real vLLM worker (default model) on core 0, shared by the session."""
+    worker = _start_vllm("0")
+    try:
+        await worker.wait_serving(VLLM_START_TIMEOUT_S)
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(scope="session")
+async def vllm_worker_b():
+    """A second real vLLM worker on core 1 (for routing and failover tests)."""
+    worker = _start_vllm("1")
+    try:
+        await worker.wait_serving(VLLM_START_TIMEOUT_S)
+        yield worker
+    finally:
+        worker.stop()

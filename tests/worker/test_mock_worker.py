@@ -1,0 +1,157 @@
+"""The worker's protocol behaviour, on the mock engine (no model needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from support import wait_until
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.errors import InvalidRequestError, WorkerUnavailableError
+from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+
+
+async def collect(client: WorkerClient, request: GenerateRequest):
+    chunks = [c async for c in client.generate(request, timeout=60)]
+    texts: dict[tuple[int, int], str] = {}
+    tokens: dict[tuple[int, int], list[int]] = {}
+    finals = {}
+    for c in chunks:
+        texts[(c.index, c.sample)] = texts.get((c.index, c.sample), "") + c.text
+        tokens.setdefault((c.index, c.sample), []).extend(c.token_ids)
+        if c.finish_reason:
+            finals[(c.index, c.sample)] = c
+    return chunks, texts, tokens, finals
+
+
+@pytest.fixture(scope="module")
+async def mock(mock_worker_factory):
+    worker = await mock_worker_factory.start(mock_tokens_per_s=400, mock_ttft_ms=5)
+    client = WorkerClient(worker.address)
+    yield worker, client
+    await client.close()
+
+
+async def test_inputs_and_samples_come_back_under_their_indexes(mock):
+    _, client = mock
+    request = GenerateRequest("multi", [GenerateInput(text="one two"), GenerateInput(messages=[ChatMessage("user", "hi")]),
+                                        GenerateInput(token_ids=[5, 6, 7])],
+                              SamplingParams(max_tokens=6, n=2))
+    _, texts, tokens, finals = await collect(client, request)
+    assert set(finals) == {(i, s) for i in range(3) for s in range(2)}
+    for key, final in finals.items():
+        assert final.usage.completion_tokens == 6 == len(tokens[key])
+    # The same input alone gives the same answer as inside a batch.
+    _, alone, _, _ = await collect(client, GenerateRequest("alone", [GenerateInput(token_ids=[5, 6, 7])],
+                                                           SamplingParams(max_tokens=6)))
+    assert alone[(0, 0)] == texts[(2, 0)]
+
+
+async def test_coalescing_bounds_chunks_per_interval(mock):
+    _, client = mock
+    loop = asyncio.get_running_loop()
+    params = SamplingParams(max_tokens=200)
+    every_step, _, tokens_a, _ = await collect(client, GenerateRequest("fine", [GenerateInput(text="a b")], params))
+    started = loop.time()
+    coalesced, _, tokens_b, _ = await collect(
+        client, GenerateRequest("coarse", [GenerateInput(text="a b")], params, stream_interval_ms=100))
+    elapsed = loop.time() - started
+    assert tokens_a == tokens_b  # coalescing never changes the tokens
+    # One chunk per 100 ms at most, plus the first and the final chunk.
+    assert len(coalesced) <= elapsed / 0.1 + 2
+    assert len(coalesced) < len(every_step)
+
+
+async def test_resumed_stream_continues_where_it_left_off(mock):
+    _, client = mock
+    prompt = [11, 12, 13]
+    _, _, full, _ = await collect(client, GenerateRequest("full", [GenerateInput(token_ids=prompt)],
+                                                          SamplingParams(max_tokens=20)))
+    sent = full[(0, 0)][:7]
+    _, _, rest, finals = await collect(client, GenerateRequest(
+        "resume", [GenerateInput(token_ids=prompt, resume_token_ids=sent)], SamplingParams(max_tokens=20)))
+    assert sent + rest[(0, 0)] == full[(0, 0)]
+    assert finals[(0, 0)].usage.completion_tokens == 13  # only what this worker generated
+
+
+@pytest.mark.parametrize("request_, needle", [
+    (GenerateRequest("e1", []), "no inputs"),
+    (GenerateRequest("e2", [GenerateInput(text="")]), "prompt is empty"),
+    (GenerateRequest("e3", [GenerateInput(text="x")], SamplingParams(max_tokens=0)), "max_tokens must be at least 1"),
+    (GenerateRequest("e4", [GenerateInput(messages=[ChatMessage("robot", "x")])]), "unknown role 'robot'"),
+    (GenerateRequest("e5", [GenerateInput(text="x")], SamplingParams(n=99)), "n must be between 1 and 16"),
+    (GenerateRequest("e6", [GenerateInput(text="x " * 5000)], SamplingParams(max_tokens=5)), "context is 4096"),
+    (GenerateRequest("e7", [GenerateInput(text="x " * 4000)], SamplingParams(max_tokens=500)), "lower max_tokens"),
+    (GenerateRequest("e8", [GenerateInput(token_ids=[1, 999999])]), "outside the model's vocabulary"),
+    (GenerateRequest("e9", [GenerateInput(text="x")], SamplingParams(temperature=-1)), "temperature"),
+])
+async def test_bad_input_is_rejected_and_the_worker_keeps_serving(mock, request_, needle):
+    _, client = mock
+    with pytest.raises(InvalidRequestError, match=needle):
+        await collect(client, request_)
+    _, texts, _, _ = await collect(client, GenerateRequest("ok", [GenerateInput(text="still there?")],
+                                                           SamplingParams(max_tokens=3)))
+    assert texts[(0, 0)]
+
+
+async def test_client_cancel_aborts_the_engine_request(mock):
+    _, client = mock
+    stream = client.generate(GenerateRequest("cancel-me", [GenerateInput(text="long")], SamplingParams(max_tokens=4000)))
+    await stream.__anext__()
+    assert (await client.load()).running == 1
+    await stream.aclose()
+    await wait_until(lambda: _idle(client), timeout=10, message="Load back to zero running")
+
+
+async def test_abort_rpc_ends_the_stream_with_reason_abort(mock):
+    _, client = mock
+    request = GenerateRequest("abort-me", [GenerateInput(text="a"), GenerateInput(text="b")],
+                              SamplingParams(max_tokens=4000))
+    chunks = []
+
+    async def consume():
+        async for chunk in client.generate(request, timeout=60):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(consume())
+    await wait_until(lambda: len(chunks) >= 2, timeout=10, message="first chunks")
+    assert await client.abort("abort-me") is True
+    await asyncio.wait_for(task, 10)
+    assert {(c.index, c.finish_reason) for c in chunks if c.finish_reason} == {(0, "abort"), (1, "abort")}
+    await wait_until(lambda: _idle(client), timeout=10, message="Load back to zero")
+    assert await client.abort("unknown-id") is False
+
+
+async def _idle(client: WorkerClient) -> bool:
+    load = await client.load()
+    return load.running == 0 and load.in_flight == 0
+
+
+async def test_sigterm_drains_in_flight_streams_then_exits(mock_worker_factory):
+    worker = await mock_worker_factory.start(mock_tokens_per_s=100, mock_ttft_ms=5, drain_grace_s=30)
+    client = WorkerClient(worker.address)
+    chunks = []
+
+    async def consume():
+        async for chunk in client.generate(GenerateRequest("drain", [GenerateInput(text="x")],
+                                                           SamplingParams(max_tokens=150)), timeout=60):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(consume())
+    await wait_until(lambda: chunks, timeout=10, message="the stream to start")
+    worker.signal(signal.SIGTERM)
+    await wait_until(lambda: _status_is(client, "NOT_SERVING"), timeout=10, message="NOT_SERVING on drain")
+    with pytest.raises(WorkerUnavailableError, match="draining"):
+        async for _ in client.generate(GenerateRequest("late", [GenerateInput(text="x")])):
+            pass
+    await asyncio.wait_for(task, 30)  # the in-flight stream finished
+    assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 150
+    await wait_until(lambda: worker.process.poll() is not None, timeout=15, message="exit after drain")
+    assert worker.process.returncode == 0
+    await client.close()
+
+
+async def _status_is(client: WorkerClient, status: str) -> bool:
+    return await client.health() == status
