@@ -1,0 +1,125 @@
+"""Any OpenAI-compatible HTTP server: our gateway, stock `vllm serve`, nginx in front of it, ...
+
+Text prompts go to /v1/completions, chat messages to /v1/chat/completions, always streaming
+(SSE). The session id travels as OpenAI's `user` field. Output tokens come from the final
+usage (`stream_options.include_usage`) when the server sends it, else from the chunk count.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from vllm_fleet.bench.config import BenchConfig
+from vllm_fleet.bench.record import RequestRecord
+from vllm_fleet.bench.targets.base import Clock, Target, TargetError
+from vllm_fleet.bench.workloads import BenchItem
+from vllm_fleet.errors import ConfigError
+
+
+class HttpTarget(Target):
+    name = "http"
+
+    def __init__(self, base_url: str, config: BenchConfig) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.config = config
+        self.model = config.model
+        self._client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        timeout = httpx.Timeout(self.config.request_timeout, connect=10.0)
+        # No connection cap: an open-loop bench must not queue requests inside the client.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout, limits=limits)
+        if self.model is None:
+            self.model = await self._first_model()
+
+    async def _first_model(self) -> str:
+        try:
+            reply = await self._client.get("/v1/models")
+            reply.raise_for_status()
+            models = reply.json().get("data") or []
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ConfigError(f"cannot list models at {self.base_url}/v1/models ({exc}); pass --model") from None
+        if not models:
+            raise ConfigError(f"{self.base_url}/v1/models lists no model; pass --model")
+        return models[0]["id"]
+
+    def body(self, item: BenchItem) -> tuple[str, dict]:
+        body: dict = {
+            "model": self.model,
+            "max_tokens": item.max_tokens,
+            "temperature": self.config.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.config.ignore_eos:
+            body["ignore_eos"] = True  # vLLM's extension; servers without it may ignore it
+        if item.session_id:
+            body["user"] = item.session_id
+        if item.messages is not None:
+            body["messages"] = item.messages
+            return "/v1/chat/completions", body
+        body["prompt"] = item.prompt
+        return "/v1/completions", body
+
+    def describe(self) -> str:
+        return f"OpenAI HTTP {self.base_url} (model {self.model})"
+
+    async def send(self, item: BenchItem, record: RequestRecord, clock: Clock) -> None:
+        path, body = self.body(item)
+        headers = {"X-Request-Id": record.request_id}
+        async with self._client.stream("POST", path, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode("utf-8", "replace")[:300]
+                raise TargetError(f"http_{response.status_code}", text)
+            usage_tokens = await self._read_events(response, record, clock)
+        _settle_token_counts(record, usage_tokens)
+
+    async def _read_events(self, response: httpx.Response, record: RequestRecord, clock: Clock) -> int | None:
+        usage_tokens = None
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            now = clock()
+            try:
+                event = json.loads(data)
+            except json.JSONDecodeError:
+                raise TargetError("bad_stream", f"not JSON in SSE data: {data[:100]!r}") from None
+            if "error" in event:
+                error = event["error"]
+                raise TargetError("stream_error", str(error.get("message") if isinstance(error, dict) else error))
+            if _has_output(event):
+                record.chunk_times.append(now)
+                record.chunk_tokens.append(1)
+            usage = event.get("usage")
+            if usage:
+                usage_tokens = usage.get("completion_tokens")
+                record.prompt_tokens = usage.get("prompt_tokens") or 0
+        return usage_tokens
+
+
+def _has_output(event: dict) -> bool:
+    for choice in event.get("choices") or ():
+        delta = choice.get("delta")
+        if choice.get("text") or (isinstance(delta, dict) and delta.get("content")):
+            return True
+    return False
+
+
+def _settle_token_counts(record: RequestRecord, usage_tokens: int | None) -> None:
+    """Output tokens = usage when given, else chunks. When usage says more tokens than chunks
+    arrived (the server coalesced), spread them over the chunks so ITL stays per token."""
+    chunks = len(record.chunk_times)
+    if not usage_tokens:
+        record.output_tokens = chunks
+        return
+    record.output_tokens = usage_tokens
+    if chunks and usage_tokens > chunks:
+        base, extra = divmod(usage_tokens, chunks)
+        record.chunk_tokens = [base + (1 if i < extra else 0) for i in range(chunks)]
