@@ -102,3 +102,11 @@ class RateLimitedError(FleetError):
         super().__init__(message)
         self.retry_after = retry_after
         self.reason = reason
+
+
+class UnknownModelError(InvalidRequestError):
+    """No worker in the pool serves the requested model (HTTP 404). Fatal: ask for a served model."""
+
+    def __init__(self, message: str, *, model: str) -> None:
+        super().__init__(message, param="model")
+        self.model = model

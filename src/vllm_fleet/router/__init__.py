@@ -1,0 +1,61 @@
+"""The routing core: which worker serves a request, and what happens when one fails.
+
+    from vllm_fleet.router import Router, RouterConfig, AdmissionConfig, KeyLimits, RoutedStream
+
+    router = Router(registry, RouterConfig(policy="least_outstanding"), pool=None)  # pool: ClientPool
+    await router.start()                   # start the registry; Info, health and Load of each worker
+    await router.wait_ready(timeout=30.0)  # some worker SERVING, else NoWorkerError
+    router.models()                        # models of serving workers
+    router.model_info(model)               # WorkerInfo (max_model_len, ...) or None
+    router.snapshot()                      # PoolSnapshot: per worker state, breaker, load, in flight
+
+    stream = router.stream(request, model="m", key="api-key", deadline=loop.time() + 30)
+    await stream.admit()                   # optional: raise RateLimitedError before committing to a reply
+    async for chunk in stream: ...         # Chunks as the worker sends them, across failover/migration
+    stream.worker, stream.attempts, stream.migrations
+    await stream.aclose()                  # or cancel the task: aborts the worker request
+    await router.close()
+
+Errors (all from vllm_fleet.errors):
+    router.stream(...)        UnknownModelError (404) for a model no worker serves;
+                              InvalidRequestError when several models are served and none is named.
+    first __anext__/admit()   RateLimitedError(retry_after, reason) from admission (key budgets,
+                              class queue full or timed out); NoWorkerError(retry_after) when no
+                              worker can take it; InvalidRequestError from the worker (never
+                              retried); the last WorkerError when attempts or the retry budget ran out.
+    later __anext__           the last WorkerError when a stream could not be migrated.
+
+Admission applies to every request's workload class (short/long, bounded queues when
+`*_max_in_flight` is set) and, when `key` is given and key limits are configured, to the key's
+request and token buckets. Session affinity keys on `request.session_id` (the gateway puts the
+OpenAI `user` there when no session is given).
+
+Modules: config (settings + CLI options), snapshot (immutable pool view), features (request
+estimates), policies (pure ranking functions), breaker, ejection (outliers), budget (retries),
+admission (buckets, queues), pool (membership and polling), stream (failover and migration),
+metrics (Prometheus), router (the facade).
+"""
+
+from vllm_fleet.router.config import (
+    AdmissionConfig,
+    KeyLimits,
+    RouterConfig,
+    add_router_options,
+    router_config_from_args,
+)
+from vllm_fleet.router.router import Router
+from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
+from vllm_fleet.router.stream import DeadlineExceededError, RoutedStream
+
+__all__ = [
+    "AdmissionConfig",
+    "DeadlineExceededError",
+    "KeyLimits",
+    "PoolSnapshot",
+    "RoutedStream",
+    "Router",
+    "RouterConfig",
+    "WorkerView",
+    "add_router_options",
+    "router_config_from_args",
+]

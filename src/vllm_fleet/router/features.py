@@ -1,0 +1,87 @@
+"""What routing and admission need to know about a request, computed once per request.
+
+The router never tokenizes (the worker owns the tokenizer), so prompt sizes are estimates:
+about four characters per token for text, the exact count for token ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest
+
+CHARS_PER_TOKEN = 4
+# Per chat message: role markers and separators added by the chat template.
+TEMPLATE_TOKENS_PER_MESSAGE = 4
+
+SHORT, LONG = "short", "long"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """The inputs of a routing decision. `ticket` is a per-request counter: policies that
+    rotate or sample derive it from here, so that they stay pure functions."""
+
+    model: str | None = None
+    session_key: str = ""          # session_id (or the OpenAI `user`): session affinity
+    prefix_key: str = ""           # the prompt's first characters/tokens: prefix affinity
+    prompt_tokens: int = 0         # estimate, all inputs
+    max_tokens: int = 0            # output tokens budgeted, all inputs and samples
+    workload_class: str = SHORT
+    pool: str | None = None        # restrict to workers of this pool (class pools)
+    ticket: int = 0
+
+    @property
+    def cost_tokens(self) -> int:
+        """Tokens reserved for admission and counted as outstanding while it runs."""
+        return self.prompt_tokens + self.max_tokens
+
+
+def input_prompt_tokens(item: GenerateInput) -> int:
+    if item.token_ids is not None:
+        return len(item.token_ids)
+    if item.messages is not None:
+        chars = sum(len(m.content) + len(m.role) for m in item.messages)
+        return chars // CHARS_PER_TOKEN + TEMPLATE_TOKENS_PER_MESSAGE * len(item.messages)
+    return len(item.text or "") // CHARS_PER_TOKEN + 1
+
+
+def prefix_key(item: GenerateInput, length: int) -> str:
+    """The first `length` characters of the prompt as the worker will see it (token ids for
+    tokenized inputs), so requests sharing a prefix share a key."""
+    if item.token_ids is not None:
+        return ",".join(map(str, item.token_ids[:length]))
+    if item.messages is not None:
+        text = "".join(f"<{m.role}>{m.content}" for m in item.messages)
+        return text[:length]
+    return (item.text or "")[:length]
+
+
+def features_of(
+    request: GenerateRequest,
+    *,
+    model: str | None,
+    prefix_chars: int,
+    default_max_tokens: int,
+    long_prompt_tokens: int,
+    long_max_tokens: int,
+    class_pools: bool = False,
+    ticket: int = 0,
+) -> RequestFeatures:
+    samples = max(1, request.params.n or 1)
+    prompt_tokens = sum(input_prompt_tokens(i) for i in request.inputs)
+    per_sample = request.params.max_tokens or default_max_tokens
+    max_tokens = per_sample * samples * max(1, len(request.inputs))
+    longest_prompt = max((input_prompt_tokens(i) for i in request.inputs), default=0)
+    is_long = longest_prompt >= long_prompt_tokens or per_sample >= long_max_tokens
+    workload_class = LONG if is_long else SHORT
+    return RequestFeatures(
+        model=model,
+        session_key=request.session_id,
+        prefix_key=prefix_key(request.inputs[0], prefix_chars) if request.inputs else "",
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        workload_class=workload_class,
+        pool=workload_class if class_pools else None,
+        ticket=ticket,
+    )

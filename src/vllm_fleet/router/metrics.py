@@ -1,0 +1,61 @@
+"""Prometheus metrics of the routing core. The gateway exports them from the same registry.
+
+Counters count events (retries, migrations, rejections); per-worker and per-class gauges are
+read when Prometheus scrapes (`set_function`), so the hot path never updates them.
+One RouterMetrics exists per prometheus registry: two routers in one process share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+BREAKER_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
+
+_by_registry: dict[int, RouterMetrics] = {}
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        common = {"namespace": "vllm_fleet", "subsystem": "router", "registry": registry}
+        self.requests = Counter("requests", "Requests routed, by model and outcome (ok, error, rejected, cancelled)",
+                                ["model", "outcome"], **common)
+        self.retries = Counter("retries", "Extra worker attempts (failovers + migrations), by cause", ["reason"], **common)
+        self.failovers = Counter("failovers", "Requests moved to another worker before their first token", **common)
+        self.migrations = Counter("migrations", "Streams continued on another worker after tokens were sent", **common)
+        self.rejections = Counter("rejections", "Requests refused, by reason (requests_per_min, tokens_per_min, "
+                                  "queue_full, queue_timeout, no_worker, retry_budget)", ["reason"], **common)
+        self.worker_failures = Counter("worker_failures", "Failed attempts, by worker and error", ["worker", "error"], **common)
+        self.breaker_state = Gauge("breaker_state", "Circuit breaker per worker: 0 closed, 1 half-open, 2 open",
+                                   ["worker"], **common)
+        self.in_flight = Gauge("in_flight", "Requests this router has open per worker", ["worker"], **common)
+        self.outstanding_tokens = Gauge("outstanding_tokens", "Tokens still expected per worker", ["worker"], **common)
+        self.worker_up = Gauge("worker_serving", "1 when the worker takes new requests, else 0", ["worker"], **common)
+        self.queue_depth = Gauge("queue_depth", "Requests waiting for a slot, by workload class", ["workload_class"],
+                                 **common)
+
+    @classmethod
+    def for_registry(cls, registry: CollectorRegistry | None = None) -> RouterMetrics:
+        registry = registry or REGISTRY
+        metrics = _by_registry.get(id(registry))
+        if metrics is None:
+            metrics = _by_registry[id(registry)] = cls(registry)
+        return metrics
+
+    def watch_worker(self, address: str, *, breaker: Callable[[], str], in_flight: Callable[[], int],
+                     outstanding: Callable[[], int], serving: Callable[[], bool]) -> None:
+        self.breaker_state.labels(address).set_function(lambda: BREAKER_VALUES.get(breaker(), 0.0))
+        self.in_flight.labels(address).set_function(lambda: float(in_flight()))
+        self.outstanding_tokens.labels(address).set_function(lambda: float(outstanding()))
+        self.worker_up.labels(address).set_function(lambda: 1.0 if serving() else 0.0)
+
+    def forget_worker(self, address: str) -> None:
+        for gauge in (self.breaker_state, self.in_flight, self.outstanding_tokens, self.worker_up):
+            try:
+                gauge.remove(address)
+            except KeyError:
+                pass
+
+    def watch_queue(self, workload_class: str, depth: Callable[[], int]) -> None:
+        self.queue_depth.labels(workload_class).set_function(lambda: float(depth()))

@@ -1,0 +1,156 @@
+"""Routing policies: pure functions `(request features, pool snapshot) -> ranked addresses`.
+
+Every policy ranks all eligible workers (serving, breaker not open, right model and pool),
+best first; the router dispatches to the first one that accepts and fails over down the list.
+A policy keeps no state: round robin and power of two choices take their rotation and their
+random draw from `features.ticket`, so the same inputs always give the same ranking.
+
+    least_outstanding   fewest tokens still expected (prompt + output) of this router's requests
+    power_of_two        two workers drawn at random, the less loaded first (cheap, herd-free)
+    session_affinity    consistent hash of session_id with bounded load: a conversation stays
+                        on the worker that holds its prefix cache unless that worker is overfull
+    prefix_affinity     the same ring, keyed by the prompt's first characters (shared system prompts)
+    round_robin         each worker in turn; the baseline for benchmarks
+"""
+
+from __future__ import annotations
+
+import abc
+import bisect
+import functools
+import hashlib
+import math
+import random
+from collections.abc import Sequence
+from typing import ClassVar
+
+from vllm_fleet.errors import ConfigError
+from vllm_fleet.router.features import RequestFeatures
+from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
+
+# Points per worker on the hash ring: enough that keys spread evenly over a few workers.
+RING_POINTS_PER_WORKER = 64
+
+
+class Policy(abc.ABC):
+    name: ClassVar[str]
+
+    def rank(self, features: RequestFeatures, snapshot: PoolSnapshot) -> list[str]:
+        """Eligible workers for `features`, best first."""
+        workers = snapshot.eligible(features.model, features.pool)
+        if not workers:
+            return []
+        return [w.address for w in self.order(features, workers)]
+
+    @abc.abstractmethod
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        """Sort the (non-empty, address-sorted) eligible workers, best first."""
+
+
+def load_score(worker: WorkerView) -> tuple[int, int, int]:
+    """Lower is less loaded: this router's outstanding tokens, then all work the worker
+    reports (other routers' too), then open requests."""
+    return (worker.outstanding_tokens, worker.queued, worker.in_flight)
+
+
+def _rotated(workers: Sequence[WorkerView], ticket: int) -> list[WorkerView]:
+    start = ticket % len(workers)
+    return [*workers[start:], *workers[:start]]
+
+
+class LeastOutstanding(Policy):
+    name = "least_outstanding"
+
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        # Rotating first spreads ties (an idle pool) instead of piling them on one address.
+        return sorted(_rotated(workers, features.ticket), key=load_score)
+
+
+class PowerOfTwo(Policy):
+    name = "power_of_two"
+
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        if len(workers) == 1:
+            return list(workers)
+        draw = random.Random(features.ticket).sample(range(len(workers)), 2)
+        pair = sorted((workers[i] for i in draw), key=load_score)
+        rest = sorted((w for i, w in enumerate(workers) if i not in draw), key=load_score)
+        return pair + rest
+
+
+class RoundRobin(Policy):
+    name = "round_robin"
+
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        return _rotated(workers, features.ticket)
+
+
+def _hash(text: str) -> int:
+    # A stable hash (not Python's salted hash()): every gateway and Spark executor must map
+    # a session to the same worker.
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+@functools.lru_cache(maxsize=64)
+def _ring(addresses: tuple[str, ...]) -> tuple[list[int], list[str]]:
+    points = sorted((_hash(f"{address}#{i}"), address) for address in addresses for i in range(RING_POINTS_PER_WORKER))
+    return [p for p, _ in points], [a for _, a in points]
+
+
+def ring_order(key: str, addresses: Sequence[str]) -> list[str]:
+    """Distinct addresses in the order met walking the ring clockwise from `key`'s point."""
+    hashes, owners = _ring(tuple(sorted(addresses)))
+    start = bisect.bisect(hashes, _hash(key))
+    seen: dict[str, None] = {}
+    for i in range(len(owners)):
+        seen.setdefault(owners[(start + i) % len(owners)], None)
+        if len(seen) == len(addresses):
+            break
+    return list(seen)
+
+
+class SessionAffinity(Policy):
+    """Consistent hashing with bounded loads: a worker is skipped while it has more than
+    `load_bound` times the mean in-flight requests (counting this one), so a hot session
+    cannot pile onto one worker, and most keys keep their worker when the pool changes."""
+
+    name = "session_affinity"
+
+    def __init__(self, load_bound: float = 1.25) -> None:
+        self.load_bound = load_bound
+
+    def key(self, features: RequestFeatures) -> str:
+        return features.session_key
+
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        key = self.key(features)
+        if not key:
+            return LeastOutstanding().order(features, workers)
+        by_address = {w.address: w for w in workers}
+        walk = [by_address[a] for a in ring_order(key, list(by_address))]
+        total = sum(w.in_flight for w in workers) + 1
+        bound = math.ceil(self.load_bound * total / len(workers))
+        within = [w for w in walk if w.in_flight + 1 <= bound]
+        over = sorted((w for w in walk if w.in_flight + 1 > bound), key=load_score)
+        return within + over
+
+
+class PrefixAffinity(SessionAffinity):
+    name = "prefix_affinity"
+
+    def key(self, features: RequestFeatures) -> str:
+        return features.prefix_key
+
+
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (LeastOutstanding, PowerOfTwo, SessionAffinity, PrefixAffinity, RoundRobin)
+}
+
+
+def make_policy(name: str, *, load_bound: float = 1.25) -> Policy:
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown routing policy {name!r}; choose one of: {', '.join(POLICIES)}")
+    if issubclass(cls, SessionAffinity):
+        return cls(load_bound)
+    return cls()

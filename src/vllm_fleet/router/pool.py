@@ -1,0 +1,274 @@
+"""Pool state: registry membership, each worker's Info, health and Load, and local counts.
+
+One poller task per worker asks for gRPC health every `health_poll_interval_s` (and Info
+whenever the worker becomes SERVING, since a restarted worker may serve another model), and
+another asks for Load every `load_poll_interval_s`. A stream that sees a worker fail calls
+`report(...)`, which feeds the breaker and outlier ejection and wakes the health poller at
+once, so a dead worker leaves rotation in one round trip rather than one poll interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from vllm_fleet.client import ClientPool
+from vllm_fleet.errors import FleetError, NoWorkerError
+from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
+from vllm_fleet.registry import Registry, WorkerRecord
+from vllm_fleet.router.breaker import CircuitBreaker
+from vllm_fleet.router.config import RouterConfig
+from vllm_fleet.router.ejection import OutlierDetector
+from vllm_fleet.router.metrics import RouterMetrics
+from vllm_fleet.router.snapshot import DOWN, DRAINING, EJECTED, SERVING, PoolSnapshot, WorkerView
+
+logger = logging.getLogger(__name__)
+
+INFO_TIMEOUT_S = 5.0
+
+
+class WorkerState:
+    """Everything the router tracks about one worker (mutable; policies see WorkerView copies)."""
+
+    def __init__(self, record: WorkerRecord, breaker: CircuitBreaker) -> None:
+        self.record = record
+        self.breaker = breaker
+        self.info: WorkerInfo | None = None
+        self.load: WorkerLoad | None = None
+        self.health = "UNKNOWN"
+        self.in_flight = 0
+        self.outstanding_tokens = 0
+        self.wake = asyncio.Event()     # set to make the health poller check now
+        self.tasks: list[asyncio.Task] = []
+
+    @property
+    def address(self) -> str:
+        return self.record.address
+
+    def state(self, ejected: bool) -> str:
+        if self.info is None or self.health != "SERVING":
+            return DOWN
+        if self.load is not None and self.load.draining:
+            return DRAINING
+        return EJECTED if ejected else SERVING
+
+    def view(self, ejected: bool) -> WorkerView:
+        info = self.info
+        return WorkerView(
+            address=self.address,
+            model=info.model if info else self.record.model,
+            pool=self.record.pool,
+            state=self.state(ejected),
+            breaker=self.breaker.state,
+            health=self.health,
+            load=self.load,
+            in_flight=self.in_flight,
+            outstanding_tokens=self.outstanding_tokens,
+            max_model_len=info.max_model_len if info else 0,
+        )
+
+
+class Lease:
+    """One attempt's claim on a worker: counts it in flight with its outstanding tokens."""
+
+    __slots__ = ("_worker", "remaining")
+
+    def __init__(self, worker: WorkerState, tokens: int) -> None:
+        self._worker = worker
+        self.remaining = tokens
+        worker.in_flight += 1
+        worker.outstanding_tokens += tokens
+
+    def progress(self, tokens: int) -> None:
+        done = min(tokens, self.remaining)
+        self.remaining -= done
+        self._worker.outstanding_tokens -= done
+
+    def release(self) -> None:
+        if self._worker is None:
+            return
+        self._worker.in_flight -= 1
+        self._worker.outstanding_tokens -= self.remaining
+        self.remaining = 0
+        self._worker = None
+
+
+class Pool:
+    def __init__(self, registry: Registry, clients: ClientPool, config: RouterConfig, metrics: RouterMetrics,
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = registry
+        self.clients = clients
+        self.config = config
+        self.metrics = metrics
+        self._clock = clock
+        self._workers: dict[str, WorkerState] = {}
+        self._outliers = OutlierDetector(
+            failure_ratio=config.ejection_failure_ratio, min_requests=config.ejection_min_requests,
+            window_s=config.ejection_window_s, base_ejection_s=config.ejection_base_s,
+            max_ratio=config.ejection_max_ratio, clock=clock,
+        )
+        self._changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._unsubscribe = self.registry.subscribe(self._on_members)
+
+    async def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        for address in list(self._workers):
+            await self._remove(address)
+
+    # --- membership ---------------------------------------------------------------------
+
+    def _on_members(self, members: dict[str, WorkerRecord]) -> None:
+        # ZooKeeper calls listeners from its own thread; the pool lives in the event loop.
+        try:
+            in_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            in_loop = False
+        if in_loop:
+            self._apply(members)
+        elif self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._apply, members)
+
+    def _apply(self, members: dict[str, WorkerRecord]) -> None:
+        for address in [a for a in self._workers if a not in members]:
+            logger.info("worker %s left the registry", address)
+            asyncio.ensure_future(self._remove(address))
+        for address, record in members.items():
+            worker = self._workers.get(address)
+            if worker is not None:
+                worker.record = record
+                continue
+            logger.info("worker %s joined the registry", address)
+            self._add(record)
+        self._notify()
+
+    def _add(self, record: WorkerRecord) -> None:
+        breaker = CircuitBreaker(failure_threshold=self.config.breaker_failures, open_s=self.config.breaker_open_s,
+                                 success_threshold=self.config.breaker_successes, clock=self._clock)
+        worker = self._workers[record.address] = WorkerState(record, breaker)
+        worker.tasks = [asyncio.ensure_future(self._poll_health(worker)),
+                        asyncio.ensure_future(self._poll_load(worker))]
+        self.metrics.watch_worker(
+            record.address, breaker=lambda: breaker.state, in_flight=lambda: worker.in_flight,
+            outstanding=lambda: worker.outstanding_tokens,
+            serving=lambda: worker.state(self._outliers.is_ejected(record.address)) == SERVING,
+        )
+
+    async def _remove(self, address: str) -> None:
+        worker = self._workers.pop(address, None)
+        if worker is None:
+            return
+        for task in worker.tasks:
+            task.cancel()
+        for task in worker.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._outliers.forget(address)
+        self.metrics.forget_worker(address)
+        self._notify()
+
+    # --- polling ------------------------------------------------------------------------
+
+    async def _poll_health(self, worker: WorkerState) -> None:
+        client = self.clients.get(worker.address)
+        interval = self.config.health_poll_interval_s
+        while True:
+            status = await client.health(timeout=max(0.5, min(2.0, 2 * interval)))
+            if status == "SERVING" and (worker.health != "SERVING" or worker.info is None):
+                await self._fetch_info(worker)
+            if status != worker.health:
+                logger.info("worker %s health %s -> %s", worker.address, worker.health, status)
+                worker.health = status
+                self._notify()
+            worker.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.wake.wait(), interval)
+
+    async def _fetch_info(self, worker: WorkerState) -> None:
+        try:
+            info = await self.clients.get(worker.address).info(timeout=INFO_TIMEOUT_S)
+        except FleetError as exc:
+            logger.warning("worker %s: Info failed (%s); will retry", worker.address, exc)
+            return
+        if worker.info is None or worker.info.model != info.model:
+            logger.info("worker %s serves %s (max_model_len %d, engine %s)", worker.address, info.model,
+                        info.max_model_len, info.engine)
+        worker.info = info
+        self._notify()
+
+    async def _poll_load(self, worker: WorkerState) -> None:
+        client = self.clients.get(worker.address)
+        interval = self.config.load_poll_interval_s
+        while True:
+            try:
+                worker.load = await client.load(timeout=max(0.5, min(2.0, 2 * interval)))
+            except FleetError:
+                pass  # health decides whether the worker is in rotation; keep the last Load
+            await asyncio.sleep(interval)
+
+    # --- what streams use ---------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def snapshot(self) -> PoolSnapshot:
+        is_ejected = self._outliers.is_ejected
+        return PoolSnapshot(tuple(w.view(is_ejected(a)) for a, w in self._workers.items()), self._clock())
+
+    def worker(self, address: str) -> WorkerState | None:
+        return self._workers.get(address)
+
+    def try_acquire(self, address: str, tokens: int) -> Lease | None:
+        """Claim `address` for one attempt, or None if it left or its breaker refuses."""
+        worker = self._workers.get(address)
+        if worker is None or not worker.breaker.allow():
+            return None
+        return Lease(worker, tokens)
+
+    def report(self, address: str, ok: bool | None) -> None:
+        """An attempt's verdict on its worker: True ok, False failed, None no verdict (cancelled)."""
+        worker = self._workers.get(address)
+        if worker is None:
+            return
+        if ok is None:
+            worker.breaker.release()
+            return
+        if ok:
+            worker.breaker.record_success()
+        else:
+            worker.breaker.record_failure()
+            worker.wake.set()
+        model = worker.info.model if worker.info else ""
+        group = [a for a, w in self._workers.items() if (w.info.model if w.info else "") == model]
+        if self._outliers.record(address, ok, group):
+            logger.warning("worker %s ejected: it failed too many recent requests", address)
+
+    def retry_after(self) -> float:
+        """A fair Retry-After when no worker can serve: the soonest breaker probe, else one poll."""
+        waits = [w.breaker.retry_after() for w in self._workers.values() if w.breaker.retry_after() > 0]
+        return round(max(0.5, min(waits, default=self.config.health_poll_interval_s)), 1)
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Until some worker is serving; NoWorkerError after `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            changed = self._changed
+            if self.snapshot().models():
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                states = ", ".join(f"{w.address} {w.state} ({w.health})" for w in self.snapshot()) or "none registered"
+                raise NoWorkerError(f"no worker became SERVING within {timeout:.0f}s; workers: {states}",
+                                    retry_after=self.retry_after())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)

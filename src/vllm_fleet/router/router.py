@@ -1,0 +1,131 @@
+"""The Router: pool state + policy + breakers + retry budget + admission, behind one object."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+
+from vllm_fleet.client import ClientPool
+from vllm_fleet.errors import InvalidRequestError, UnknownModelError
+from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
+from vllm_fleet.registry import Registry
+from vllm_fleet.router.admission import Admission
+from vllm_fleet.router.budget import RetryBudget
+from vllm_fleet.router.config import RouterConfig
+from vllm_fleet.router.features import features_of
+from vllm_fleet.router.metrics import RouterMetrics
+from vllm_fleet.router.policies import make_policy
+from vllm_fleet.router.pool import Pool
+from vllm_fleet.router.snapshot import SERVING, PoolSnapshot
+from vllm_fleet.router.stream import RoutedStream
+
+logger = logging.getLogger(__name__)
+
+
+class Router:
+    """Routes GenerateRequests over the workers of `registry`. Use inside one event loop.
+
+    `pool` is the ClientPool to reach workers through (one is created, and closed with the
+    router, if None). The router starts and closes the registry unless `own_registry=False`.
+    Metrics go to `metrics_registry` (default: prometheus_client's global registry).
+    """
+
+    def __init__(self, registry: Registry, config: RouterConfig | None = None, pool: ClientPool | None = None, *,
+                 own_registry: bool = True, metrics_registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = registry
+        self.config = config or RouterConfig()
+        self.clients = pool or ClientPool()
+        self._owns_clients = pool is None
+        self._owns_registry = own_registry
+        self._metrics = RouterMetrics.for_registry(metrics_registry)
+        self._policy = make_policy(self.config.policy, load_bound=self.config.affinity_load_bound)
+        self._budget = RetryBudget(ratio=self.config.retry_budget_ratio, min_per_s=self.config.retry_budget_min_per_s,
+                                   window_s=self.config.retry_budget_window_s, clock=clock)
+        self._admission = Admission(self.config.admission, clock=clock)
+        self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock)
+        self._tickets = itertools.count()
+        for name, queue in self._admission.queues.items():
+            self._metrics.watch_queue(name, lambda q=queue: q.depth)
+
+    @property
+    def policy(self) -> str:
+        return self._policy.name
+
+    async def start(self) -> None:
+        """Start the registry, then track each worker: Info on join, health and Load polling."""
+        if self._owns_registry:
+            await self.registry.start()
+        await self._pool.start()
+        logger.info("router started: policy %s, %d worker(s) registered", self.policy, len(self.registry.members()))
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until at least one worker is SERVING; NoWorkerError after `timeout` seconds."""
+        await self._pool.wait_ready(timeout)
+
+    async def close(self) -> None:
+        await self._pool.close()
+        if self._owns_registry:
+            await self.registry.close()
+        if self._owns_clients:
+            await self.clients.close()
+
+    async def __aenter__(self) -> Router:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- views --------------------------------------------------------------------------
+
+    def snapshot(self) -> PoolSnapshot:
+        return self._pool.snapshot()
+
+    def models(self) -> list[str]:
+        """Models served by at least one serving worker."""
+        return self._pool.snapshot().models()
+
+    def model_info(self, model: str) -> WorkerInfo | None:
+        """Info of a serving worker of `model` (any worker of it if none serves), else None."""
+        found = None
+        for view in self._pool.snapshot():
+            worker = self._pool.worker(view.address)
+            if worker is None or worker.info is None or worker.info.model != model:
+                continue
+            if view.state == SERVING:
+                return worker.info
+            found = found or worker.info
+        return found
+
+    # --- requests -----------------------------------------------------------------------
+
+    def stream(self, request: GenerateRequest, *, model: str | None = None, key: str | None = None,
+               deadline: float | None = None) -> RoutedStream:
+        """A RoutedStream for `request` on a worker of `model`; `key` is the API key admission
+        charges; `deadline` an absolute `loop.time()`. Raises UnknownModelError (or
+        InvalidRequestError when several models are served and none is named) right away;
+        every other refusal comes from the stream's first `__anext__` (or `admit()`)."""
+        if not request.inputs:
+            raise InvalidRequestError("the request has no inputs", param="prompt")
+        admission = self.config.admission
+        features = features_of(
+            request, model=self._resolve_model(model), prefix_chars=self.config.prefix_chars,
+            default_max_tokens=self.config.default_max_tokens, long_prompt_tokens=admission.long_prompt_tokens,
+            long_max_tokens=admission.long_max_tokens, class_pools=admission.class_pools, ticket=next(self._tickets),
+        )
+        return RoutedStream(self, request, features, key=key, deadline=deadline)
+
+    def _resolve_model(self, model: str | None) -> str | None:
+        known = self._pool.snapshot().known_models()
+        if model is None:
+            if len(known) > 1:
+                raise InvalidRequestError(f"name a model: this pool serves {', '.join(known)}", param="model")
+            return known[0] if known else None
+        if known and model not in known:
+            raise UnknownModelError(f"model {model!r} is not served here; available: {', '.join(known)}", model=model)
+        return model

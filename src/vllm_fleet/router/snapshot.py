@@ -1,0 +1,97 @@
+"""An immutable view of the pool at one instant: what policies rank and what /ready shows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from vllm_fleet.protocol.types import WorkerLoad
+
+# Worker states, from best to worst.
+SERVING = "serving"      # health SERVING, Info known, not ejected: takes new requests
+DRAINING = "draining"    # the worker says it is draining: finishes its streams, takes nothing new
+EJECTED = "ejected"      # the router took it out (outlier ejection); back after a while
+DOWN = "down"            # health NOT_SERVING / UNREACHABLE, or Info not fetched yet
+
+# Breaker states.
+CLOSED, HALF_OPEN, OPEN = "closed", "half_open", "open"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker as the router sees it now."""
+
+    address: str
+    model: str = ""
+    pool: str = ""                    # the registry's worker pool (workload class), "" = any
+    state: str = SERVING
+    breaker: str = CLOSED
+    health: str = "SERVING"           # last gRPC health answer
+    load: WorkerLoad | None = None    # last Load answer (None until the first poll)
+    in_flight: int = 0                # requests this router has open on it
+    outstanding_tokens: int = 0       # prompt + output tokens still expected of those requests
+    max_model_len: int = 0
+
+    @property
+    def routable(self) -> bool:
+        """May take a new request (a half-open breaker admits its probe at dispatch time)."""
+        return self.state == SERVING and self.breaker != OPEN
+
+    @property
+    def queued(self) -> int:
+        """The worker's own count of running + waiting sequences (all routers' work)."""
+        return 0 if self.load is None else self.load.running + self.load.waiting
+
+    def to_dict(self) -> dict:
+        load = self.load
+        return {
+            "address": self.address, "model": self.model, "pool": self.pool, "state": self.state,
+            "breaker": self.breaker, "health": self.health, "in_flight": self.in_flight,
+            "outstanding_tokens": self.outstanding_tokens, "max_model_len": self.max_model_len,
+            "load": None if load is None else {
+                "running": load.running, "waiting": load.waiting, "kv_cache_usage": load.kv_cache_usage,
+                "prefix_cache_hit_rate": load.prefix_cache_hit_rate,
+                "output_tokens_per_s": load.output_tokens_per_s, "draining": load.draining,
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """Every known worker, sorted by address. Build new ones; never change one."""
+
+    workers: tuple[WorkerView, ...] = ()
+    taken_at: float = 0.0
+    _by_address: dict[str, WorkerView] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ordered = tuple(sorted(self.workers, key=lambda w: w.address))
+        object.__setattr__(self, "workers", ordered)
+        object.__setattr__(self, "_by_address", {w.address: w for w in ordered})
+
+    def __iter__(self) -> Iterator[WorkerView]:
+        return iter(self.workers)
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def get(self, address: str) -> WorkerView | None:
+        return self._by_address.get(address)
+
+    def models(self) -> list[str]:
+        """Models with at least one serving worker."""
+        return sorted({w.model for w in self.workers if w.state == SERVING and w.model})
+
+    def known_models(self) -> list[str]:
+        """Models of every worker whose Info is known, whatever its state."""
+        return sorted({w.model for w in self.workers if w.model})
+
+    def eligible(self, model: str | None = None, pool: str | None = None) -> list[WorkerView]:
+        """Routable workers of `model` (any if None) in `pool` (workers without a pool serve any)."""
+        return [
+            w for w in self.workers
+            if w.routable and (model is None or w.model == model) and (not pool or not w.pool or w.pool == pool)
+        ]
+
+    def to_dict(self) -> dict:
+        return {"taken_at": self.taken_at, "workers": [w.to_dict() for w in self.workers]}

@@ -1,0 +1,317 @@
+"""RoutedStream: one request's chunks, surviving worker failures without losing or repeating a token.
+
+The loop: admit → pick a worker (policy ranking, breaker) → stream from it → on a
+recoverable failure, pick another worker and carry on:
+
+* Before anything reached the caller (failover), the same request is sent again.
+* After (migration), each unfinished (input, sample) stream is re-sent as its own input with
+  n=1 and `resume_token_ids` = the tokens the caller already has, and its chunks are mapped
+  back to the original (index, sample). The worker continues after those tokens, counts them
+  against max_tokens, and its text deltas start after them, so the caller sees one stream.
+
+A stream stalls when no chunk arrives for `stall_timeout_s` (`first_chunk_timeout_s` before
+the first one): that is a worker failure like any other. Invalid requests are never retried.
+Every extra attempt spends from the retry budget. Closing the stream (aclose, or cancelling
+the task iterating it) cancels the worker call, which aborts the engine request.
+
+Usage on a final chunk is for the whole stream: prompt and cached tokens as the last worker
+reports them (it counts the original prompt only), completion tokens = every token delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from vllm_fleet.errors import (
+    InvalidRequestError,
+    NoWorkerError,
+    RateLimitedError,
+    WorkerError,
+    WorkerOverloadedError,
+    WorkerTimeoutError,
+)
+from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
+from vllm_fleet.router.admission import Ticket
+from vllm_fleet.router.features import RequestFeatures
+
+if TYPE_CHECKING:
+    from vllm_fleet.router.pool import Lease
+    from vllm_fleet.router.router import Router
+
+logger = logging.getLogger(__name__)
+
+DEADLINE_SLACK_S = 0.05
+
+
+@dataclass(slots=True)
+class _Sample:
+    """What the caller has received of one (index, sample) stream."""
+
+    token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    delivered_before: int = 0   # tokens delivered by earlier attempts
+
+
+class DeadlineExceededError(WorkerTimeoutError):
+    """The caller's deadline passed. Not retried: there is no time left to retry in."""
+
+    recoverable = False
+
+
+class RoutedStream:
+    """Async iterator of Chunks for one request. See the module docstring for the guarantees.
+
+    `worker`, `attempts` and `migrations` describe what happened so far; errors that stop the
+    request before its first chunk (RateLimitedError, NoWorkerError, InvalidRequestError, or
+    failover exhausted) are raised from the first `__anext__`, or earlier from `admit()`.
+    """
+
+    def __init__(self, router: Router, request: GenerateRequest, features: RequestFeatures, *,
+                 key: str | None, deadline: float | None) -> None:
+        self.request = request
+        self.features = features
+        self.key = key
+        self.deadline = deadline
+        self.worker: str | None = None
+        self.attempts = 0
+        self.migrations = 0
+        self._router = router
+        self._ticket: Ticket | None = None
+        self._gen: AsyncIterator[Chunk] | None = None
+        self._samples: dict[tuple[int, int], _Sample] = {}
+        self._delivered = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (f"RoutedStream({self.request.request_id!r}, worker={self.worker!r}, attempts={self.attempts}, "
+                f"migrations={self.migrations})")
+
+    # --- public -------------------------------------------------------------------------
+
+    async def admit(self) -> None:
+        """Pass admission now (idempotent): raises RateLimitedError if the key or class is full.
+        Call it before committing to a response (e.g. sending HTTP headers), or let the first
+        `__anext__` do it."""
+        if self._ticket is not None:
+            return
+        if self._closed:
+            raise RuntimeError("stream is closed")
+        try:
+            self._ticket = await self._router._admission.admit(
+                key=self.key, workload_class=self.features.workload_class,
+                tokens=self.features.cost_tokens, timeout=self._remaining(),
+            )
+        except RateLimitedError as exc:
+            self._router._metrics.rejections.labels(exc.reason).inc()
+            self._router._metrics.requests.labels(self.features.model or "", "rejected").inc()
+            raise
+
+    def __aiter__(self) -> RoutedStream:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self._gen is None:
+            if self._closed:
+                raise StopAsyncIteration
+            self._gen = self._run()
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop the stream: aborts the worker request and releases the admission slot."""
+        self._closed = True
+        if self._gen is not None:
+            await self._gen.aclose()
+        elif self._ticket is not None:
+            self._ticket.finish(0)
+
+    async def __aenter__(self) -> RoutedStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # --- the loop -----------------------------------------------------------------------
+
+    async def _run(self) -> AsyncIterator[Chunk]:
+        await self.admit()
+        router = self._router
+        n = max(1, self.request.params.n or 1)
+        self._samples = {(i, s): _Sample() for i in range(len(self.request.inputs)) for s in range(n)}
+        outcome = "error"
+        router._budget.record_request()
+        tried: set[str] = set()
+        try:
+            while True:
+                address, lease = self._pick(tried)
+                self.attempts += 1
+                self.worker = address
+                tried.add(address)
+                verdict: bool | None = None
+                try:
+                    async with contextlib.aclosing(self._attempt(address, lease)) as chunks:
+                        async for chunk in chunks:
+                            yield chunk
+                    verdict = True
+                    break
+                except InvalidRequestError:
+                    verdict = True  # the worker did its job: it refused a bad request
+                    raise
+                except WorkerError as exc:
+                    # Overload is a capacity signal and a passed deadline is the caller's: neither
+                    # says the worker is broken.
+                    faultless = isinstance(exc, (WorkerOverloadedError, DeadlineExceededError))
+                    verdict = None if faultless else False
+                    self._before_retry(exc, address)
+                finally:
+                    lease.release()
+                    router._pool.report(address, verdict)
+            outcome = "ok"
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome = "cancelled"
+            raise
+        finally:
+            used = self._used_tokens()
+            if self._ticket is not None:
+                self._ticket.finish(used)
+            router._metrics.requests.labels(self.features.model or "", outcome).inc()
+
+    def _pick(self, tried: set[str]) -> tuple[str, Lease]:
+        """The best-ranked worker not tried yet whose breaker lets this request through."""
+        router = self._router
+        ranked = router._policy.rank(self.features, router._pool.snapshot())
+        for address in [a for a in ranked if a not in tried] + [a for a in ranked if a in tried]:
+            lease = router._pool.try_acquire(address, self._remaining_cost())
+            if lease is not None:
+                return address, lease
+        router._metrics.rejections.labels("no_worker").inc()
+        model = f" for model {self.features.model!r}" if self.features.model else ""
+        raise NoWorkerError(f"no serving worker{model} can take the request now", retry_after=router._pool.retry_after())
+
+    def _before_retry(self, exc: WorkerError, address: str) -> None:
+        """Log the failure and decide whether another attempt may follow; re-raise if not."""
+        router = self._router
+        rid = self.request.request_id
+        router._metrics.worker_failures.labels(address, type(exc).__name__).inc()
+        logger.warning("attempt %d on %s failed: %s", self.attempts, address, exc, extra={"request_id": rid})
+        if isinstance(exc, DeadlineExceededError):
+            raise exc
+        if self.attempts >= router.config.max_attempts:
+            raise exc
+        if not router._budget.try_spend():
+            router._metrics.rejections.labels("retry_budget").inc()
+            logger.warning("retry budget exhausted; not retrying", extra={"request_id": rid})
+            raise exc
+        if self._delivered:
+            self.migrations += 1
+            router._metrics.migrations.inc()
+        else:
+            router._metrics.failovers.inc()
+        router._metrics.retries.labels(type(exc).__name__).inc()
+
+    async def _attempt(self, address: str, lease: Lease) -> AsyncIterator[Chunk]:
+        """Stream one attempt's chunks, mapped to the caller's (index, sample)."""
+        router = self._router
+        request, mapping = self._attempt_request()
+        timeout = self._remaining()
+        if self._deadline_passed():
+            raise DeadlineExceededError(f"request {self.request.request_id}: deadline passed", worker=address)
+        client = router._pool.clients.get(address)
+        first = True
+        async with contextlib.aclosing(client.generate(request, timeout=timeout)) as chunks:
+            iterator = chunks.__aiter__()
+            while True:
+                wait = router.config.first_chunk_timeout_s if first else router.config.stall_timeout_s
+                chunk = await self._next_chunk(iterator, wait, address, first)
+                if chunk is None:
+                    break
+                if first:
+                    first = False
+                    lease.progress(self.features.prompt_tokens)
+                lease.progress(len(chunk.token_ids))
+                yield self._accept(chunk, mapping)
+        unfinished = sum(1 for s in self._samples.values() if not s.finished)
+        if unfinished:
+            raise WorkerError(f"worker {address} ended the stream with {unfinished} sample(s) unfinished",
+                              worker=address)
+
+    async def _next_chunk(self, iterator: AsyncIterator[Chunk], wait: float, address: str, first: bool) -> Chunk | None:
+        remaining = self._remaining()
+        bounded = wait if remaining is None else min(wait, max(0.0, remaining))
+        try:
+            async with asyncio.timeout(bounded):
+                return await iterator.__anext__()
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            if self._deadline_passed():
+                raise DeadlineExceededError(f"request {self.request.request_id}: deadline passed",
+                                            worker=address) from None
+            what = "no first chunk" if first else "stream stalled: no chunk"
+            raise WorkerTimeoutError(f"worker {address}: {what} for {wait:.1f}s", worker=address) from None
+        except WorkerTimeoutError as exc:
+            if self._deadline_passed():
+                raise DeadlineExceededError(str(exc), worker=address) from None
+            raise
+
+    def _attempt_request(self) -> tuple[GenerateRequest, list[tuple[int, int]] | None]:
+        """The request to send now, and how its (index) maps back to the caller's (index, sample)
+        (None: unchanged). Nothing delivered yet → the original request as is."""
+        request = self.request
+        attempt_id = request.request_id if self.attempts <= 1 else f"{request.request_id}-a{self.attempts}"
+        if not self._delivered:
+            return dataclasses.replace(request, request_id=attempt_id), None
+        inputs, mapping = [], []
+        for (index, sample), progress in self._samples.items():
+            if progress.finished:
+                continue
+            original = request.inputs[index]
+            inputs.append(dataclasses.replace(
+                original, resume_token_ids=[*original.resume_token_ids, *progress.token_ids]))
+            progress.delivered_before = len(progress.token_ids)
+            mapping.append((index, sample))
+        params = dataclasses.replace(request.params, n=1)
+        return dataclasses.replace(request, request_id=attempt_id, inputs=inputs, params=params), mapping
+
+    def _accept(self, chunk: Chunk, mapping: list[tuple[int, int]] | None) -> Chunk:
+        if mapping is not None:
+            chunk.index, chunk.sample = mapping[chunk.index]
+        progress = self._samples[(chunk.index, chunk.sample)]
+        progress.token_ids.extend(chunk.token_ids)
+        self._delivered = True
+        if chunk.finish_reason is not None:
+            progress.finished = True
+            if chunk.usage is not None and progress.delivered_before:
+                chunk.usage = Usage(
+                    prompt_tokens=chunk.usage.prompt_tokens,
+                    completion_tokens=progress.delivered_before + chunk.usage.completion_tokens,
+                    cached_tokens=chunk.usage.cached_tokens,
+                )
+        return chunk
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return self.deadline - asyncio.get_running_loop().time()
+
+    def _deadline_passed(self) -> bool:
+        # gRPC may report the deadline a hair before the loop clock reaches it.
+        remaining = self._remaining()
+        return remaining is not None and remaining <= DEADLINE_SLACK_S
+
+    def _remaining_cost(self) -> int:
+        delivered = sum(len(s.token_ids) for s in self._samples.values())
+        return max(0, self.features.cost_tokens - delivered)
+
+    def _used_tokens(self) -> int:
+        if not self._delivered:
+            return 0
+        return self.features.prompt_tokens + sum(len(s.token_ids) for s in self._samples.values())
+
