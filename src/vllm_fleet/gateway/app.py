@@ -1,0 +1,205 @@
+"""The gateway as an ASGI application: routes, authentication, metrics and access logs.
+
+    GET  /health                 the process is alive (no auth)
+    GET  /ready                  200 when enough workers serve, else 503 (no auth)
+    GET  /openapi.json           the API description (no auth; it holds no secrets)
+    GET  /v1/models[/{model}]    models of the fleet (key)
+    POST /v1/chat/completions    (key)
+    POST /v1/completions         (key)
+    GET  /metrics                Prometheus (admin key when keys are configured)
+    GET  /dashboard              status page: static HTML/JS (no auth; it holds no data)
+    GET  /dashboard/state.json   the page's data (admin key when keys are configured)
+
+Without a keys file the gateway only listens on loopback (see GatewayConfig), and every route
+is open to local callers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import CollectorRegistry
+
+from vllm_fleet.gateway.access_log import RequestRecord, request_id_from
+from vllm_fleet.gateway.api_error import ApiError, from_exception, unauthorized
+from vllm_fleet.gateway.asgi import ClientGone, HttpRequest, Response, until_disconnect
+from vllm_fleet.gateway.completions import CompletionHandler, worker_request_id
+from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.dashboard import Dashboard
+from vllm_fleet.gateway.keys import KeyRecord, KeyStore
+from vllm_fleet.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from vllm_fleet.gateway.openapi import openapi_document
+from vllm_fleet.logs import request_id_var
+
+logger = logging.getLogger(__name__)
+
+# Status the client disconnect gets in logs and metrics (nginx's convention).
+CLIENT_CLOSED = 499
+
+
+class GatewayApp:
+    def __init__(self, router, config: GatewayConfig, *, metrics_registry: CollectorRegistry,
+                 keys: KeyStore | None = None, registry=None) -> None:
+        self.router = router
+        self.config = config
+        self.keys = keys
+        self.metrics = GatewayMetrics(router, metrics_registry)
+        self.completions = CompletionHandler(router, config, self.metrics)
+        self.dashboard = Dashboard(router, registry, self.metrics.totals)
+        self._openapi = Response.json(openapi_document(config))
+        self._routes = {
+            ("GET", "/health"): (None, self._health),
+            ("GET", "/ready"): (None, self._ready),
+            ("GET", "/openapi.json"): (None, self._openapi_json),
+            ("GET", "/v1/models"): ("key", self._models),
+            ("POST", "/v1/chat/completions"): ("key", self._chat),
+            ("POST", "/v1/completions"): ("key", self._completion),
+            ("GET", "/metrics"): ("admin", self._metrics),
+            ("GET", "/dashboard"): (None, self.dashboard.page),
+            ("GET", "/dashboard/app.js"): (None, self.dashboard.script),
+            ("GET", "/dashboard/state.json"): ("admin", self.dashboard.state),
+        }
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        http = HttpRequest.from_scope(scope, receive)
+        request_id, from_client = request_id_from(http.headers)
+        token = request_id_var.set(request_id)
+        record = RequestRecord(request_id, http.method, http.path, http.client)
+        extra = [(b"x-request-id", request_id.encode())]
+        try:
+            await until_disconnect(receive, self._serve(http, record, send, extra, from_client)) \
+                if http.method == "POST" else await self._serve(http, record, send, extra, from_client)
+        except ClientGone:
+            record.status = record.status or CLIENT_CLOSED
+            record.error = record.error or "client disconnected"
+        finally:
+            request_id_var.reset(token)
+            self._account(record)
+
+    async def _serve(self, http: HttpRequest, record: RequestRecord, send, extra, from_client: bool) -> None:
+        try:
+            response = await self._dispatch(http, record, from_client)
+        except (ClientGone, GeneratorExit):
+            raise
+        except Exception as exc:
+            error = from_exception(exc)
+            if error.status >= 500:
+                logger.error("request failed: %s", exc, exc_info=error.status == 500,
+                             extra={"request_id": record.request_id})
+            record.error = error.message
+            response = Response.error(error)
+        record.status = response.status
+        await response.send(send, extra)
+
+    async def _dispatch(self, http: HttpRequest, record: RequestRecord, from_client: bool):
+        if http.method == "GET" and http.path.startswith("/v1/models/"):
+            record.key_id = self._authenticate(http, "key")
+            return self._model(http.path[len("/v1/models/"):])
+        route = self._routes.get((http.method, http.path))
+        if route is None:
+            if any(path == http.path for _, path in self._routes):
+                raise ApiError(405, f"{http.method} is not allowed on {http.path}", code="method_not_allowed")
+            raise ApiError(404, f"no route {http.method} {http.path}; see /openapi.json", code="not_found")
+        need, handler = route
+        if need is not None:
+            record.key_id = self._authenticate(http, need)
+        if handler in (self._chat, self._completion):
+            return await handler(http, record, worker_request_id(record.request_id, from_client))
+        return await handler()
+
+    def _authenticate(self, http: HttpRequest, need: str) -> str | None:
+        """The key id, or None when keys are off; 401/403 otherwise."""
+        if self.keys is None:
+            return None
+        header = http.headers.get("authorization", "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            self.metrics.reject("missing_key")
+            raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        record: KeyRecord | None = self.keys.authenticate(presented.strip())
+        if record is None:
+            self.metrics.reject("invalid_key")
+            raise unauthorized("invalid API key")
+        if need == "admin" and not record.admin:
+            self.metrics.reject("not_admin")
+            raise ApiError(403, f"key {record.id!r} may not read this; it needs \"admin\": true in the keys file",
+                           type="permission_error", code="admin_required")
+        return record.id
+
+    def _account(self, record: RequestRecord) -> None:
+        status = record.status or 500
+        endpoint = record.path if record.path in _ENDPOINTS else "other"
+        self.metrics.requests.labels(endpoint, str(status)).inc()
+        totals = self.metrics.totals
+        if endpoint in _GENERATE:
+            totals["requests"] += 1
+            totals["errors"] += status >= 400
+            totals["completion_tokens"] += record.completion_tokens
+        if status in (400, 404, 413, 429, 503) and endpoint in _GENERATE:
+            self.metrics.reject(_REASON.get(status, str(status)))
+        if record.model and endpoint in _GENERATE and status == 200:
+            self.metrics.e2e.labels(record.model, endpoint).observe(time.perf_counter() - record.started)
+        if self.config.access_log:
+            record.emit()
+
+    # -- routes ---------------------------------------------------------------------------
+
+    async def _health(self) -> Response:
+        return Response.json({"status": "ok"})
+
+    async def _ready(self) -> Response:
+        serving = sum(1 for w in self.router.snapshot() if w.state == "serving")
+        ready = serving >= self.config.ready_workers
+        return Response.json({"ready": ready, "serving_workers": serving, "models": self.router.models()},
+                             status=200 if ready else 503)
+
+    async def _openapi_json(self) -> Response:
+        return self._openapi
+
+    async def _models(self) -> Response:
+        return Response.json({"object": "list", "data": [self._model_card(m) for m in self.router.models()]})
+
+    def _model(self, model: str) -> Response:
+        if self.router.model_info(model) is None:
+            raise ApiError(404, f"model {model!r} is not served here", param="model", code="model_not_found")
+        return Response.json(self._model_card(model))
+
+    def _model_card(self, model: str) -> dict:
+        info = self.router.model_info(model)
+        card = {"id": model, "object": "model", "created": 0, "owned_by": "vllm-fleet"}
+        if info is not None:
+            card["max_model_len"] = info.max_model_len
+        return card
+
+    async def _chat(self, http, record, worker_rid):
+        return await self.completions.handle("chat", http, record, worker_rid)
+
+    async def _completion(self, http, record, worker_rid):
+        return await self.completions.handle("completion", http, record, worker_rid)
+
+    async def _metrics(self) -> Response:
+        return Response(200, self.metrics.render(), CONTENT_TYPE.encode())
+
+
+_GENERATE = ("/v1/chat/completions", "/v1/completions")
+_ENDPOINTS = (*_GENERATE, "/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/dashboard",
+              "/dashboard/state.json")
+_REASON = {400: "invalid_request", 404: "unknown_model", 413: "body_too_large", 429: "rate_limited",
+           503: "no_worker"}
+
+
+async def _lifespan(receive, send) -> None:
+    # The router is started and closed by whoever built it (server.py); nothing to do here.
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

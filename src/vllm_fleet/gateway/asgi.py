@@ -1,0 +1,141 @@
+"""The thin HTTP layer: requests, responses and streaming over raw ASGI.
+
+We speak ASGI directly instead of through a framework: the gateway has a dozen routes, and on
+the streaming path every microsecond per event counts. What a framework would give us and we
+need is here: bounded body reading (413), JSON/bytes responses, and SSE that stops — and lets
+the handler abort the worker request — as soon as the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from vllm_fleet.gateway.api_error import ApiError
+
+Headers = list[tuple[bytes, bytes]]
+JSON_TYPE = b"application/json"
+SSE_HEADERS: Headers = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    # Tell nginx-style proxies not to buffer the stream.
+    (b"x-accel-buffering", b"no"),
+]
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    client: str
+    receive: Callable[[], Awaitable[dict]]
+    body: bytes = b""
+
+    @classmethod
+    def from_scope(cls, scope: dict, receive) -> HttpRequest:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        client = scope.get("client")
+        return cls(scope["method"], scope["path"], headers, f"{client[0]}:{client[1]}" if client else "", receive)
+
+    async def read_body(self, limit: int) -> bytes:
+        """The whole body; 413 as soon as it is known to exceed `limit` bytes."""
+        declared = self.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _too_large(limit)
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                break
+        self.body = b"".join(parts)
+        return self.body
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is larger than this gateway's limit of {limit} bytes",
+                    code="request_too_large")
+
+
+class ClientGone(Exception):
+    """The client closed the connection."""
+
+
+@dataclass(slots=True)
+class Response:
+    status: int = 200
+    body: bytes = b""
+    content_type: bytes = JSON_TYPE
+    headers: Headers = field(default_factory=list)
+
+    @classmethod
+    def json(cls, data, status: int = 200, headers: Headers | None = None) -> Response:
+        return cls(status, json.dumps(data, ensure_ascii=False).encode(), JSON_TYPE, headers or [])
+
+    @classmethod
+    def error(cls, error: ApiError) -> Response:
+        return cls(error.status, error.body_bytes(), JSON_TYPE, error.headers())
+
+    async def send(self, send, extra: Headers) -> None:
+        headers = [(b"content-type", self.content_type), (b"content-length", str(len(self.body)).encode()),
+                   *self.headers, *extra]
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+@dataclass(slots=True)
+class StreamResponse:
+    """Server-sent events from `events`; the iterator's cleanup runs however the stream ends."""
+
+    events: AsyncIterator[bytes]
+    status: int = 200
+
+    async def send(self, send, extra: Headers) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": [*SSE_HEADERS, *extra]})
+        try:
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await self.events.aclose()
+
+
+async def until_disconnect(receive, work: Awaitable) -> object:
+    """Run `work`; if the client disconnects first, cancel it and raise ClientGone.
+
+    Cancelling the handler is what makes a gone client abort its worker request: the handler's
+    `finally` closes the router stream, which cancels the gRPC call.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone()
+    finally:
+        if not task.done():
+            # We were cancelled ourselves (server shutdown): take the work down with us.
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        watcher.cancel()
+
+
+async def _wait_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

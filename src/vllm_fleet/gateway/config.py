@@ -1,0 +1,55 @@
+"""The gateway's settings: one pydantic model that also builds the CLI options."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from vllm_fleet.config import FleetModel
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class GatewayConfig(FleetModel):
+    """The OpenAI-compatible HTTP gateway in front of the router."""
+
+    host: str = Field("127.0.0.1", description="Address to listen on; anything but loopback requires --api-key-file")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 picks a free one; the log line says which)")
+    api_key_file: str | None = Field(
+        None, description="Keys file (JSON lines: id, sha256, limits); manage it with `vllm-fleet gateway keys`"
+    )
+    tls_cert: str | None = Field(None, description="PEM certificate: serve HTTPS")
+    tls_key: str | None = Field(None, description="PEM private key for --tls-cert")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted (bigger: HTTP 413)")
+    max_n: int = Field(16, ge=1, description="Largest `n` (samples per prompt) accepted")
+    max_prompts: int = Field(256, ge=1, description="Most prompts in one /v1/completions request")
+    max_tokens_limit: int | None = Field(
+        None, ge=1, description="Largest max_tokens accepted (default: the model's context length)"
+    )
+    max_top_logprobs: int = Field(20, ge=0, description="Most top logprobs per token accepted")
+    prompt_bytes_per_token: float = Field(
+        6.0, gt=0,
+        description="Prompt check before routing: a text prompt counts as at least bytes/this tokens; "
+        "requests certain to exceed the context are refused with 400 (the worker checks exactly)",
+    )
+    stream_interval_ms: int = Field(
+        0, ge=0, description="Ask workers to coalesce streamed tokens over this many ms (fewer, larger SSE events)"
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one request, end to end")
+    ready_workers: int = Field(1, ge=1, description="/ready says ready when at least this many workers serve")
+    access_log: bool = Field(True, description="Log one structured line per request")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> GatewayConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if not self.loopback_only and self.api_key_file is None:
+            # Without keys anyone who reaches the port can spend the fleet's GPUs.
+            raise ValueError(
+                f"refusing to listen on {self.host} without API keys: pass --api-key-file "
+                "(create one with `vllm-fleet gateway keys add`) or listen on 127.0.0.1"
+            )
+        return self
+
+    @property
+    def loopback_only(self) -> bool:
+        return self.host in LOOPBACK_HOSTS

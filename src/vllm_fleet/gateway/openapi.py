@@ -1,0 +1,104 @@
+"""The OpenAPI 3.1 document at /openapi.json, generated from the same pydantic models that
+validate requests, so it cannot drift from what the gateway accepts."""
+
+from __future__ import annotations
+
+from vllm_fleet import __version__
+from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "param", "code"],
+        "properties": {
+            "message": {"type": "string"},
+            "type": {"type": "string"},
+            "param": {"type": ["string", "null"]},
+            "code": {"type": ["string", "null"]},
+        },
+    }},
+}
+
+_ERRORS = {
+    "400": "Invalid request: bad JSON, wrong types, a limit exceeded, or a prompt too long for the model",
+    "401": "Missing or invalid API key",
+    "404": "Unknown model",
+    "413": "Request body too large",
+    "429": "Rate limited; see Retry-After",
+    "502": "The workers failed the request",
+    "503": "No worker can take the request now; see Retry-After",
+    "504": "The request did not finish before its deadline",
+}
+
+
+def _error_responses(*codes: str) -> dict:
+    return {
+        code: {"description": _ERRORS[code], "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        for code in codes
+    }
+
+
+def _generation(summary: str, schema: str, result: str) -> dict:
+    return {"post": {
+        "summary": summary,
+        "security": [{"bearer": []}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
+        "responses": {
+            "200": {"description": f"A {result} object, or server-sent events when stream is true",
+                    "content": {"application/json": {"schema": {"type": "object"}},
+                                "text/event-stream": {"schema": {"type": "string"}}}},
+            **_error_responses("400", "401", "404", "413", "429", "502", "503", "504"),
+        },
+    }}
+
+
+def _get(summary: str, *, auth: bool, codes: tuple[str, ...] = (), content: str = "application/json",
+         extra: dict | None = None) -> dict:
+    operation = {"summary": summary, "responses": {
+        "200": {"description": "OK", "content": {content: {"schema": {"type": "string" if content != "application/json" else "object"}}}},
+        **(extra or {}),
+        **_error_responses(*codes, *(("401",) if auth else ())),
+    }}
+    if auth:
+        operation["security"] = [{"bearer": []}]
+    return {"get": operation}
+
+
+def openapi_document(config: GatewayConfig) -> dict:
+    schemas = {"Error": _ERROR}
+    for model in (ChatCompletionRequest, CompletionRequest):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    not_ready = {"503": {"description": "Fewer serving workers than required",
+                         "content": {"application/json": {"schema": {"type": "object"}}}}}
+    forbidden = {"403": {"description": "The key is not an admin key",
+                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "vllm-fleet gateway", "version": __version__,
+                 "description": "OpenAI-compatible API in front of a fleet of vLLM workers. "
+                                f"Bodies up to {config.max_body_bytes} bytes; n up to {config.max_n}."},
+        "paths": {
+            "/v1/chat/completions": _generation("Create a chat completion", "ChatCompletionRequest", "chat.completion"),
+            "/v1/completions": _generation("Create a completion", "CompletionRequest", "text_completion"),
+            "/v1/models": _get("List models", auth=True),
+            "/v1/models/{model}": {"get": {
+                **_get("Retrieve a model", auth=True, codes=("404",))["get"],
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+            }},
+            "/health": _get("The process is alive", auth=False),
+            "/ready": _get("At least --ready-workers workers serve", auth=False, extra=not_ready),
+            "/metrics": _get("Prometheus metrics", auth=True, content="text/plain", extra=forbidden),
+            "/dashboard": _get("Status page (HTML)", auth=False, content="text/html"),
+            "/dashboard/state.json": _get("Data of the status page", auth=True, extra=forbidden),
+        },
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "An API key from the gateway's keys file"}},
+        },
+    }

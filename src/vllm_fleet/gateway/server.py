@@ -1,0 +1,128 @@
+"""Run the gateway: registry → router → ASGI app → uvicorn (httptools, uvloop), optional TLS.
+
+`GatewayServer` owns the lifecycle so the CLI, tests and benchmarks start it the same way:
+
+    server = GatewayServer(config, router_config, registry)
+    await server.start()          # router ready (bounded wait), socket bound, serving
+    ... server.url ...
+    await server.stop()           # stop accepting, let streams finish (bounded), close the router
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from vllm_fleet.errors import ConfigError
+from vllm_fleet.gateway.app import GatewayApp
+from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.keys import KeyStore
+from vllm_fleet.registry import Registry
+from vllm_fleet.router import KeyLimits, Router, RouterConfig
+
+logger = logging.getLogger(__name__)
+
+
+def router_config_with_keys(router_config: RouterConfig, keys: KeyStore | None) -> RouterConfig:
+    """The router config with each key's limits from the keys file added to admission."""
+    if keys is None:
+        return router_config
+    overrides = dict(router_config.admission.keys)
+    for record in keys.records():
+        if record.limits:
+            try:
+                overrides[record.id] = KeyLimits(**record.limits)
+            except ValueError as exc:
+                raise ConfigError(f"{keys.path}: limits of key {record.id!r}: {exc}") from None
+    admission = router_config.admission.model_copy(update={"keys": overrides})
+    return router_config.model_copy(update={"admission": admission})
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.setblocking(False)
+    return sock
+
+
+class GatewayServer:
+    def __init__(self, config: GatewayConfig, router_config: RouterConfig, registry: Registry, *,
+                 ready_timeout_s: float = 30.0, shutdown_grace_s: float = 30.0) -> None:
+        self.config = config
+        self.registry = registry
+        self.keys = KeyStore(config.api_key_file) if config.api_key_file else None
+        metrics_registry = CollectorRegistry(auto_describe=True)
+        # The router owns (starts and closes) the registry.
+        self.router = Router(registry, router_config_with_keys(router_config, self.keys),
+                             metrics_registry=metrics_registry)
+        self.app = GatewayApp(self.router, config, metrics_registry=metrics_registry, keys=self.keys,
+                              registry=registry)
+        self.ready_timeout_s = ready_timeout_s
+        self.shutdown_grace_s = shutdown_grace_s
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task | None = None
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.config.tls_cert else "http"
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return f"{scheme}://{host}:{self.port}"
+
+    async def start(self) -> None:
+        await self.router.start()
+        try:
+            await self.router.wait_ready(timeout=self.ready_timeout_s)
+        except Exception as exc:  # serve anyway: /ready says 503 until workers come
+            logger.warning("no worker ready after %.0fs (%s); serving, /ready is 503 until one is",
+                           self.ready_timeout_s, exc)
+        sock = bind_socket(self.config.host, self.config.port)
+        self.port = sock.getsockname()[1]
+        uv_config = uvicorn.Config(
+            self.app, http="httptools", loop="none", lifespan="off", access_log=False, log_level="warning",
+            ssl_certfile=self.config.tls_cert, ssl_keyfile=self.config.tls_key,
+            timeout_graceful_shutdown=self.shutdown_grace_s, backlog=4096,
+        )
+        self._server = _QuietServer(uv_config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise ConfigError("the HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+        logger.info("gateway listening on %s (models: %s; keys: %s)", self.url, ", ".join(self.router.models()) or "none yet",
+                    "%d" % len(self.keys) if self.keys else "off, loopback only")
+
+    async def wait(self) -> None:
+        """Until the server stops (a signal, or stop())."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task
+        await self.router.close()
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn's server without its own signal handling: uvicorn would re-raise SIGTERM after its
+    shutdown, killing the process before the router closes. Our caller handles signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+    def install_signal_handlers(self) -> None:  # older uvicorn
+        pass

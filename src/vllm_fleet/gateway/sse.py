@@ -1,0 +1,71 @@
+"""Server-sent events in OpenAI's streaming format, built without re-parsing anything.
+
+Each event is a preformatted prefix (id, object, created, model: fixed for the request) plus
+`json.dumps` of one small choice dict. A worker chunk may carry several coalesced tokens; it
+becomes one event. The stream ends with an optional usage event and `data: [DONE]`; an error
+after the first byte becomes an error event, then `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from vllm_fleet.gateway.api_error import ApiError
+from vllm_fleet.gateway.formats import CompletionLogprobs, UsageTally, chat_logprobs
+from vllm_fleet.gateway.translate import Plan
+from vllm_fleet.protocol.types import Chunk
+
+DONE = b"data: [DONE]\n\n"
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+class StreamEncoder:
+    """Turns the chunks of one request into SSE bytes. One instance per request."""
+
+    def __init__(self, plan: Plan, response_id: str, created: int) -> None:
+        self.plan = plan
+        self.usage = UsageTally()
+        self.chat = plan.kind == "chat"
+        head = {"id": response_id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": created, "model": plan.model}
+        # '{"id":...,"model":"m"' — the rest of each event is appended to this fixed head.
+        self._head = "data: " + _dumps(head)[:-1] + ',"choices":['
+        self._tail = ',"usage":null}\n\n' if plan.include_usage else "}\n\n"
+        self._started: set[int] = set()
+        self._completion_logprobs: dict[int, CompletionLogprobs] = {}
+
+    def event(self, chunk: Chunk) -> bytes:
+        self.usage.add(chunk)
+        choice = chunk.index * self.plan.n + chunk.sample
+        if self.chat:
+            body = self._chat_choice(choice, chunk)
+        else:
+            body = {"index": choice, "text": chunk.text, "logprobs": None, "finish_reason": chunk.finish_reason}
+            if chunk.logprobs is not None:
+                tracker = self._completion_logprobs.setdefault(choice, CompletionLogprobs())
+                body["logprobs"] = tracker.body(chunk.logprobs)
+        return (self._head + _dumps(body) + "]" + self._tail).encode()
+
+    def _chat_choice(self, choice: int, chunk: Chunk) -> dict:
+        delta: dict = {}
+        if choice not in self._started:
+            self._started.add(choice)
+            delta["role"] = "assistant"
+            delta["content"] = chunk.text
+        elif chunk.text:
+            delta["content"] = chunk.text
+        body = {"index": choice, "delta": delta, "logprobs": None, "finish_reason": chunk.finish_reason}
+        if chunk.logprobs is not None:
+            body["logprobs"] = {"content": chat_logprobs(chunk.logprobs)}
+        return body
+
+    def end(self) -> bytes:
+        """The usage event (if asked for) and [DONE]."""
+        if not self.plan.include_usage:
+            return DONE
+        usage = self._head + '],"usage":' + _dumps(self.usage.body()) + "}\n\n"
+        return usage.encode() + DONE
+
+    @staticmethod
+    def error(error: ApiError) -> bytes:
+        return b"data: " + error.body_bytes() + b"\n\n" + DONE

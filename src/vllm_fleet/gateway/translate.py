@@ -1,0 +1,140 @@
+"""From an OpenAI request body to a `GenerateRequest`, with every check that needs no worker.
+
+Checks here run before the router is touched, so a bad request costs the fleet nothing:
+types and bounds (pydantic), the gateway's limits (n, max_tokens, prompts per request), and a
+cheap prompt-length check against the model's context. The worker still checks exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ValidationError
+
+from vllm_fleet.gateway.api_error import ApiError, bad_request
+from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+
+
+@dataclass(slots=True)
+class Plan:
+    """What the gateway needs to shape the answer, besides the worker request itself."""
+
+    request: GenerateRequest
+    model: str
+    kind: str                  # "chat" or "completion"
+    stream: bool
+    include_usage: bool
+    n: int
+    logprobs: int | None       # top alternatives per token; None when logprobs are off
+    prompt_tokens_estimate: int
+
+
+def parse_body(schema: type[BaseModel], body: bytes) -> BaseModel:
+    """Validate JSON `body` against `schema`; a problem becomes a 400 naming the field."""
+    try:
+        return schema.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            raise bad_request(f"request body is not valid JSON: {first['msg']}", code="invalid_json") from None
+        if first["type"] in ("model_type", "dict_type") and not first["loc"]:
+            raise bad_request("request body must be a JSON object", code="invalid_type") from None
+        param = ".".join(str(p) for p in first["loc"] if not _is_union_tag(p)) or None
+        raise bad_request(f"{param or 'body'}: {first['msg']}", param=param, code="invalid_value") from None
+
+
+def _is_union_tag(part: object) -> bool:
+    # pydantic names union members in error paths (e.g. "list[str]"); users never wrote those.
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "function-after"))
+
+
+def chat_plan(body: ChatCompletionRequest, *, request_id: str, session_id: str, config: GatewayConfig,
+              max_model_len: int) -> Plan:
+    messages = [ChatMessage(role=m.role, content=_content_text(m.content)) for m in body.messages]
+    logprobs = None
+    if body.logprobs:
+        logprobs = body.top_logprobs or 0
+    elif body.top_logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    prompt_bytes = sum(len(m.content.encode()) + len(m.role) + 4 for m in messages)
+    estimate = int(prompt_bytes / config.prompt_bytes_per_token)
+    return _plan(body, "chat", [GenerateInput(messages=messages)], estimate, max_tokens, logprobs,
+                 request_id=request_id, session_id=session_id, config=config, max_model_len=max_model_len)
+
+
+def completion_plan(body: CompletionRequest, *, request_id: str, session_id: str, config: GatewayConfig,
+                    max_model_len: int) -> Plan:
+    if body.echo:
+        raise bad_request("echo is not supported; send echo: false", param="echo")
+    if body.suffix:
+        raise bad_request("suffix is not supported", param="suffix")
+    inputs, estimate = _prompt_inputs(body.prompt, config)
+    if len(inputs) > config.max_prompts:
+        raise bad_request(f"{len(inputs)} prompts in one request; the limit is {config.max_prompts}", param="prompt")
+    return _plan(body, "completion", inputs, estimate, body.max_tokens, body.logprobs,
+                 request_id=request_id, session_id=session_id, config=config, max_model_len=max_model_len)
+
+
+def _prompt_inputs(prompt, config: GatewayConfig) -> tuple[list[GenerateInput], int]:
+    """Inputs, and the largest prompt's token estimate (exact for token ids)."""
+    if isinstance(prompt, str):
+        return [GenerateInput(text=prompt)], int(len(prompt.encode()) / config.prompt_bytes_per_token)
+    if prompt and isinstance(prompt[0], str):
+        longest = max(len(p.encode()) for p in prompt)
+        return [GenerateInput(text=p) for p in prompt], int(longest / config.prompt_bytes_per_token)
+    if prompt and isinstance(prompt[0], int):
+        return [GenerateInput(token_ids=list(prompt))], len(prompt)
+    return [GenerateInput(token_ids=list(ids)) for ids in prompt], max(len(ids) for ids in prompt)
+
+
+def _plan(body, kind: str, inputs: list[GenerateInput], estimate: int, max_tokens: int | None,
+          logprobs: int | None, *, request_id: str, session_id: str, config: GatewayConfig,
+          max_model_len: int) -> Plan:
+    n = body.n or 1
+    if n > config.max_n:
+        raise bad_request(f"n={n} is above this gateway's limit of {config.max_n}", param="n")
+    if logprobs is not None and logprobs > config.max_top_logprobs:
+        raise bad_request(f"at most {config.max_top_logprobs} top logprobs per token", param="logprobs")
+    _check_lengths(estimate, max_tokens, config, max_model_len, "messages" if kind == "chat" else "prompt")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    params = SamplingParams(
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens, stop=stop,
+        seed=body.seed, n=n, logprobs=logprobs, presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+    )
+    request = GenerateRequest(
+        request_id=request_id, inputs=inputs, params=params, session_id=session_id or body.user or "",
+        stream_interval_ms=config.stream_interval_ms,
+    )
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return Plan(request=request, model=body.model, kind=kind, stream=bool(body.stream), include_usage=include_usage,
+                n=n, logprobs=logprobs, prompt_tokens_estimate=estimate)
+
+
+def _check_lengths(estimate: int, max_tokens: int | None, config: GatewayConfig, max_model_len: int,
+                   prompt_param: str) -> None:
+    limit = min(config.max_tokens_limit or max_model_len, max_model_len)
+    if max_tokens is not None and max_tokens > limit:
+        raise bad_request(f"max_tokens={max_tokens} is above the limit of {limit} for this model", param="max_tokens")
+    if estimate >= max_model_len:
+        raise bad_request(
+            f"the prompt is too long: about {estimate} tokens or more, and the model's context is {max_model_len} "
+            "tokens; shorten the prompt", param=prompt_param, code="context_length_exceeded")
+    if max_tokens is not None and estimate + max_tokens > max_model_len:
+        raise bad_request(
+            f"prompt (at least ~{estimate} tokens) plus max_tokens={max_tokens} exceeds the model's context of "
+            f"{max_model_len} tokens; lower max_tokens", param="max_tokens", code="context_length_exceeded")
+
+
+def _content_text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+__all__ = ["ApiError", "Plan", "chat_plan", "completion_plan", "parse_body"]
