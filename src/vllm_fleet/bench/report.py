@@ -78,7 +78,10 @@ def read_report(path: str | Path) -> dict:
 
 def fmt_ms(dist: dict, key: str) -> str:
     value = dist.get(key)
-    return "–" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+    if value is None:
+        return "–"
+    value = round(value, 1)
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
 def summary_row(run: dict) -> list[str]:

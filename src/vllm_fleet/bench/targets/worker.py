@@ -63,9 +63,12 @@ async def record_stream(chunks: AsyncIterable[Chunk], record: RequestRecord, clo
 
 
 async def vocab_size_of(client: WorkerClient) -> int | None:
-    info = await client.info()
+    return _vocab_size((await client.info()).settings)
+
+
+def _vocab_size(settings: dict[str, str]) -> int | None:
     try:
-        return int(info.settings.get("vocab_size", "")) or None
+        return int(settings.get("vocab_size", "")) or None
     except ValueError:
         return None
 
@@ -114,30 +117,34 @@ class FleetTarget(Target):
         self.workers = workers
         self.config = config
         self._router = None
-        self._registry = None
+        self.vocab_size: int | None = None
 
     async def start(self) -> None:
         try:
             from vllm_fleet.router import Router, RouterConfig
         except ImportError as exc:
             raise ConfigError(f"--target fleet needs the router (vllm_fleet.router), which is not available: {exc}") from None
+        from prometheus_client import CollectorRegistry
+
         from vllm_fleet.registry import StaticRegistry
 
-        self._registry = StaticRegistry.from_spec(self.workers)
-        await self._registry.start()
         router_config = RouterConfig(policy=self.config.policy) if self.config.policy else RouterConfig()
-        self._router = Router(self._registry, router_config)
+        # A private metrics registry: the bench reports its own figures, and may build several routers.
+        self._router = Router(StaticRegistry.from_spec(self.workers), router_config, metrics_registry=CollectorRegistry())
         await self._router.start()
+        await self._router.wait_ready(timeout=30.0)
+        info = self._router.model_info(self.config.model) if self.config.model else None
+        if info is None and self._router.models():
+            info = self._router.model_info(self._router.models()[0])
+        self.vocab_size = _vocab_size(info.settings) if info is not None else None
 
     async def send(self, item: BenchItem, record: RequestRecord, clock: Clock) -> None:
-        request = generate_request(item, self.config, record.request_id)
+        request = generate_request(item, self.config, record.request_id, self.vocab_size)
         await record_stream(self._router.stream(request, model=self.config.model), record, clock)
 
     async def close(self) -> None:
-        for part in (self._router, self._registry):
-            close = getattr(part, "close", None)
-            if close is not None:
-                await close()
+        if self._router is not None:
+            await self._router.close()
 
     def describe(self) -> str:
         policy = self.config.policy or "default policy"
