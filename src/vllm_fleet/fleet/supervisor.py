@@ -1,0 +1,243 @@
+"""The node supervisor: start the planned workers, register them, keep them alive, drain them.
+
+Each worker is a subprocess (`python -m vllm_fleet.cli worker ...`) in its own process group,
+so stopping it also stops the vLLM engine-core process it spawned. The kernel kills it if the
+supervisor dies (PR_SET_PDEATHSIG), so even a SIGKILLed supervisor leaves no orphan serving
+stale weights on a GPU.
+
+A crashed worker is deregistered at once and restarted after a backoff that doubles with
+each restart in the window; one that crashes `max_restarts` times within `restart_window_s`
+is flapping and given up (deregistered, logged) rather than restarted forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import logging
+import os
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.errors import WorkerError
+from vllm_fleet.fleet.config import SupervisorConfig
+from vllm_fleet.fleet.plan import Plan, WorkerSpec
+from vllm_fleet.registry.base import Registry, WorkerRecord
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+UNHEALTHY_CHECKS = 3     # consecutive failed health checks before a live worker is deregistered
+
+
+def die_with_parent(parent_pid: int):
+    """preexec_fn: SIGKILL this child when the parent dies (Linux), even by SIGKILL."""
+    def preexec() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:  # not Linux: the process group kill on stop still applies
+            return
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+class ManagedWorker:
+    """One planned worker: its process, its registration, its restart history."""
+
+    def __init__(self, spec: WorkerSpec, registry: Registry | None, config: SupervisorConfig, log_dir: Path) -> None:
+        self.spec = spec
+        self.registry = registry
+        self.config = config
+        self.log_path = log_dir / f"worker-{spec.worker_id}.log"
+        self.state = "new"            # starting, serving, unhealthy, backoff, failed, stopped
+        self.restarts: collections.deque[float] = collections.deque()
+        self.process: asyncio.subprocess.Process | None = None
+        self.serving = asyncio.Event()
+        self._stopping = False
+        self._registered = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    async def run(self) -> None:
+        """Start, watch and restart until stopped or given up."""
+        while not self._stopping:
+            await self._spawn()
+            await self._serve_until_exit()
+            await self._deregister()
+            if self._stopping:
+                break
+            code = self.process.returncode
+            if not self._may_restart():
+                self.state = "failed"
+                logger.error("worker %s (%s) exited with %s and restarted %d times in %.0fs: flapping, given up; "
+                             "see %s", self.spec.worker_id, self.spec.device, code, len(self.restarts),
+                             self.config.restart_window_s, self.log_path)
+                return
+            delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (len(self.restarts) - 1))
+            self.state = "backoff"
+            logger.warning("worker %s (%s) exited with %s; restart %d in %.1fs (log %s)", self.spec.worker_id,
+                           self.spec.device, code, len(self.restarts), delay, self.log_path)
+            await asyncio.sleep(delay)
+        self.state = "stopped"
+
+    def _may_restart(self) -> bool:
+        now = time.monotonic()
+        while self.restarts and now - self.restarts[0] > self.config.restart_window_s:
+            self.restarts.popleft()
+        if len(self.restarts) >= self.config.max_restarts:
+            return False
+        self.restarts.append(now)
+        return True
+
+    async def _spawn(self) -> None:
+        self.state = "starting"
+        self.serving.clear()
+        env = {**os.environ, **self.spec.env}
+        with open(self.log_path, "ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.spec.argv(), env=env, stdin=asyncio.subprocess.DEVNULL, stdout=log,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
+            )
+        logger.info("worker %s (%s) started: pid %s, %s", self.spec.worker_id, self.spec.device, self.process.pid,
+                    self.spec.address)
+
+    async def _serve_until_exit(self) -> None:
+        """Wait for SERVING (or exit), register, then health-check until the process exits."""
+        exited = asyncio.ensure_future(self.process.wait())
+        client = WorkerClient(self.spec.address)
+        try:
+            ready = asyncio.ensure_future(client.wait_serving(timeout=self.config.startup_timeout_s))
+            await asyncio.wait({exited, ready}, return_when=asyncio.FIRST_COMPLETED)
+            if not ready.done():
+                ready.cancel()
+                return
+            if ready.exception() is not None:
+                logger.error("worker %s: %s; killing it", self.spec.worker_id, ready.exception())
+                self._kill_group(signal.SIGKILL)
+                await exited
+                return
+            await self._register(client)
+            self.state = "serving"
+            self.serving.set()
+            logger.info("worker %s (%s) SERVING at %s", self.spec.worker_id, self.spec.device, self.spec.address)
+            await self._watch_health(client, exited)
+        finally:
+            await client.close()
+
+    async def _watch_health(self, client: WorkerClient, exited: asyncio.Future) -> None:
+        failures = 0
+        while not exited.done():
+            done, _ = await asyncio.wait({exited}, timeout=self.config.health_interval_s)
+            if done or self._stopping:
+                break
+            healthy = await client.health(timeout=min(2.0, self.config.health_interval_s)) == "SERVING"
+            failures = 0 if healthy else failures + 1
+            if failures == UNHEALTHY_CHECKS and self._registered:
+                logger.warning("worker %s not SERVING for %d checks: deregistered until it recovers",
+                               self.spec.worker_id, failures)
+                self.state = "unhealthy"
+                await self._deregister()
+            elif healthy and not self._registered:
+                await self._register(client)
+                self.state = "serving"
+        await exited
+
+    async def _register(self, client: WorkerClient) -> None:
+        if self.registry is None:
+            return
+        try:
+            model = (await client.info()).model
+        except WorkerError:
+            model = self.spec.engine.model or ""
+        record = WorkerRecord(
+            address=_advertised(self.spec), model=model, device=self.spec.device, mig_profile=self.spec.mig_profile,
+            worker_id=self.spec.worker_id, capacity=self.spec.capacity_summary(),
+        )
+        await self.registry.register(record)
+        self._registered = True
+
+    async def _deregister(self) -> None:
+        if self.registry is None or not self._registered:
+            return
+        self._registered = False
+        try:
+            await self.registry.deregister(_advertised(self.spec))
+        except Exception:  # the registry may be down; the ephemeral node dies with our session
+            logger.warning("worker %s: could not deregister", self.spec.worker_id, exc_info=True)
+
+    async def stop(self, grace_s: float) -> None:
+        """Drain: deregister, SIGTERM the worker's group, SIGKILL whatever is left after `grace_s`."""
+        self._stopping = True
+        await self._deregister()
+        process = self.process
+        if process is None or process.returncode is not None:
+            self._kill_group(signal.SIGKILL)  # the engine core may outlive its worker
+            return
+        self._kill_group(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), grace_s)
+        except asyncio.TimeoutError:
+            logger.warning("worker %s did not drain in %.0fs: killing it", self.spec.worker_id, grace_s)
+        self._kill_group(signal.SIGKILL)
+        await process.wait()
+
+    def _kill_group(self, sig: int) -> None:
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, sig)  # the worker leads its own group (start_new_session)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _advertised(spec: WorkerSpec) -> str:
+    # A worker bound to every interface is reached through this host's name.
+    host = socket.getfqdn() if spec.host in ("0.0.0.0", "::") else spec.host
+    return f"{host}:{spec.port}"
+
+
+class NodeSupervisor:
+    """Runs a plan's workers: `await start()`, then `await stop()` (or `run_until_signal()`)."""
+
+    def __init__(self, plan: Plan, registry: Registry | None, config: SupervisorConfig | None = None) -> None:
+        self.plan = plan
+        self.registry = registry
+        self.config = config or SupervisorConfig()
+        self.log_dir = Path(self.config.log_dir or tempfile.mkdtemp(prefix="vllm-fleet-node-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.workers = [ManagedWorker(spec, registry, self.config, self.log_dir) for spec in plan.workers]
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        logger.info("node: starting %d workers (logs in %s)", len(self.workers), self.log_dir)
+        self._tasks = [asyncio.create_task(w.run(), name=f"worker-{w.spec.worker_id}") for w in self.workers]
+
+    async def wait_serving(self, timeout: float) -> None:
+        """Until every worker is SERVING (raises TimeoutError)."""
+        await asyncio.wait_for(asyncio.gather(*(w.serving.wait() for w in self.workers)), timeout)
+
+    async def stop(self) -> None:
+        logger.info("node: draining %d workers (grace %.0fs)", len(self.workers), self.config.stop_grace_s)
+        await asyncio.gather(*(w.stop(self.config.stop_grace_s) for w in self.workers))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        logger.info("node: all workers stopped")
+
+    async def run_until_signal(self) -> None:
+        """Start, then drain on SIGTERM or SIGINT."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        await stop.wait()
+        await self.stop()
