@@ -1,0 +1,325 @@
+"""What the gateway adds: TTFT overhead vs the worker directly, top sustainable rate, streamed tokens/s.
+
+    python benchmarks/gateway_overhead.py [--quick]
+
+One run, on mock workers (the named stand-in engine: fixed TTFT, set token pace), three figures:
+
+1. Added TTFT at 200 req/s (open loop, Poisson): P50/P99 of time-to-first-token through the
+   gateway minus the same percentile straight to the worker over gRPC, same rate, same run.
+2. The highest rate one gateway process sustains with P99 added TTFT <= 10 ms (a rate sweep,
+   each rate compared with a direct run at that rate).
+3. Streamed tokens/s through one gateway process: many long streams from a fast mock worker,
+   worker-side coalescing (--stream-interval-ms), counted from each stream's final usage.
+
+The load generator (this process: a lean HTTP/1.1 keep-alive client, so that client cost does
+not pose as gateway cost; gRPC via our WorkerClient for the direct runs) is a separate process
+from the gateway and the worker. On a 2-core machine all three share the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from vllm_fleet.bench.arrivals import ArrivalProcess
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
+
+PY = sys.executable
+MODEL = "mock-bench"
+PROMPT = "tell me about the river and the mountain"
+ERRORS: dict[str, int] = {}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn(args: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, VLLM_FLEET_LOG_LEVEL="WARNING")
+    return subprocess.Popen([PY, "-m", "vllm_fleet.cli", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+async def wait_http(port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = HttpConnection("127.0.0.1", port)
+            await conn.open()
+            status, body = await conn.get("/ready")
+            conn.close()
+            if status == 200:
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"gateway on port {port} not ready after {timeout:.0f}s")
+
+
+class HttpConnection:
+    """A minimal HTTP/1.1 keep-alive client: just enough for SSE from our gateway."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    async def _head(self) -> tuple[int, dict[bytes, bytes]]:
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        headers = {}
+        for line in lines[1:]:
+            if b":" in line:
+                k, v = line.split(b":", 1)
+                headers[k.strip().lower()] = v.strip()
+        return status, headers
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        status, headers = await self._head()
+        return status, await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
+
+    async def stream(self, path: str, body: bytes, started: float) -> tuple[float | None, int]:
+        """POST a streaming request; (time to first content event, completion tokens from usage)."""
+        self.writer.write(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        status, headers = await self._head()
+        if status != 200:
+            await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
+            raise RuntimeError(f"HTTP {status}")
+        ttft, tokens, pending = None, 0, b""
+        while True:  # chunked transfer encoding
+            size = int((await self.reader.readuntil(b"\r\n"))[:-2], 16)
+            data = await self.reader.readexactly(size + 2)
+            if size == 0:
+                return ttft, tokens
+            if ttft is None and b'"text":"' in data and b'"text":""' not in data:
+                ttft = time.perf_counter() - started
+            pending += data[:-2]
+            if b'"usage":{' in pending:
+                usage = pending[pending.index(b'"usage":{') + 8:]
+                tokens = json.loads(usage[:usage.index(b"}") + 1])["completion_tokens"]
+            if b"data: [DONE]" in pending:
+                pending = b""
+            elif len(pending) > 4096:
+                pending = pending[-4096:]
+
+
+class HttpPool:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.idle: list[HttpConnection] = []
+
+    async def stream(self, path: str, body: bytes, started: float) -> tuple[float | None, int]:
+        conn = self.idle.pop() if self.idle else None
+        if conn is None:
+            conn = HttpConnection("127.0.0.1", self.port)
+            await conn.open()
+        try:
+            result = await conn.stream(path, body, started)
+        except BaseException:
+            conn.close()
+            raise
+        self.idle.append(conn)
+        return result
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.close()
+
+
+async def open_loop(rate: float, duration: float, send) -> tuple[list[float], int, float]:
+    """Send at Poisson arrivals for `duration` s; (TTFTs, errors, achieved rate)."""
+    times = ArrivalProcess(rate, seed=int(rate)).times(max(1, int(rate * duration)))
+    ttfts: list[float] = []
+    errors = 0
+
+    async def one() -> None:
+        nonlocal errors
+        try:
+            ttft = await send()
+            if ttft is None:
+                errors += 1
+            else:
+                ttfts.append(ttft)
+        except Exception as exc:
+            errors += 1
+            ERRORS[f"{type(exc).__name__}: {str(exc)[:80]}"] = ERRORS.get(f"{type(exc).__name__}: {str(exc)[:80]}", 0) + 1
+
+    start = time.perf_counter()
+    tasks = []
+    for planned in times:
+        delay = start + planned - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one()))
+    sent_over = time.perf_counter() - start
+    await asyncio.gather(*tasks)
+    return ttfts, errors, len(times) / max(sent_over, 1e-9)
+
+
+def completion_body(max_tokens: int) -> bytes:
+    return json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+
+
+async def ttft_pair(rate: float, duration: float, pool: HttpPool, worker: WorkerClient) -> dict:
+    body = completion_body(8)
+    counter = iter(range(10**9))
+
+    async def via_gateway():
+        started = time.perf_counter()
+        ttft, _ = await pool.stream("/v1/completions", body, started)
+        return ttft
+
+    async def direct():
+        request = GenerateRequest(request_id=f"direct-{rate}-{next(counter)}", inputs=[GenerateInput(text=PROMPT)],
+                                  params=SamplingParams(max_tokens=8))
+        started = time.perf_counter()
+        async for chunk in worker.generate(request):
+            if chunk.token_ids:
+                return time.perf_counter() - started
+        return None
+
+    d_ttft, d_err, d_rate = await open_loop(rate, duration, direct)
+    g_ttft, g_err, g_rate = await open_loop(rate, duration, via_gateway)
+    pct = lambda xs, q: float(np.percentile(xs, q)) * 1000 if xs else float("nan")  # noqa: E731
+    return {
+        "rate": rate, "achieved_rate": min(d_rate, g_rate), "errors": d_err + g_err, "requests": len(g_ttft),
+        "direct_p50_ms": pct(d_ttft, 50), "direct_p99_ms": pct(d_ttft, 99),
+        "gateway_p50_ms": pct(g_ttft, 50), "gateway_p99_ms": pct(g_ttft, 99),
+        "added_p50_ms": pct(g_ttft, 50) - pct(d_ttft, 50), "added_p99_ms": pct(g_ttft, 99) - pct(d_ttft, 99),
+    }
+
+
+async def throughput(port: int, streams: int, max_tokens: int) -> tuple[float, int]:
+    pool = HttpPool(port)
+    body = completion_body(max_tokens)
+    started = time.perf_counter()
+    results = await asyncio.gather(*(pool.stream("/v1/completions", body, time.perf_counter()) for _ in range(streams)))
+    elapsed = time.perf_counter() - started
+    pool.close()
+    tokens = sum(t for _, t in results)
+    return tokens / elapsed, tokens
+
+
+def start_gateway(worker_port: int, *extra: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    process = spawn(["--log-level", "WARNING", "gateway", "--workers", f"127.0.0.1:{worker_port}", "--port", str(port),
+                     "--no-access-log", *extra])
+    return process, port
+
+
+async def main(args: argparse.Namespace) -> dict:
+    duration = 4.0 if args.quick else 10.0
+    worker_port = free_port()
+    worker = spawn(["--log-level", "WARNING", "worker", "--engine", "mock", "--port", str(worker_port),
+                    "--served-model-name", MODEL, "--mock-ttft-ms", "5", "--mock-tokens-per-s", "2000"])
+    gateway, gw_port = start_gateway(worker_port)
+    processes = [worker, gateway]
+    client = WorkerClient(f"127.0.0.1:{worker_port}")
+    results: dict = {}
+    try:
+        await client.wait_serving(timeout=60)
+        await wait_http(gw_port)
+        pool = HttpPool(gw_port)
+        await ttft_pair(50, 1.0, pool, client)  # warm-up: connections, caches
+        results["at_200"] = await ttft_pair(200, duration, pool, client)
+        print(json.dumps(results["at_200"]), flush=True)
+        sweep = []
+        for rate in ([400, 800, 1200] if args.quick else [300, 400, 500, 600, 800, 1000, 1200, 1500]):
+            point = await ttft_pair(rate, duration / 2, pool, client)
+            print(json.dumps(point), flush=True)
+            if ERRORS:
+                print("errors:", ERRORS, flush=True)
+            sweep.append(point)
+            if point["added_p99_ms"] > 10 or point["errors"] or point["achieved_rate"] < 0.95 * rate:
+                break
+        results["sweep"] = sweep
+        ok = [p["rate"] for p in [results["at_200"], *sweep]
+              if p["added_p99_ms"] <= 10 and not p["errors"] and p["achieved_rate"] >= 0.95 * p["rate"]]
+        results["max_rate_p99_added_le_10ms"] = max(ok) if ok else None
+        pool.close()
+        stop(gateway)
+        stop(worker)
+        # Throughput: a fast worker, long outputs, worker-side coalescing every 20 ms.
+        worker_port = free_port()
+        worker = spawn(["--log-level", "WARNING", "worker", "--engine", "mock", "--port", str(worker_port),
+                        "--served-model-name", MODEL, "--mock-ttft-ms", "1", "--mock-tokens-per-s", "20000",
+                        "--mock-max-model-len", "65536"])
+        gateway, gw_port = start_gateway(worker_port, "--stream-interval-ms", "20")
+        processes += [worker, gateway]
+        await WorkerClient(f"127.0.0.1:{worker_port}").wait_serving(timeout=60)
+        await wait_http(gw_port)
+        await throughput(gw_port, 4, 2000)  # warm-up
+        tps, tokens = await throughput(gw_port, 64, 8000 if args.quick else 20000)
+        results["tokens_per_s"] = tps
+        results["tokens"] = tokens
+        print(json.dumps({"tokens_per_s": round(tps), "tokens": tokens}), flush=True)
+    finally:
+        await client.close()
+        for process in processes:
+            stop(process)
+    return results
+
+
+def report(results: dict) -> str:
+    at = results["at_200"]
+    lines = [
+        f"added TTFT at 200 req/s: P50 {at['added_p50_ms']:+.2f} ms, P99 {at['added_p99_ms']:+.2f} ms "
+        f"(direct P50/P99 {at['direct_p50_ms']:.2f}/{at['direct_p99_ms']:.2f} ms, gateway "
+        f"{at['gateway_p50_ms']:.2f}/{at['gateway_p99_ms']:.2f} ms, {at['requests']} requests)",
+        f"highest rate with P99 added <= 10 ms: {results['max_rate_p99_added_le_10ms']} req/s",
+        f"streamed tokens/s through one gateway: {results['tokens_per_s']:,.0f} ({results['tokens']:,} tokens)",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="Shorter runs (a smoke test of the script)")
+    parser.add_argument("--json", help="Also write the raw figures to this file")
+    options = parser.parse_args()
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+    with runner:
+        figures = runner.run(main(options))
+    if options.json:
+        with open(options.json, "w") as handle:
+            json.dump(figures, handle, indent=2)
+    print(report(figures))
