@@ -72,6 +72,7 @@ class GatewayApp:
         token = request_id_var.set(request_id)
         record = RequestRecord(request_id, http.method, http.path, http.client)
         extra = [(b"x-request-id", request_id.encode())]
+        self.metrics.in_progress.inc()
         try:
             await until_disconnect(receive, self._serve(http, record, send, extra, from_client)) \
                 if http.method == "POST" else await self._serve(http, record, send, extra, from_client)
@@ -79,6 +80,7 @@ class GatewayApp:
             record.status = record.status or CLIENT_CLOSED
             record.error = record.error or "client disconnected"
         finally:
+            self.metrics.in_progress.dec()
             request_id_var.reset(token)
             self._account(record)
 
