@@ -8,10 +8,12 @@ everything else goes straight back to the caller with its message.
     ├── ConfigError            fatal    a setting is wrong; the message says which and how to fix it
     ├── ModelError             fatal    the model cannot be found, provisioned or loaded
     ├── InvalidRequestError    fatal    the request itself is bad (HTTP 400, gRPC INVALID_ARGUMENT)
+    │   └── UnknownModelError             no worker serves the requested model (HTTP 404)
     ├── WorkerError            recoverable unless stated: something went wrong on or with one worker
     │   ├── WorkerUnavailableError   the worker cannot be reached, is draining, or its engine died
     │   ├── WorkerOverloadedError    the worker refused for capacity (gRPC RESOURCE_EXHAUSTED)
     │   ├── WorkerTimeoutError       a deadline passed, or the stream stalled
+    │   │   └── DeadlineExceededError    fatal: the caller's own deadline passed (nothing left to retry in)
     │   └── EngineDeadError          fatal *for that worker*: its engine died (recoverable elsewhere)
     ├── NoWorkerError          recoverable later: no serving worker can take the request now
     └── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
@@ -110,3 +112,9 @@ class UnknownModelError(InvalidRequestError):
     def __init__(self, message: str, *, model: str) -> None:
         super().__init__(message, param="model")
         self.model = model
+
+
+class DeadlineExceededError(WorkerTimeoutError):
+    """The caller's deadline passed (HTTP 504). Fatal: no time is left to retry in."""
+
+    recoverable = False

@@ -16,10 +16,16 @@ from prometheus_client import CollectorRegistry
 
 from support import wait_until
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.errors import InvalidRequestError, NoWorkerError, RateLimitedError, UnknownModelError
+from vllm_fleet.errors import (
+    DeadlineExceededError,
+    InvalidRequestError,
+    NoWorkerError,
+    RateLimitedError,
+    UnknownModelError,
+)
 from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
-from vllm_fleet.router import AdmissionConfig, DeadlineExceededError, KeyLimits, Router, RouterConfig
+from vllm_fleet.router import AdmissionConfig, KeyLimits, Router, RouterConfig
 
 # Fast polling so that tests wait on conditions for fractions of a second, not seconds.
 FAST = dict(load_poll_interval_s=0.2, health_poll_interval_s=0.2, stall_timeout_s=1.0, first_chunk_timeout_s=5.0)
@@ -122,6 +128,12 @@ async def test_routed_stream_equals_the_workers_own_output(two_workers):
         assert_same_output(got, await reference(a.address, req))
         snapshot = router.snapshot()
         assert all(w.in_flight == 0 and w.outstanding_tokens == 0 for w in snapshot)
+        for address in (a.address, b.address):  # per-worker gauges for the gateway's /metrics
+            labels = {"worker": address}
+            assert router.metrics.get_sample_value("vllm_fleet_router_worker_serving", labels) == 1
+            assert router.metrics.get_sample_value("vllm_fleet_router_breaker_state", labels) == 0
+            assert router.metrics.get_sample_value("vllm_fleet_router_in_flight", labels) == 0
+        assert counter(router, "requests", model="mock-model", outcome="ok") == 1
 
 
 async def test_kill_9_under_load_every_stream_completes_without_lost_or_repeated_tokens(two_workers):

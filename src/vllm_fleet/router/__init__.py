@@ -24,6 +24,7 @@ Errors (all from vllm_fleet.errors):
                               worker can take it; InvalidRequestError from the worker (never
                               retried); the last WorkerError when attempts or the retry budget ran out.
     later __anext__           the last WorkerError when a stream could not be migrated.
+    any __anext__             DeadlineExceededError (a WorkerTimeoutError) once `deadline` passed.
 
 Admission applies to every request's workload class (short/long, bounded queues when
 `*_max_in_flight` is set) and, when `key` is given and key limits are configured, to the key's
@@ -45,7 +46,8 @@ from vllm_fleet.router.config import (
 )
 from vllm_fleet.router.router import Router
 from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
-from vllm_fleet.router.stream import DeadlineExceededError, RoutedStream
+from vllm_fleet.errors import DeadlineExceededError  # re-exported: the stream raises it
+from vllm_fleet.router.stream import RoutedStream
 
 __all__ = [
     "AdmissionConfig",

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from vllm_fleet.errors import (
+    DeadlineExceededError,
     InvalidRequestError,
     NoWorkerError,
     RateLimitedError,
@@ -56,12 +57,6 @@ class _Sample:
     token_ids: list[int] = field(default_factory=list)
     finished: bool = False
     delivered_before: int = 0   # tokens delivered by earlier attempts
-
-
-class DeadlineExceededError(WorkerTimeoutError):
-    """The caller's deadline passed. Not retried: there is no time left to retry in."""
-
-    recoverable = False
 
 
 class RoutedStream:

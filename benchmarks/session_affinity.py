@@ -1,0 +1,185 @@
+"""Session affinity vs round robin on two real vLLM workers: prefix-cache hits and P99 TTFT.
+
+    flock /tmp/vllm-fleet-heavy.lock python benchmarks/session_affinity.py [--conversations 24 --turns 6]
+
+Starts two real vLLM workers (default model) on disjoint cores (`--cpu-cores 0` and `1`),
+then runs the same multi-turn chat workload through the Router twice, once per policy.
+Each conversation sends its turns one after another, with the whole history (the model's own
+answers included), all conversations at once. Session affinity should keep a conversation on
+the worker that already holds its history in the prefix cache; round robin scatters it.
+
+Figures per policy:
+- cached share: sum(usage.cached_tokens) / sum(usage.prompt_tokens) over the run's requests
+  (exact per run, from the workers' usage);
+- each worker's lifetime `WorkerLoad.prefix_cache_hit_rate` before and after the run;
+- TTFT P50/P99 (router.stream() to the first chunk with tokens), and the run's wall time.
+
+Each run uses its own conversation texts (a per-run salt), so the second run cannot hit
+what the first one cached. A warm-up request per worker runs before both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.registry import StaticRegistry
+from vllm_fleet.router import Router, RouterConfig
+
+SYSTEM = "You are a concise assistant. Answer in one or two sentences."
+TOPICS = ("rivers", "mountains", "cities", "forests", "oceans", "deserts", "islands", "volcanoes",
+          "glaciers", "lakes", "valleys", "canyons")
+WORDS = ("describe compare explain history climate people animals plants travel weather season trade "
+         "ancient modern famous largest smallest oldest culture food music language map route").split()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_worker(cores: str, port: int) -> subprocess.Popen:
+    args = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--engine", "vllm", "--port", str(port),
+            "--enforce-eager", "--max-model-len", "2048", "--kv-cache-space-gb", "1", "--enable-prefix-caching",
+            "--cpu-cores", cores]
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=cores, VLLM_CPU_KVCACHE_SPACE="1", VLLM_FLEET_LOG_LEVEL="WARNING")
+    log = open(f"/tmp/session-affinity-worker-{cores}.log", "ab")
+    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_worker(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+    try:  # the engine core is a child process: sweep the group
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def user_turn(rng: np.random.Generator, salt: str, conversation: int, turn: int, words: int) -> str:
+    topic = TOPICS[conversation % len(TOPICS)]
+    filler = " ".join(rng.choice(WORDS, size=words))
+    return f"[{salt}/{conversation}/{turn}] Tell me about {topic}: {filler}?"
+
+
+async def conversation(router: Router, index: int, args: argparse.Namespace, salt: str,
+                       ttfts: list[float], usages: list[tuple[int, int]]) -> None:
+    rng = np.random.default_rng(zlib.crc32(f"{salt}-{index}".encode()))
+    messages = [ChatMessage("system", SYSTEM)]
+    loop = asyncio.get_running_loop()
+    for turn in range(args.turns):
+        messages.append(ChatMessage("user", user_turn(rng, salt, index, turn, args.user_words)))
+        request = GenerateRequest(
+            f"{salt}-c{index}-t{turn}", [GenerateInput(messages=list(messages))],
+            SamplingParams(max_tokens=args.max_tokens, temperature=0.0), session_id=f"{salt}-conversation-{index}",
+        )
+        started = loop.time()
+        answer = ""
+        first = None
+        async with router.stream(request) as stream:
+            async for chunk in stream:
+                if first is None and chunk.token_ids:
+                    first = loop.time() - started
+                answer += chunk.text
+                if chunk.usage is not None:
+                    usages.append((chunk.usage.prompt_tokens, chunk.usage.cached_tokens))
+        ttfts.append(first if first is not None else loop.time() - started)
+        messages.append(ChatMessage("assistant", answer))
+
+
+async def hit_rates(addresses: list[str]) -> list[float]:
+    rates = []
+    for address in addresses:
+        async with WorkerClient(address) as client:
+            rates.append((await client.load()).prefix_cache_hit_rate)
+    return rates
+
+
+async def run_policy(policy: str, addresses: list[str], args: argparse.Namespace) -> dict:
+    router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy=policy))
+    await router.start()
+    try:
+        await router.wait_ready(timeout=60)
+        before = await hit_rates(addresses)
+        ttfts: list[float] = []
+        usages: list[tuple[int, int]] = []
+        started = time.perf_counter()
+        await asyncio.gather(*(conversation(router, i, args, policy, ttfts, usages)
+                               for i in range(args.conversations)))
+        wall = time.perf_counter() - started
+        after = await hit_rates(addresses)
+    finally:
+        await router.close()
+    prompt = sum(p for p, _ in usages)
+    cached = sum(c for _, c in usages)
+    return {
+        "policy": policy, "requests": len(ttfts), "wall_s": wall,
+        "cached_share": cached / prompt if prompt else 0.0, "prompt_tokens": prompt,
+        "ttft_p50_ms": float(np.percentile(ttfts, 50)) * 1000, "ttft_p99_ms": float(np.percentile(ttfts, 99)) * 1000,
+        "hit_rate_before": before, "hit_rate_after": after,
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    ports = [free_port(), free_port()]
+    workers = [start_worker(str(core), port) for core, port in zip((0, 1), ports)]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    try:
+        for address in addresses:
+            async with WorkerClient(address) as client:
+                await client.wait_serving(timeout=600)
+                info = await client.info()
+                # Warm-up: the first request of an engine pays one-off costs neither policy should.
+                warm = GenerateRequest(f"warm-{address}", [GenerateInput(messages=[ChatMessage("user", "Hello")])],
+                                       SamplingParams(max_tokens=8))
+                async for _ in client.generate(warm, timeout=120):
+                    pass
+        print(f"workers: {addresses} model={info.model} block_size={info.settings.get('block_size')} "
+              f"prefix_caching={info.settings.get('enable_prefix_caching')}")
+        print(f"workload: {args.conversations} conversations x {args.turns} turns, all at once, "
+              f"{args.user_words} words per user turn, max_tokens={args.max_tokens}, temperature 0")
+        results = [await run_policy(policy, addresses, args) for policy in ("round_robin", "session_affinity")]
+    finally:
+        for worker in workers:
+            stop_worker(worker)
+    print()
+    print("| policy | requests | cached share of prompt tokens | worker hit rate before -> after | "
+          "TTFT P50 | TTFT P99 | wall |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        rates = ", ".join(f"{b:.2f}->{a:.2f}" for b, a in zip(r["hit_rate_before"], r["hit_rate_after"]))
+        print(f"| {r['policy']} | {r['requests']} | {r['cached_share']:.1%} ({r['prompt_tokens']} prompt tokens) | "
+              f"{rates} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p99_ms']:.0f} ms | {r['wall_s']:.1f} s |")
+    rr, sa = results
+    if sa["ttft_p99_ms"] > 0:
+        print(f"\nP99 TTFT round_robin / session_affinity = {rr['ttft_p99_ms'] / sa['ttft_p99_ms']:.2f}x; "
+              f"cached share {rr['cached_share']:.1%} -> {sa['cached_share']:.1%}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--conversations", type=int, default=24, help="Conversations run at once")
+    parser.add_argument("--turns", type=int, default=6, help="Turns per conversation")
+    parser.add_argument("--user-words", type=int, default=40, help="Words per user turn")
+    parser.add_argument("--max-tokens", type=int, default=48, help="Answer length per turn")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
