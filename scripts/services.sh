@@ -4,6 +4,7 @@ need=()
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 [ -d /usr/share/zookeeper ] || need+=(zookeeper)
 command -v nginx >/dev/null || need+=(nginx)
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "[services] apt-get install ${need[*]}" >&2

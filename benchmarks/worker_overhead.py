@@ -1,0 +1,142 @@
+"""Output tokens/s of one batch through our worker over gRPC vs vLLM's AsyncLLM in-process.
+
+Same model, same engine settings, same cores, same batch, measured in one run; the figure is
+the ratio (target ≥ 0.97). Each side runs a warm-up and then `--rounds` rounds with its engine
+kept up (in-process first, then the worker, which cannot share the cores at the same time);
+the ratio uses each side's median round.
+
+    python benchmarks/worker_overhead.py [--prompts 32 --max-tokens 128 --rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.models import resolve_model
+from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+
+TOPICS = ["rivers", "mountains", "the sea", "cities", "music", "trees", "bridges", "stars"]
+
+
+def prompts(count: int) -> list[str]:
+    return [f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} (variant {i})." for i in range(count)]
+
+
+async def inprocess_round(llm, texts: list[str], max_tokens: int, tag: str) -> tuple[int, float]:
+    from vllm import SamplingParams as VSP
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    tokenizer = llm.get_tokenizer()
+    params = VSP(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    token_prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                                       add_generation_prompt=True), add_special_tokens=False)
+        for t in texts
+    ]
+
+    async def one(i: int) -> int:
+        count = 0
+        async for out in llm.generate(TokensPrompt(prompt_token_ids=token_prompts[i]), params, f"{tag}-{i}"):
+            count += sum(len(c.token_ids) for c in out.outputs)
+        return count
+
+    started = time.perf_counter()
+    counts = await asyncio.gather(*(one(i) for i in range(len(texts))))
+    return sum(counts), time.perf_counter() - started
+
+
+async def worker_round(client: WorkerClient, texts: list[str], max_tokens: int, tag: str) -> tuple[int, float]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+    async def one(i: int) -> int:
+        request = GenerateRequest(f"{tag}-{i}", [GenerateInput(messages=[ChatMessage("user", texts[i])])], params)
+        return sum([len(c.token_ids) async for c in client.generate(request, timeout=600)])
+
+    started = time.perf_counter()
+    counts = await asyncio.gather(*(one(i) for i in range(len(texts))))
+    return sum(counts), time.perf_counter() - started
+
+
+def engine_args(args: argparse.Namespace) -> dict:
+    return dict(model=resolve_model(None).path, served_model_name=["SmolLM2-135M-Instruct"], enforce_eager=True,
+                max_model_len=2048, max_num_seqs=args.prompts, seed=0)
+
+
+async def main(args: argparse.Namespace) -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    texts = prompts(args.prompts)
+    results: dict[str, list[float]] = {"inprocess": [], "worker": []}
+    print("starting AsyncLLM in-process...", file=sys.stderr, flush=True)
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(args), disable_log_stats=False))
+    await inprocess_round(llm, texts[:4], 8, "warm")
+    inprocess_runs = []
+    for r in range(args.rounds):
+        tokens, seconds = await inprocess_round(llm, texts, args.max_tokens, f"in-{r}")
+        inprocess_runs.append((tokens, seconds))
+        print(f"  in-process round {r}: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.1f} tok/s",
+              file=sys.stderr, flush=True)
+    llm.shutdown()
+    del llm
+
+    port = _free_port()
+    command = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--port", str(port), "--enforce-eager",
+               "--max-model-len", "2048", "--max-num-seqs", str(args.prompts), "--seed", "0"]
+    print("starting the gRPC worker...", file=sys.stderr, flush=True)
+    worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    client = WorkerClient(f"127.0.0.1:{port}")
+    try:
+        await client.wait_serving(timeout=600)
+        await worker_round(client, texts[:4], 8, "warm")
+        worker_runs = []
+        for r in range(args.rounds):
+            tokens, seconds = await worker_round(client, texts, args.max_tokens, f"w-{r}")
+            worker_runs.append((tokens, seconds))
+            print(f"  worker round {r}: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.1f} tok/s",
+                  file=sys.stderr, flush=True)
+    finally:
+        await client.close()
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=60)
+        finally:
+            try:
+                os.killpg(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for tokens, seconds in inprocess_runs:
+        results["inprocess"].append(tokens / seconds)
+    for tokens, seconds in worker_runs:
+        results["worker"].append(tokens / seconds)
+    inproc = statistics.median(results["inprocess"])
+    grpc_rate = statistics.median(results["worker"])
+    print(f"batch: {args.prompts} chat prompts x {args.max_tokens} output tokens (greedy, ignore_eos), "
+          f"{args.rounds} rounds each, median")
+    print(f"AsyncLLM in-process : {inproc:8.1f} output tok/s")
+    print(f"worker over gRPC    : {grpc_rate:8.1f} output tok/s")
+    print(f"ratio worker/in-process: {grpc_rate / inproc:.3f}  (target >= 0.97)")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    asyncio.run(main(parser.parse_args()))

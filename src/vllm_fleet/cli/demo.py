@@ -1,0 +1,131 @@
+"""`vllm-fleet demo`: a real worker on the default model, a few streamed answers, clean exit.
+
+The worker runs as a child process, exactly as `vllm-fleet worker` would, and is reached over
+gRPC; on exit (normal, error or Ctrl-C) it is drained and its whole process group is reaped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+
+DEMO_PROMPTS = [
+    "What is the capital of France?",
+    "Give me three tips for writing clear code.",
+    "用中文简单介绍一下长城。",
+]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="Start a worker on the default model and stream a few answers",
+        description="Starts a real vLLM worker (CPU, SmolLM2-135M-Instruct unless --model), streams answers "
+                    "to a few prompts, prints TTFT and tokens/s, and shuts everything down.",
+    )
+    parser.add_argument("--model", default=None, help="HF id or folder (default: the packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "mock"], help="Engine (default: vllm)")
+    parser.add_argument("--prompt", action="append", help="A prompt to ask (repeatable; default: three built-in ones)")
+    parser.add_argument("--max-tokens", type=int, default=96, help="Tokens per answer (default: 96)")
+    parser.add_argument("--start-timeout", type=float, default=600, help="Seconds to wait for the engine (default: 600)")
+    parser.add_argument("--worker-arg", action="append", default=[],
+                        help="Extra option for the worker, e.g. --worker-arg=--max-model-len=4096 (repeatable)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    port = _free_port()
+    log = tempfile.NamedTemporaryFile(prefix="vllm-fleet-demo-worker-", suffix=".log", delete=False)
+    command = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--port", str(port), "--engine", args.engine,
+               "--enforce-eager", "--max-model-len", "2048", *args.worker_arg]
+    if args.model:
+        command += ["--model", args.model]
+    print(f"Starting a {args.engine} worker on 127.0.0.1:{port} (log: {log.name}); "
+          f"the first start converts the default model and takes a minute or two...", flush=True)
+    worker = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return asyncio.run(_demo(f"127.0.0.1:{port}", worker, args, log.name))
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    finally:
+        _stop(worker)
+        print("Worker stopped; no process left behind.", flush=True)
+
+
+async def _demo(address: str, worker: subprocess.Popen, args: argparse.Namespace, log_path: str) -> int:
+    client = WorkerClient(address)
+    try:
+        started = time.monotonic()
+        while await client.health(timeout=1.0) != "SERVING":
+            if worker.poll() is not None:
+                print(f"The worker exited with code {worker.returncode}. Last lines of its log:\n"
+                      + _tail(log_path), file=sys.stderr)
+                return 1
+            if time.monotonic() - started > args.start_timeout:
+                print(f"The worker did not start within {args.start_timeout:.0f}s; see {log_path}", file=sys.stderr)
+                return 1
+            await asyncio.sleep(0.5)
+        info = await client.info()
+        print(f"Worker ready in {time.monotonic() - started:.0f}s: model {info.model} "
+              f"(engine {info.engine} {info.engine_version}, context {info.max_model_len} tokens)\n")
+        for number, prompt in enumerate(args.prompt or DEMO_PROMPTS, 1):
+            await _ask(client, f"demo-{number}", prompt, args.max_tokens)
+        return 0
+    finally:
+        await client.close()
+
+
+async def _ask(client: WorkerClient, request_id: str, prompt: str, max_tokens: int) -> None:
+    print(f"\033[1m> {prompt}\033[0m", flush=True)
+    request = GenerateRequest(request_id, [GenerateInput(messages=[ChatMessage("user", prompt)])],
+                              SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    sent = time.monotonic()
+    first: float | None = None
+    tokens = 0
+    async for chunk in client.generate(request, timeout=300):
+        if first is None and chunk.token_ids:
+            first = time.monotonic()
+        tokens += len(chunk.token_ids)
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+    done = time.monotonic()
+    ttft = (first or done) - sent
+    rate = (tokens - 1) / (done - first) if first and tokens > 1 and done > first else 0.0
+    print(f"\n\033[2m[TTFT {ttft * 1000:.0f} ms · {tokens} tokens · {rate:.1f} tokens/s]\033[0m\n", flush=True)
+
+
+def _stop(worker: subprocess.Popen) -> None:
+    """Drain the worker, then reap its process group (vLLM's engine core included)."""
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(worker.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if worker.poll() is None:
+        worker.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    with open(path, errors="replace") as handle:
+        return "".join(handle.readlines()[-lines:])
