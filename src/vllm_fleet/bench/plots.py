@@ -40,6 +40,7 @@ def plot_latency(reports: list[dict], path: Path) -> Path:
     percentiles = ("p50", "p90", "p99") if len(reports) == 1 else ("p50", "p99")
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     for ax, (key, title) in zip(axes.flat, _LATENCIES):
+        plotted: list[float] = []
         for color, report in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4, reports):
             points = _points(report)
             for p in percentiles:
@@ -48,6 +49,8 @@ def plot_latency(reports: list[dict], path: Path) -> Path:
                 ys = [y for y in ys if y is not None]
                 if xs:
                     ax.plot(xs, ys, _STYLES[p], marker="o", color=color, label=f"{report['label']} {p.upper()}")
+                    plotted += ys
+        _scale(ax, plotted)
         ax.set_title(title)
         ax.set_xlabel(_x_label(reports))
         ax.set_ylabel("ms")
@@ -59,6 +62,15 @@ def plot_latency(reports: list[dict], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _scale(ax, values: list[float]) -> None:
+    """Linear from 0, unless systems differ by orders of magnitude (a naive baseline beside vLLM)."""
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) > 50:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
 
 
 def plot_throughput(reports: list[dict], path: Path) -> Path:
