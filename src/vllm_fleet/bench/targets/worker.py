@@ -80,7 +80,7 @@ class GrpcTarget(Target):
 
     def __init__(self, addresses: list[str], config: BenchConfig) -> None:
         if not addresses:
-            raise ConfigError("grpc:// target needs host:port, e.g. grpc://127.0.0.1:50051")
+            raise ConfigError("--target grpc:// names no worker: write grpc://host:port[,host:port], e.g. grpc://127.0.0.1:50051")
         self.addresses = addresses
         self.config = config
         self._clients: list[WorkerClient] = []
