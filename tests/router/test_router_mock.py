@@ -322,3 +322,21 @@ async def test_no_serving_worker_is_a_no_worker_error():
         assert info.value.retry_after > 0
     finally:
         await router.close()
+
+
+async def test_token_budget_is_settled_with_what_a_request_really_used(two_workers):
+    a, b = two_workers
+    admission = AdmissionConfig(keys={"k": KeyLimits(tokens_per_min=1000)})
+    async with routed(a.address, b.address, admission=admission) as router:
+        big = request("big-1", "short prompt", 900, interval_ms=50)
+        stream = router.stream(big, key="k")
+        async for _ in stream:
+            break  # the client goes away after the first chunk: most of the 900 were never used
+        await stream.aclose()
+        # Without settlement the key would still hold ~905 reserved tokens and be refused.
+        second = router.stream(request("big-2", "short prompt", 900, interval_ms=50), key="k")
+        await second.admit()
+        with pytest.raises(RateLimitedError) as info:  # while the second holds its reservation
+            await router.stream(request("big-3", "short prompt", 900), key="k").admit()
+        assert info.value.reason == "tokens_per_min"
+        await second.aclose()

@@ -82,6 +82,7 @@ class RoutedStream:
         self._samples: dict[tuple[int, int], _Sample] = {}
         self._delivered = False
         self._closed = False
+        self._prompt_tokens: dict[int, int] = {}  # per input, as the worker counted them
 
     def __repr__(self) -> str:
         return (f"RoutedStream({self.request.request_id!r}, worker={self.worker!r}, attempts={self.attempts}, "
@@ -281,6 +282,8 @@ class RoutedStream:
         self._delivered = True
         if chunk.finish_reason is not None:
             progress.finished = True
+            if chunk.usage is not None:
+                self._prompt_tokens[chunk.index] = chunk.usage.prompt_tokens
             if chunk.usage is not None and progress.delivered_before:
                 chunk.usage = Usage(
                     prompt_tokens=chunk.usage.prompt_tokens,
@@ -306,7 +309,13 @@ class RoutedStream:
         return max(0, self.features.cost_tokens - delivered)
 
     def _used_tokens(self) -> int:
+        """Tokens to settle the key's reservation with: the workers' prompt counts where a
+        final chunk gave them (the estimate otherwise) plus every token delivered."""
         if not self._delivered:
             return 0
-        return self.features.prompt_tokens + sum(len(s.token_ids) for s in self._samples.values())
+        if len(self._prompt_tokens) == len(self.request.inputs):
+            prompt = sum(self._prompt_tokens.values())
+        else:
+            prompt = self.features.prompt_tokens
+        return prompt + sum(len(s.token_ids) for s in self._samples.values())
 
