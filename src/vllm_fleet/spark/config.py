@@ -1,0 +1,118 @@
+"""What a Spark job needs to reach the fleet, as plain data: it travels to every executor.
+
+Nothing here holds a channel or a thread. `SparkGenerateConfig.key()` names the per-process
+client an executor builds from it (see `executor.py`), so tasks with the same settings share
+one Router and its gRPC channels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from vllm_fleet.config import FleetModel, validated
+from vllm_fleet.errors import ConfigError
+from vllm_fleet.protocol.types import SamplingParams
+from vllm_fleet.router import RouterConfig
+
+SendAs = Literal["per_row", "one_request"]
+
+
+class SparkGenerateConfig(FleetModel):
+    """How `vllm_fleet.spark.generate` reads rows, batches them and reaches the workers."""
+
+    workers: list[str] = Field(default_factory=list, description="Worker addresses host:port (or use registry)")
+    registry: str | None = Field(None, description="Registry spec: zk://host:port/cluster, or host:port,host:port")
+    model: str | None = Field(None, description="Model to ask for (default: the one model the fleet serves)")
+    params: dict[str, Any] = Field(default_factory=dict, description="Sampling parameters (SamplingParams fields)")
+    prompt_col: str | None = Field(None, description="Column with the prompt text")
+    messages_col: str | None = Field(None, description="Column with chat messages: a list of {role, content}")
+    session_col: str | None = Field(None, description="Column with the conversation key (rows of one session run in turn order)")
+    turn_col: str | None = Field(None, description="Column with the turn number within a session")
+    id_col: str | None = Field(None, description="Column with a stable row key for request ids (default: partition and position)")
+    output_col: str = Field("output", description="Name of the column with the generated text")
+    batch_size: int = Field(32, ge=1, description="Rows per micro-batch: a batch is sent when it holds this many rows")
+    batch_wait_ms: float = Field(
+        20.0, ge=0, description="Longest a row waits for its micro-batch to fill before the batch is sent anyway"
+    )
+    max_in_flight: int = Field(64, ge=1, description="Most rows in flight at once per executor Python process")
+    send_as: SendAs = Field(
+        "per_row", description="per_row: one routed request per row; one_request: one request with the batch's inputs"
+    )
+    row_attempts: int = Field(
+        3, ge=1, description="Times a row is sent through the router (each may itself fail over) before it becomes an error"
+    )
+    retry_backoff_s: float = Field(0.5, ge=0, description="Pause before a row is sent again (doubles each time)")
+    request_timeout_s: float = Field(300.0, gt=0, description="Deadline of one row's request, retries included")
+    connect_timeout_s: float = Field(30.0, gt=0, description="How long an executor (and the driver check) waits for a serving worker")
+    router: dict[str, Any] = Field(default_factory=dict, description="RouterConfig fields (policy, max_attempts, ...)")
+
+    @model_validator(mode="after")
+    def _check(self) -> SparkGenerateConfig:
+        if not self.workers and not self.registry:
+            raise ValueError("no workers: pass workers=['host:port', ...] or registry='zk://host:port/cluster'")
+        if self.workers and self.registry:
+            raise ValueError("pass workers or registry, not both")
+        if (self.prompt_col is None) == (self.messages_col is None):
+            raise ValueError("pass exactly one of prompt_col and messages_col")
+        if (self.session_col is None) != (self.turn_col is None):
+            raise ValueError("sessions need both session_col and turn_col")
+        return self
+
+    @property
+    def sessions(self) -> bool:
+        return self.session_col is not None
+
+    @property
+    def registry_spec(self) -> str:
+        return self.registry or ",".join(self.workers)
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(**self.params)
+
+    def router_config(self) -> RouterConfig:
+        values = dict(self.router)
+        if self.sessions:
+            # A conversation must keep hitting the worker that holds its prefix cache.
+            values.setdefault("policy", "session_affinity")
+        return validated(RouterConfig, values)
+
+    def key(self) -> str:
+        """What identifies the executor-side client: only what shapes the Router."""
+        return json.dumps({"registry": self.registry_spec, "router": self.router_config().model_dump(mode="json")},
+                          sort_keys=True)
+
+
+def build_config(**values: Any) -> SparkGenerateConfig:
+    """The config from `generate`'s keyword arguments; `params` may be a dict or SamplingParams."""
+    params = values.get("params")
+    if isinstance(params, SamplingParams):
+        params = {k: v for k, v in dataclasses.asdict(params).items() if v not in (None, [], False)}
+    elif params is None:
+        params = {}
+    elif not isinstance(params, dict):
+        raise ConfigError(f"params must be a dict or SamplingParams, not {type(params).__name__}")
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ConfigError(f"unknown sampling parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if (params.get("n") or 1) != 1:
+        raise ConfigError("params n must be 1: generate() writes one output per row")
+    values["params"] = params
+    workers = values.get("workers")
+    if isinstance(workers, str):
+        values["workers"] = [w.strip() for w in workers.split(",") if w.strip()]
+    try:
+        return SparkGenerateConfig(**{k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(_describe(err) for err in exc.errors())
+        raise ConfigError(f"vllm_fleet.spark.generate: {problems}") from None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    message = str(err["msg"]).removeprefix("Value error, ")
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {message}" if where else message

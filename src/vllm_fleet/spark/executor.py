@@ -1,0 +1,174 @@
+"""The executor side: one Router per Python worker process, and the mapInArrow function.
+
+Spark calls `answer_partition` synchronously, in a Python worker process it reuses across
+tasks (`spark.python.worker.reuse`, on by default). Channels cannot be pickled, so only the
+plain config travels; here it is turned, once per process and config, into a Router that
+lives on a dedicated event loop in a background thread. Later tasks in the same process find
+it in `_routers` and reuse its channels. `atexit` closes them when the process exits normally
+(PySpark's forking daemon ends its workers with os._exit, which skips atexit: then the OS
+closes the sockets, and since no request is in flight between tasks the workers lose nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pyarrow as pa
+from prometheus_client import CollectorRegistry
+
+from vllm_fleet.errors import NoWorkerError
+from vllm_fleet.registry import open_registry
+from vllm_fleet.router import Router
+from vllm_fleet.spark.answerer import Answerer
+from vllm_fleet.spark.config import SparkGenerateConfig
+from vllm_fleet.spark.partition import PartitionRun
+from vllm_fleet.spark.rows import RowResult, result_arrays, result_names
+from vllm_fleet.spark.sessions import answer_sessions, group_turns
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Arrow batches answered concurrently: the next batch's rows start while the last ones finish.
+PIPELINE_DEPTH = 2
+
+
+class LoopThread:
+    """An event loop running forever in a daemon thread; `run` blocks the caller on a coroutine."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="vllm-fleet-spark", daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return self.submit(coro).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+
+_lock = threading.Lock()
+_loop: LoopThread | None = None
+_routers: dict[str, Router] = {}
+
+
+def process_loop() -> LoopThread:
+    global _loop
+    with _lock:
+        if _loop is None:
+            _loop = LoopThread()
+            atexit.register(close_all)
+        return _loop
+
+
+def router_for(config: SparkGenerateConfig) -> Router:
+    """This process's Router for `config`, created (and started) on first use."""
+    loop = process_loop()
+    key = config.key()
+    with _lock:
+        router = _routers.get(key)
+        if router is None:
+            router = _routers[key] = loop.run(_start_router(config))
+        return router
+
+
+async def _start_router(config: SparkGenerateConfig) -> Router:
+    router = Router(open_registry(config.registry_spec), config.router_config(), metrics_registry=CollectorRegistry())
+    await router.start()
+    try:
+        await router.wait_ready(config.connect_timeout_s)
+    except NoWorkerError as exc:
+        # The driver saw workers a moment ago; rows will retry and, failing that, carry the error.
+        logger.warning("executor: %s; rows will wait for workers and may fail", exc)
+    return router
+
+
+def close_all() -> None:
+    """Close every cached Router and stop the loop (atexit; tests)."""
+    global _loop
+    with _lock:
+        loop, routers = _loop, list(_routers.values())
+        _loop = None
+        _routers.clear()
+    if loop is None:
+        return
+    for router in routers:
+        try:
+            loop.run(router.close(), timeout=10)
+        except Exception:  # at exit, a close that fails must not hide the others
+            logger.exception("executor: closing a router failed")
+    loop.stop()
+
+
+def answer_partition(batches: Iterator[pa.RecordBatch], config: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+    """The mapInArrow function: every input row comes out once, with the result columns added."""
+    settings = SparkGenerateConfig(**config)
+    router = router_for(settings)
+    answerer = Answerer(router, settings)
+    task_key = _task_key()
+    if settings.sessions:
+        yield from _answer_sessions(batches, answerer, settings)
+        return
+    run = PartitionRun(answerer, settings, task_key)
+    loop = process_loop()
+    pending: collections.deque[tuple[pa.RecordBatch, concurrent.futures.Future]] = collections.deque()
+    try:
+        for batch in batches:
+            values = batch.column(settings.prompt_col or settings.messages_col).to_pylist()
+            keys = batch.column(settings.id_col).to_pylist() if settings.id_col else None
+            pending.append((batch, loop.submit(run.answer_rows(values, keys))))
+            if len(pending) >= PIPELINE_DEPTH:
+                yield _with_results(*_next(pending), settings.output_col)
+        while pending:
+            yield _with_results(*_next(pending), settings.output_col)
+    finally:
+        for _, future in pending:
+            future.cancel()
+        loop.run(run.close(), timeout=30)
+
+
+def _answer_sessions(batches: Iterator[pa.RecordBatch], answerer: Answerer,
+                     settings: SparkGenerateConfig) -> Iterator[pa.RecordBatch]:
+    # A session may span Arrow batches, so the partition is read whole before its turns run.
+    table = pa.Table.from_batches(list(batches))
+    if table.num_rows == 0:
+        return
+    column = settings.prompt_col or settings.messages_col
+    grouped, results = group_turns(table.column(settings.session_col).to_pylist(),
+                                   table.column(settings.turn_col).to_pylist(), table.column(column).to_pylist())
+    results.update(process_loop().run(answer_sessions(answerer, settings, grouped)))
+    ordered = [results.get(i) or RowResult.failed("internal error: no result") for i in range(table.num_rows)]
+    for batch in table.combine_chunks().to_batches():
+        yield _with_results(batch, ordered[:batch.num_rows], settings.output_col)
+        ordered = ordered[batch.num_rows:]
+
+
+def _next(pending: collections.deque) -> tuple[pa.RecordBatch, list[RowResult]]:
+    batch, future = pending.popleft()
+    return batch, future.result()
+
+
+def _with_results(batch: pa.RecordBatch, results: list[RowResult], output_col: str) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([*batch.columns, *result_arrays(results)],
+                                      names=[*batch.schema.names, *result_names(output_col)])
+
+
+def _task_key() -> str:
+    """Where this task's rows sit: stable when Spark retries the task, distinct across stages."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return "local"
+    return f"{context.stageId()}:{context.partitionId()}"

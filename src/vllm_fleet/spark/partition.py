@@ -1,0 +1,67 @@
+"""One Spark partition's rows, answered inside the executor's event loop.
+
+`PartitionRun.answer_rows` takes plain row values (already read out of Arrow) and returns one
+RowResult per row, in order. Independent rows go through the MicroBatcher; sessions go turn
+by turn, each turn carrying the conversation so far (see `sessions.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from vllm_fleet.spark.answerer import Answerer
+from vllm_fleet.spark.batcher import MicroBatcher, PendingRow
+from vllm_fleet.spark.config import SparkGenerateConfig
+from vllm_fleet.spark.rows import RowResult, batch_request_id, request_id_for, to_input
+
+
+class PartitionRun:
+    """Answers the rows of one partition; `task_key` makes request ids unique per task."""
+
+    def __init__(self, answerer: Answerer, config: SparkGenerateConfig, task_key: str) -> None:
+        self.answerer = answerer
+        self.config = config
+        self.task_key = task_key
+        self.batcher = MicroBatcher(
+            self._send, batch_size=config.batch_size, batch_wait_s=config.batch_wait_ms / 1000,
+            max_in_flight=config.max_in_flight,
+        )
+        self._position = 0
+
+    async def answer_rows(self, values: list[Any], keys: list[Any] | None) -> list[RowResult]:
+        """Results for `values` (prompts or messages), in order. `keys` are id_col values, if any."""
+        futures: list[asyncio.Future[RowResult]] = []
+        for offset, value in enumerate(values):
+            row_key = str(keys[offset]) if keys is not None else f"{self.task_key}:{self._position + offset}"
+            try:
+                item = to_input(value, chat=self.config.messages_col is not None)
+            except ValueError as exc:
+                futures.append(_done(RowResult.failed(f"bad row: {exc}")))
+                continue
+            request_id = request_id_for(item, self.config.params, self.config.model, row_key)
+            futures.append(await self.batcher.submit(item, request_id))
+        self._position += len(values)
+        self.batcher.flush()  # the end of this Arrow batch: no point waiting for more rows
+        return list(await asyncio.gather(*futures))
+
+    async def _send(self, batch: list[PendingRow]) -> None:
+        if self.config.send_as == "one_request" and len(batch) > 1:
+            ids = [row.request_id for row in batch]
+            results = await self.answerer.answer_batch([row.item for row in batch], batch_request_id(ids), ids)
+            for row, result in zip(batch, results):
+                row.future.set_result(result)
+            return
+        await asyncio.gather(*(self._send_one(row) for row in batch))
+
+    async def _send_one(self, row: PendingRow) -> None:
+        row.future.set_result(await self.answerer.answer(row.item, row.request_id))
+
+    async def close(self) -> None:
+        await self.batcher.close()
+
+
+def _done(result: RowResult) -> asyncio.Future[RowResult]:
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(result)
+    return future
