@@ -38,6 +38,7 @@ CASES = [
     ("max_tokens 0", "/v1/chat/completions", {**GOOD, "max_tokens": 0}, 400, "max_tokens"),
     ("max_tokens too large", "/v1/chat/completions", {**GOOD, "max_tokens": CONTEXT + 1}, 400, "max_tokens"),
     ("prompt too long", "/v1/completions", {"model": MODEL_A, "prompt": "word " * CONTEXT * 2}, 400, "prompt"),
+    ("prompt too long, 3 MB body", "/v1/completions", {"model": MODEL_A, "prompt": "x" * 3_000_000}, 400, "prompt"),
     ("token prompt too long", "/v1/completions", {"model": MODEL_A, "prompt": [1] * CONTEXT}, 400, "prompt"),
     ("messages not a list", "/v1/chat/completions", {**GOOD, "messages": "hi"}, 400, "messages"),
     ("temperature a string", "/v1/chat/completions", {**GOOD, "temperature": "hot"}, 400, "temperature"),

@@ -33,7 +33,9 @@ async def test_disconnect_aborts_the_worker_request(slow, stream):
         if stream:
             async with http.stream("POST", "/v1/completions", json=body) as reply:
                 assert reply.status_code == 200
-                assert (await anext(reply.aiter_lines())).startswith("data: ")
+                lines = reply.aiter_lines()  # keep a reference: a collected iterator closes the stream
+                first = await anext(lines)
+                assert first.startswith("data: ") and "error" not in first, first
                 await wait_until(lambda: running(worker), timeout=10, message="the worker to run the request")
             # Leaving the block closed the connection mid-stream.
         else:

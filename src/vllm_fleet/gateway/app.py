@@ -74,7 +74,7 @@ class GatewayApp:
         extra = [(b"x-request-id", request_id.encode())]
         self.metrics.in_progress.inc()
         try:
-            await until_disconnect(receive, self._serve(http, record, send, extra, from_client)) \
+            await until_disconnect(http, self._serve(http, record, send, extra, from_client)) \
                 if http.method == "POST" else await self._serve(http, record, send, extra, from_client)
         except ClientGone:
             record.status = record.status or CLIENT_CLOSED

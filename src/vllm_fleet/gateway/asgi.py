@@ -34,6 +34,9 @@ class HttpRequest:
     client: str
     receive: Callable[[], Awaitable[dict]]
     body: bytes = b""
+    # Set once the body is read: only then may the disconnect watcher call receive(), or it
+    # would take body messages from under read_body().
+    body_read: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
     def from_scope(cls, scope: dict, receive) -> HttpRequest:
@@ -60,6 +63,7 @@ class HttpRequest:
             if not message.get("more_body", False):
                 break
         self.body = b"".join(parts)
+        self.body_read.set()
         return self.body
 
 
@@ -111,14 +115,14 @@ class StreamResponse:
             await self.events.aclose()
 
 
-async def until_disconnect(receive, work: Awaitable) -> object:
+async def until_disconnect(http: HttpRequest, work: Awaitable) -> object:
     """Run `work`; if the client disconnects first, cancel it and raise ClientGone.
 
     Cancelling the handler is what makes a gone client abort its worker request: the handler's
     `finally` closes the router stream, which cancels the gRPC call.
     """
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    watcher = asyncio.ensure_future(_wait_disconnect(http))
     try:
         done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
         if task in done:
@@ -136,6 +140,7 @@ async def until_disconnect(receive, work: Awaitable) -> object:
         watcher.cancel()
 
 
-async def _wait_disconnect(receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
+async def _wait_disconnect(http: HttpRequest) -> None:
+    await http.body_read.wait()
+    while (await http.receive())["type"] != "http.disconnect":
         pass
