@@ -188,7 +188,8 @@ async def test_failover_before_the_first_token_when_a_worker_is_too_slow(mock_wo
     slow = await mock_worker_factory.start(mock_ttft_ms=20_000)
     fast = await mock_worker_factory.start(mock_tokens_per_s=200, mock_ttft_ms=5)
     try:
-        async with routed(slow.address, fast.address, policy="round_robin", first_chunk_timeout_s=0.5) as router:
+        async with routed(slow.address, fast.address, policy="round_robin", first_chunk_timeout_s=0.5,
+                          breaker_failures=1, breaker_open_s=600) as router:
             req = request("failover", "a slow start", 10)
             outs = [await consume(router, req, Collected()) for _ in range(2)]  # round robin: one starts on slow
             assert sorted(c.stream.attempts for c in outs) == [1, 2]
@@ -196,6 +197,12 @@ async def test_failover_before_the_first_token_when_a_worker_is_too_slow(mock_wo
                 assert got.stream.worker == fast.address and got.stream.migrations == 0
                 assert_same_output(got, await reference(fast.address, req))
             assert counter(router, "failovers") == 1
+            # Health still says SERVING, but the breaker took the slow worker out of rotation.
+            slow_view = router.snapshot().get(slow.address)
+            assert slow_view.health == "SERVING" and slow_view.breaker == "open"
+            for i in range(4):
+                got = await consume(router, request(f"next-{i}", "after the breaker", 3), Collected())
+                assert got.stream.attempts == 1 and got.stream.worker == fast.address
     finally:
         slow.stop(timeout=10)
         fast.stop(timeout=10)
@@ -340,3 +347,28 @@ async def test_token_budget_is_settled_with_what_a_request_really_used(two_worke
             await router.stream(request("big-3", "short prompt", 900), key="k").admit()
         assert info.value.reason == "tokens_per_min"
         await second.aclose()
+
+
+async def test_draining_worker_finishes_its_streams_and_gets_no_new_ones(mock_worker_factory):
+    a = await mock_worker_factory.start(mock_tokens_per_s=100, drain_grace_s=60)
+    b = await mock_worker_factory.start(mock_tokens_per_s=100)
+    try:
+        async with routed(a.address, b.address, policy="round_robin") as router:
+            long = Collected()
+            req = request("drain", "a long answer", 300, interval_ms=50)
+            task = asyncio.create_task(consume(router, req, long))
+            await wait_until(lambda: long.received > 0, timeout=30, message="stream under way")
+            draining = a if long.stream.worker == a.address else b
+            other = b if draining is a else a
+            draining.signal(signal.SIGTERM)
+            await wait_until(lambda: router.snapshot().get(draining.address).state != "serving", timeout=10,
+                             message="draining worker out of rotation")
+            for i in range(4):
+                got = await consume(router, request(f"new-{i}", "during the drain", 3), Collected())
+                assert got.stream.worker == other.address
+            await asyncio.wait_for(task, timeout=60)
+            assert long.stream.attempts == 1 and long.stream.worker == draining.address
+            assert_same_output(long, await reference(other.address, req))
+    finally:
+        a.stop(timeout=10)
+        b.stop(timeout=10)
