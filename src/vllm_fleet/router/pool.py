@@ -38,6 +38,7 @@ class WorkerState:
         self.breaker = breaker
         self.info: WorkerInfo | None = None
         self.load: WorkerLoad | None = None
+        self.load_at = 0.0              # when `load` was last answered
         self.health = "UNKNOWN"
         self.in_flight = 0
         self.outstanding_tokens = 0
@@ -209,12 +210,24 @@ class Pool:
         interval = self.config.load_poll_interval_s
         while True:
             try:
-                worker.load = await client.load(timeout=max(0.5, min(2.0, 2 * interval)))
+                worker.load = await client.load(timeout=self._load_timeout())
+                worker.load_at = self._clock()
             except FleetError:
                 pass  # health decides whether the worker is in rotation; keep the last Load
             await asyncio.sleep(interval)
 
+    def _load_timeout(self) -> float:
+        return max(0.5, min(2.0, 2 * self.config.load_poll_interval_s))
+
     # --- what streams use ---------------------------------------------------------------
+
+    def progressing(self, address: str) -> bool:
+        """Whether the worker answers Load and reports output tokens: busy rather than stuck."""
+        worker = self._workers.get(address)
+        if worker is None or worker.load is None:
+            return False
+        fresh = self._clock() - worker.load_at <= self.config.load_poll_interval_s + self._load_timeout() + 1.0
+        return fresh and worker.load.output_tokens_per_s > 0
 
     def _notify(self) -> None:
         self._changed.set()

@@ -10,7 +10,8 @@ recoverable failure, pick another worker and carry on:
   against max_tokens, and its text deltas start after them, so the caller sees one stream.
 
 A stream stalls when no chunk arrives for `stall_timeout_s` (`first_chunk_timeout_s` before
-the first one): that is a worker failure like any other. Invalid requests are never retried.
+the first one) and its worker shows no progress (see watchdog.py): that is a worker failure
+like any other. Invalid requests are never retried.
 Every extra attempt spends from the retry budget. Closing the stream (aclose, or cancelling
 the task iterating it) cancels the worker call, which aborts the engine request.
 
@@ -40,6 +41,7 @@ from vllm_fleet.errors import (
 from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
 from vllm_fleet.router.admission import Ticket
 from vllm_fleet.router.features import RequestFeatures
+from vllm_fleet.router.watchdog import StallWatchdog
 
 if TYPE_CHECKING:
     from vllm_fleet.router.pool import Lease
@@ -218,42 +220,48 @@ class RoutedStream:
         if self._deadline_passed():
             raise DeadlineExceededError(f"request {self.request.request_id}: deadline passed", worker=address)
         client = router._pool.clients.get(address)
+        watchdog = StallWatchdog(lambda: router._pool.progressing(address))
         first = True
-        async with contextlib.aclosing(client.generate(request, timeout=timeout)) as chunks:
-            iterator = chunks.__aiter__()
-            while True:
-                wait = router.config.first_chunk_timeout_s if first else router.config.stall_timeout_s
-                chunk = await self._next_chunk(iterator, wait, address, first)
-                if chunk is None:
-                    break
-                if first:
-                    first = False
-                    lease.progress(self.features.prompt_tokens)
-                lease.progress(len(chunk.token_ids))
-                yield self._accept(chunk, mapping)
+        try:
+            async with contextlib.aclosing(client.generate(request, timeout=timeout)) as chunks:
+                iterator = chunks.__aiter__()
+                while True:
+                    limit = router.config.first_chunk_timeout_s if first else router.config.stall_timeout_s
+                    chunk = await self._next_chunk(iterator, watchdog, limit, address, first)
+                    if chunk is None:
+                        break
+                    if first:
+                        first = False
+                        lease.progress(self.features.prompt_tokens)
+                    lease.progress(len(chunk.token_ids))
+                    yield self._accept(chunk, mapping)
+        finally:
+            watchdog.stop()
         unfinished = sum(1 for s in self._samples.values() if not s.finished)
         if unfinished:
             raise WorkerError(f"worker {address} ended the stream with {unfinished} sample(s) unfinished",
                               worker=address)
 
-    async def _next_chunk(self, iterator: AsyncIterator[Chunk], wait: float, address: str, first: bool) -> Chunk | None:
-        remaining = self._remaining()
-        bounded = wait if remaining is None else min(wait, max(0.0, remaining))
+    async def _next_chunk(self, iterator: AsyncIterator[Chunk], watchdog: StallWatchdog, limit: float,
+                          address: str, first: bool) -> Chunk | None:
+        watchdog.reading(limit)
         try:
-            async with asyncio.timeout(bounded):
-                return await iterator.__anext__()
+            return await iterator.__anext__()
         except StopAsyncIteration:
             return None
-        except TimeoutError:
-            if self._deadline_passed():
-                raise DeadlineExceededError(f"request {self.request.request_id}: deadline passed",
-                                            worker=address) from None
-            what = "no first chunk" if first else "stream stalled: no chunk"
-            raise WorkerTimeoutError(f"worker {address}: {what} for {wait:.1f}s", worker=address) from None
-        except WorkerTimeoutError as exc:
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if watchdog.fired and task is not None and task.uncancel() == 0:
+                what = "no first chunk" if first else "stream stalled: no chunk"
+                raise WorkerTimeoutError(f"worker {address}: {what} for {watchdog.waited:.1f}s",
+                                         worker=address) from None
+            raise
+        except WorkerTimeoutError as exc:  # the gRPC deadline (the caller's) or the worker's own
             if self._deadline_passed():
                 raise DeadlineExceededError(str(exc), worker=address) from None
             raise
+        finally:
+            watchdog.done_reading()
 
     def _attempt_request(self) -> tuple[GenerateRequest, list[tuple[int, int]] | None]:
         """The request to send now, and how its (index) maps back to the caller's (index, sample)
