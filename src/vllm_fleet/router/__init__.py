@@ -34,7 +34,10 @@ OpenAI `user` there when no session is given).
 Modules: config (settings + CLI options), snapshot (immutable pool view), features (request
 estimates), policies (pure ranking functions), breaker, ejection (outliers), budget (retries),
 admission (buckets, queues), pool (membership and polling), stream (failover and migration),
-metrics (Prometheus), router (the facade).
+watchdog (stall detection), metrics (Prometheus), router (the facade).
+
+Migration of n>1 requests: each unfinished sample is re-sent as its own input with n=1 and
+its tokens so far as `resume_token_ids`; chunks are mapped back to the original (index, sample).
 """
 
 from vllm_fleet.router.config import (
