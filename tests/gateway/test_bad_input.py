@@ -70,7 +70,9 @@ async def test_body_too_large_is_413(http):
 
 async def test_unknown_route_and_method(http):
     assert error_of(await http.get("/v1/nothing"), 404)["code"] == "not_found"
-    assert error_of(await http.get("/v1/chat/completions"), 405)["code"] == "method_not_allowed"
+    reply = await http.get("/v1/chat/completions")
+    assert error_of(reply, 405)["code"] == "method_not_allowed"
+    assert reply.headers["allow"] == "POST"
     await still_serves(http)
 
 
@@ -116,3 +118,6 @@ async def test_openapi_describes_the_request_schemas(http):
     assert {"model", "messages", "n", "max_tokens", "logprobs", "top_logprobs"} <= set(chat["properties"])
     assert set(chat["required"]) == {"model", "messages"}
     assert "413" in doc["paths"]["/v1/completions"]["post"]["responses"]
+    n = chat["properties"]["n"]["anyOf"][0]
+    assert (n["type"], n["minimum"]) == ("integer", 1)  # JSON Schema keywords, not pydantic's
+    assert "security" not in doc["paths"]["/v1/completions"]["post"]  # no keys file: open (on loopback)

@@ -109,6 +109,12 @@ def test_invalid_json_and_non_objects():
         assert info.value.status == 400
 
 
+def test_whole_floats_are_integers_strings_are_not():
+    assert chat({"messages": MSG, "n": 2.0, "max_tokens": 5.0}).request.params.n == 2
+    assert refused(chat, {"messages": MSG, "n": 2.5}).param == "n"
+    assert refused(chat, {"messages": MSG, "n": "2"}).param == "n"
+
+
 def test_unknown_fields_are_ignored():
     plan = chat({"messages": MSG, "some_future_option": {"x": 1}})
     assert plan.request.params.n == 1

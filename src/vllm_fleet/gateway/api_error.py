@@ -24,6 +24,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        self.extra_headers: list[tuple[bytes, bytes]] = []
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -33,9 +34,9 @@ class ApiError(Exception):
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         if self.retry_after is None:
-            return []
+            return self.extra_headers
         # Retry-After is whole seconds; round up so a client that obeys it is not refused again.
-        return [(b"retry-after", str(max(1, math.ceil(self.retry_after))).encode())]
+        return [(b"retry-after", str(max(1, math.ceil(self.retry_after))).encode()), *self.extra_headers]
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:

@@ -105,8 +105,11 @@ class GatewayApp:
             return self._model(http.path[len("/v1/models/"):])
         route = self._routes.get((http.method, http.path))
         if route is None:
-            if any(path == http.path for _, path in self._routes):
-                raise ApiError(405, f"{http.method} is not allowed on {http.path}", code="method_not_allowed")
+            allowed = sorted(method for method, path in self._routes if path == http.path)
+            if allowed:
+                error = ApiError(405, f"{http.method} is not allowed on {http.path}", code="method_not_allowed")
+                error.extra_headers = [(b"allow", ", ".join(allowed).encode())]
+                raise error
             raise ApiError(404, f"no route {http.method} {http.path}; see /openapi.json", code="not_found")
         need, handler = route
         if need is not None:

@@ -41,16 +41,16 @@ def _error_responses(*codes: str) -> dict:
     }
 
 
-def _generation(summary: str, schema: str, result: str) -> dict:
+def _generation(summary: str, schema: str, result: str, auth: bool) -> dict:
     return {"post": {
         "summary": summary,
-        "security": [{"bearer": []}],
+        **({"security": [{"bearer": []}]} if auth else {}),
         "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
         "responses": {
             "200": {"description": f"A {result} object, or server-sent events when stream is true",
                     "content": {"application/json": {"schema": {"type": "object"}},
                                 "text/event-stream": {"schema": {"type": "string"}}}},
-            **_error_responses("400", "401", "404", "413", "429", "502", "503", "504"),
+            **_error_responses("400", *(("401",) if auth else ()), "404", "413", "429", "502", "503", "504"),
         },
     }}
 
@@ -68,6 +68,8 @@ def _get(summary: str, *, auth: bool, codes: tuple[str, ...] = (), content: str 
 
 
 def openapi_document(config: GatewayConfig) -> dict:
+    """The document for this gateway: routes need a key only when a keys file is configured."""
+    auth = config.api_key_file is not None
     schemas = {"Error": _ERROR}
     for model in (ChatCompletionRequest, CompletionRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -83,22 +85,23 @@ def openapi_document(config: GatewayConfig) -> dict:
                  "description": "OpenAI-compatible API in front of a fleet of vLLM workers. "
                                 f"Bodies up to {config.max_body_bytes} bytes; n up to {config.max_n}."},
         "paths": {
-            "/v1/chat/completions": _generation("Create a chat completion", "ChatCompletionRequest", "chat.completion"),
-            "/v1/completions": _generation("Create a completion", "CompletionRequest", "text_completion"),
-            "/v1/models": _get("List models", auth=True),
+            "/v1/chat/completions": _generation("Create a chat completion", "ChatCompletionRequest", "chat.completion", auth),
+            "/v1/completions": _generation("Create a completion", "CompletionRequest", "text_completion", auth),
+            "/v1/models": _get("List models", auth=auth),
             "/v1/models/{model}": {"get": {
-                **_get("Retrieve a model", auth=True, codes=("404",))["get"],
+                **_get("Retrieve a model", auth=auth, codes=("404",))["get"],
                 "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
             }},
             "/health": _get("The process is alive", auth=False),
             "/ready": _get("At least --ready-workers workers serve", auth=False, extra=not_ready),
-            "/metrics": _get("Prometheus metrics", auth=True, content="text/plain", extra=forbidden),
+            "/metrics": _get("Prometheus metrics", auth=auth, content="text/plain", extra=forbidden if auth else None),
             "/dashboard": _get("Status page (HTML)", auth=False, content="text/html"),
-            "/dashboard/state.json": _get("Data of the status page", auth=True, extra=forbidden),
+            "/dashboard/state.json": _get("Data of the status page", auth=auth, extra=forbidden if auth else None),
         },
         "components": {
             "schemas": schemas,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "An API key from the gateway's keys file"}},
+            **({"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                               "description": "An API key from the gateway's keys file"}}}
+               if auth else {}),
         },
     }

@@ -10,7 +10,20 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+
+def _whole_number(value):
+    # JSON (and JSON Schema's "integer") treats 5.0 as an integer; strict pydantic would not.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _int(ge: int, le: int):
+    """An integer field type in [ge, le]; the bounds sit on the type so the JSON schema shows them."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole_number)]
+
 
 _Stop = Annotated[str, Field(min_length=1, max_length=1024)]
 
@@ -40,15 +53,15 @@ class _Sampling(_Body):
     model: str = Field(min_length=1, max_length=512, description="Model to use; GET /v1/models lists them")
     stream: bool | None = Field(False, description="Stream the answer as server-sent events")
     stream_options: StreamOptions | None = Field(None, description="Streaming options")
-    n: int | None = Field(1, ge=1, le=128, description="Samples per prompt (the gateway's --max-n applies)")
+    n: _int(1, 128) | None = Field(1, description="Samples per prompt (the gateway's --max-n applies)")
     stop: _Stop | Annotated[list[_Stop], Field(max_length=16)] | None = Field(
         None, description="Up to 16 strings that end generation"
     )
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="Seed for reproducible sampling")
-    max_tokens: int | None = Field(None, ge=1, le=2**31 - 1, description="Most tokens to generate per sample")
+    seed: _int(-(2**63), 2**63 - 1) | None = Field(None, description="Seed for reproducible sampling")
+    max_tokens: _int(1, 2**31 - 1) | None = Field(None, description="Most tokens to generate per sample")
     temperature: float | None = Field(None, ge=0, le=2, description="Sampling temperature")
     top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling mass")
-    top_k: int | None = Field(None, ge=-1, le=2**31 - 1, description="vLLM extension: sample among the k most likely tokens (-1: all)")
+    top_k: _int(-1, 2**31 - 1) | None = Field(None, description="vLLM extension: sample among the k most likely tokens (-1: all)")
     presence_penalty: float | None = Field(None, ge=-2, le=2, description="Penalty on tokens already present")
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Penalty growing with a token's count")
     user: str | None = Field(None, max_length=512, description="End-user id; also the session key for cache affinity")
@@ -58,12 +71,12 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions"""
 
     messages: list[ChatMessageIn] = Field(min_length=1, description="The conversation so far")
-    max_completion_tokens: int | None = Field(None, ge=1, le=2**31 - 1, description="Alias of max_tokens (newer name)")
+    max_completion_tokens: _int(1, 2**31 - 1) | None = Field(None, description="Alias of max_tokens (newer name)")
     logprobs: bool | None = Field(False, description="Return the log probability of each output token")
-    top_logprobs: int | None = Field(None, ge=0, le=20, description="Alternatives per token with logprobs (needs logprobs)")
+    top_logprobs: _int(0, 20) | None = Field(None, description="Alternatives per token with logprobs (needs logprobs)")
 
 
-_TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1)]
+_TokenIds = Annotated[list[_int(0, 2**31 - 1)], Field(min_length=1)]
 
 
 class CompletionRequest(_Sampling):
@@ -72,6 +85,6 @@ class CompletionRequest(_Sampling):
     prompt: str | Annotated[list[str], Field(min_length=1)] | _TokenIds | Annotated[list[_TokenIds], Field(min_length=1)] = Field(
         description="A string, a list of strings, a list of token ids, or a list of token-id lists"
     )
-    logprobs: int | None = Field(None, ge=0, le=20, description="Alternatives per token to return with logprobs")
+    logprobs: _int(0, 20) | None = Field(None, description="Alternatives per token to return with logprobs")
     echo: bool | None = Field(False, description="Not supported: must be false")
     suffix: str | None = Field(None, description="Not supported: must be empty")
