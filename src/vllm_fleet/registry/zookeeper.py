@@ -44,7 +44,8 @@ class ZooKeeperRegistry(Registry):
             raise ConfigError(f"cluster name {cluster!r} must be non-empty and contain no '/'")
         self.hosts = hosts
         self.cluster = cluster
-        self.path = f"{ROOT}/{cluster}/workers"
+        self.base = f"{ROOT}/{cluster}"          # other per-cluster nodes (e.g. Spark job flags) go here
+        self.path = f"{self.base}/workers"
         self.session_timeout_s = session_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._client = None
@@ -106,6 +107,11 @@ class ZooKeeperRegistry(Registry):
     @property
     def connected(self) -> bool:
         return self._connected
+
+    @property
+    def kazoo(self):
+        """The underlying KazooClient (None until started), for recipes beyond membership."""
+        return self._client
 
     # -- registration ---------------------------------------------------------------------
 
