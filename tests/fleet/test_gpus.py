@@ -83,3 +83,12 @@ def test_cpu_machine_reports_cores_and_memory():
 @pytest.mark.parametrize("cores, text", [((0,), "0"), ((0, 1, 2, 5), "0-2,5"), ((1, 3), "1,3"), ((), "")])
 def test_core_lists_use_the_bind_syntax(cores, text):
     assert format_cores(cores) == text
+
+
+def test_output_recorded_on_a_real_h200():
+    # Recorded 2026-11-30 (driver 580.159.04); NVML on the same machine reported the same
+    # name, UUID and 150,754,820,096 bytes, which is what this parse must agree with.
+    inventory = recorded("h200_recorded")
+    (gpu,) = inventory.whole_gpus
+    assert (gpu.name, gpu.uuid, gpu.memory_bytes) == (
+        "NVIDIA H200", "GPU-db6efce2-9109-5d84-cc7c-85f99424970e", 150_754_820_096)
