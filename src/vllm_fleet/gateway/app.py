@@ -140,7 +140,7 @@ class GatewayApp:
     def _account(self, record: RequestRecord) -> None:
         status = record.status or 500
         endpoint = record.path if record.path in _ENDPOINTS else "other"
-        self.metrics.requests.labels(endpoint, str(status)).inc()
+        self.metrics.child(self.metrics.requests, endpoint, str(status)).inc()
         totals = self.metrics.totals
         if endpoint in _GENERATE:
             totals["requests"] += 1
@@ -149,7 +149,7 @@ class GatewayApp:
         if status in (400, 404, 413, 429, 503) and endpoint in _GENERATE:
             self.metrics.reject(_REASON.get(status, str(status)))
         if record.model and endpoint in _GENERATE and status == 200:
-            self.metrics.e2e.labels(record.model, endpoint).observe(time.perf_counter() - record.started)
+            self.metrics.child(self.metrics.e2e, record.model, endpoint).observe(time.perf_counter() - record.started)
         if self.config.access_log:
             record.emit()
 

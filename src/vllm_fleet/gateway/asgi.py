@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from vllm_fleet.gateway.api_error import ApiError
 
 Headers = list[tuple[bytes, bytes]]
+SSE_END = b"data: [DONE]\n\n"  # the event that ends every OpenAI stream
 JSON_TYPE = b"application/json"
 SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -109,6 +110,10 @@ class StreamResponse:
         await send({"type": "http.response.start", "status": self.status, "headers": [*SSE_HEADERS, *extra]})
         try:
             async for event in self.events:
+                if event.endswith(SSE_END):
+                    # The last event ends the body in the same write (one syscall less per stream).
+                    await send({"type": "http.response.body", "body": event})
+                    return
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         finally:

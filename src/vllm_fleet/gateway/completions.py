@@ -80,7 +80,7 @@ class CompletionHandler:
         return StreamResponse(self._events(plan, stream, iterator, first, encoder, record))
 
     async def _events(self, plan, stream, iterator, first, encoder: StreamEncoder, record: RequestRecord):
-        itl = self.metrics.itl.labels(plan.model)
+        itl = self.metrics.child(self.metrics.itl, plan.model)
         try:
             if first is not None:
                 record.ttft_s = time.perf_counter() - record.started
@@ -110,12 +110,13 @@ class CompletionHandler:
         record.migrations = getattr(stream, "migrations", 0)
         record.prompt_tokens = usage.prompt
         record.completion_tokens = usage.completion
+        metrics = self.metrics
         if usage.prompt:
-            self.metrics.tokens.labels(plan.model, "prompt").inc(usage.prompt)
+            metrics.child(metrics.tokens, plan.model, "prompt").inc(usage.prompt)
         if usage.completion:
-            self.metrics.tokens.labels(plan.model, "completion").inc(usage.completion)
+            metrics.child(metrics.tokens, plan.model, "completion").inc(usage.completion)
         if record.ttft_s is not None:
-            self.metrics.ttft.labels(plan.model).observe(record.ttft_s)
+            metrics.child(metrics.ttft, plan.model).observe(record.ttft_s)
 
 
 def worker_request_id(request_id: str, from_client: bool) -> str:
