@@ -189,12 +189,18 @@ async def open_loop(rate: float, duration: float, send) -> tuple[list[float], in
     return ttfts, errors, len(times) / max(sent_over, 1e-9)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def completion_body(max_tokens: int) -> bytes:
     return json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
 
 
-async def ttft_pair(rate: float, duration: float, pool: HttpPool, worker: WorkerClient) -> dict:
+async def ttft_pair(rate: float, duration: float, pool: HttpPool, worker: WorkerClient, gateway_pid: int) -> dict:
     body = completion_body(8)
     counter = iter(range(10**9))
 
@@ -213,13 +219,16 @@ async def ttft_pair(rate: float, duration: float, pool: HttpPool, worker: Worker
         return None
 
     d_ttft, d_err, d_rate = await open_loop(rate, duration, direct)
+    cpu_before = cpu_seconds(gateway_pid)
     g_ttft, g_err, g_rate = await open_loop(rate, duration, via_gateway)
+    gateway_cpu_us = (cpu_seconds(gateway_pid) - cpu_before) / max(1, len(g_ttft) + g_err) * 1e6
     pct = lambda xs, q: float(np.percentile(xs, q)) * 1000 if xs else float("nan")  # noqa: E731
     return {
         "rate": rate, "achieved_rate": min(d_rate, g_rate), "errors": d_err + g_err, "requests": len(g_ttft),
         "direct_p50_ms": pct(d_ttft, 50), "direct_p99_ms": pct(d_ttft, 99),
         "gateway_p50_ms": pct(g_ttft, 50), "gateway_p99_ms": pct(g_ttft, 99),
         "added_p50_ms": pct(g_ttft, 50) - pct(d_ttft, 50), "added_p99_ms": pct(g_ttft, 99) - pct(d_ttft, 99),
+        "gateway_cpu_us_per_request": gateway_cpu_us, "load_average": os.getloadavg()[0],
     }
 
 
@@ -254,12 +263,12 @@ async def main(args: argparse.Namespace) -> dict:
         await client.wait_serving(timeout=60)
         await wait_http(gw_port)
         pool = HttpPool(gw_port)
-        await ttft_pair(50, 1.0, pool, client)  # warm-up: connections, caches
-        results["at_200"] = await ttft_pair(200, duration, pool, client)
+        await ttft_pair(50, 1.0, pool, client, gateway.pid)  # warm-up: connections, caches
+        results["at_200"] = await ttft_pair(200, duration, pool, client, gateway.pid)
         print(json.dumps(results["at_200"]), flush=True)
         sweep = []
         for rate in ([400, 800, 1200] if args.quick else [300, 400, 500, 600, 800, 1000, 1200, 1500]):
-            point = await ttft_pair(rate, duration / 2, pool, client)
+            point = await ttft_pair(rate, duration / 2, pool, client, gateway.pid)
             print(json.dumps(point), flush=True)
             if ERRORS:
                 print("errors:", ERRORS, flush=True)
@@ -300,6 +309,8 @@ def report(results: dict) -> str:
         f"added TTFT at 200 req/s: P50 {at['added_p50_ms']:+.2f} ms, P99 {at['added_p99_ms']:+.2f} ms "
         f"(direct P50/P99 {at['direct_p50_ms']:.2f}/{at['direct_p99_ms']:.2f} ms, gateway "
         f"{at['gateway_p50_ms']:.2f}/{at['gateway_p99_ms']:.2f} ms, {at['requests']} requests)",
+        f"gateway CPU per request at 200 req/s: {at['gateway_cpu_us_per_request']:.0f} us (all its threads); "
+        f"1-min load average during the run: {at['load_average']:.1f} on 2 cores",
         f"highest rate with P99 added <= 10 ms: {results['max_rate_p99_added_le_10ms']} req/s",
         f"streamed tokens/s through one gateway: {results['tokens_per_s']:,.0f} ({results['tokens']:,} tokens)",
     ]

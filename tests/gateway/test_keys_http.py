@@ -83,3 +83,19 @@ def test_cli_refuses_public_bind_without_keys(capsys):
     with pytest.raises(ConfigError):
         from vllm_fleet.config import validated
         validated(GatewayConfig, {"host": "0.0.0.0"})
+
+
+async def test_access_log_names_the_key_id_never_the_key(keyed, caplog):
+    server, keys = keyed
+    caplog.set_level("INFO", logger="vllm_fleet.gateway.access")
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        reply = await http.post("/v1/chat/completions", json=GOOD,
+                                headers={**bearer(keys["polite"]), "x-request-id": "audit-1"})
+        assert reply.status_code == 200
+    entries = [r for r in caplog.records if getattr(r, "request_id", None) == "audit-1"]
+    assert len(entries) == 1
+    entry = entries[0]
+    assert (entry.key_id, entry.status, entry.model, entry.completion_tokens) == ("polite", 200, MODEL_A, 2)
+    assert entry.worker in {w.address for w in server.router.snapshot()}
+    assert entry.ttft_ms is not None and entry.duration_ms >= entry.ttft_ms
+    assert all(keys["polite"] not in r.getMessage() and keys["polite"] not in str(r.__dict__) for r in caplog.records)
