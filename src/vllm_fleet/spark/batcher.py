@@ -1,7 +1,8 @@
 """The micro-batching window: rows gather into a batch that is sent when it is full
 (`batch_size`) or when its first row has waited `batch_wait_s`, whichever comes first, while
 at most `max_in_flight` rows are out at once (submit() waits for a slot: back-pressure on the
-Spark iterator rather than an unbounded queue).
+Spark iterator rather than an unbounded queue). A batch also closes when the in-flight bound is
+reached: no row can join it until another finishes, so waiting would only idle the workers.
 
 A batch is handed to `send(rows)`, which must resolve every row's future (it is the Answerer
 per row or per batch); the slot of a row is freed when its future is done.
@@ -43,7 +44,9 @@ class MicroBatcher:
         row = PendingRow(item, request_id)
         row.future.add_done_callback(lambda _: self._slots.release())
         self._batch.append(row)
-        if len(self._batch) >= self.batch_size:
+        if len(self._batch) >= self.batch_size or self._slots.locked():
+            # At the in-flight bound no other row can join before one finishes: holding this
+            # batch for the window would only idle the workers.
             self.flush()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.batch_wait_s, self.flush)
