@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from vllm_fleet.client import ClientPool
+from vllm_fleet.client import ClientPool, WorkerClient
 from vllm_fleet.errors import FleetError, NoWorkerError
 from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
 from vllm_fleet.registry import Registry, WorkerRecord
@@ -182,16 +182,22 @@ class Pool:
         client = self.clients.get(worker.address)
         interval = self.config.health_poll_interval_s
         while True:
-            status = await client.health(timeout=max(0.5, min(2.0, 2 * interval)))
-            if status == "SERVING" and (worker.health != "SERVING" or worker.info is None):
-                await self._fetch_info(worker)
-            if status != worker.health:
-                logger.info("worker %s health %s -> %s", worker.address, worker.health, status)
-                worker.health = status
-                self._notify()
+            try:
+                await self._check_health(worker, client, interval)
+            except Exception:  # a poller that dies would freeze the worker's state: log and go on
+                logger.exception("worker %s: health poll failed", worker.address)
             worker.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.wake.wait(), interval)
+
+    async def _check_health(self, worker: WorkerState, client: WorkerClient, interval: float) -> None:
+        status = await client.health(timeout=max(0.5, min(2.0, 2 * interval)))
+        if status == "SERVING" and (worker.health != "SERVING" or worker.info is None):
+            await self._fetch_info(worker)
+        if status != worker.health:
+            logger.info("worker %s health %s -> %s", worker.address, worker.health, status)
+            worker.health = status
+            self._notify()
 
     async def _fetch_info(self, worker: WorkerState) -> None:
         try:
@@ -214,6 +220,8 @@ class Pool:
                 worker.load_at = self._clock()
             except FleetError:
                 pass  # health decides whether the worker is in rotation; keep the last Load
+            except Exception:
+                logger.exception("worker %s: load poll failed", worker.address)
             await asyncio.sleep(interval)
 
     def _load_timeout(self) -> float:
