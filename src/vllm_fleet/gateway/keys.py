@@ -6,7 +6,8 @@ The keys file has one JSON object per line (blank lines and `#` comments allowed
 
 `limits` are the router's `KeyLimits` fields. `admin: true` keys may also read /metrics and the
 dashboard data. The key itself is never stored or logged; only its id is. `vllm-fleet gateway
-keys add|revoke|list` edits the file; a running gateway picks changes up within seconds.
+keys add|revoke|list` edits the file; a running gateway picks new and revoked keys up within
+seconds (changed limits apply after a restart: the router's admission reads them at startup).
 """
 
 from __future__ import annotations
@@ -97,9 +98,20 @@ class KeyStore:
         except OSError as exc:
             raise ConfigError(f"cannot read API keys file {self.path}: {exc}") from None
         records = read_keys(self.path)
+        if self._mtime is not None:
+            self._warn_limit_changes(records)
         self._by_hash = {bytes.fromhex(r.sha256): r for r in records}
         self._mtime = mtime
         logger.info("loaded %d API keys from %s", len(records), self.path)
+
+    def _warn_limit_changes(self, records: list[KeyRecord]) -> None:
+        # The router's admission takes per-key limits at startup; keys and revocations reload live.
+        before = {r.id: r.limits for r in self._by_hash.values()}
+        changed = [r.id for r in records if r.limits and before.get(r.id) != r.limits]
+        if changed:
+            logger.warning("limits of keys %s changed in %s: they apply after a gateway restart "
+                           "(until then these keys have the router's default limits or their old ones)",
+                           ", ".join(changed), self.path)
 
     def _maybe_reload(self) -> None:
         now = time.monotonic()
