@@ -38,7 +38,7 @@ from vllm_fleet.errors import (
     WorkerOverloadedError,
     WorkerTimeoutError,
 )
-from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
+from vllm_fleet.protocol.types import Chunk, GenerateRequest, Usage
 from vllm_fleet.router.admission import Ticket
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.watchdog import StallWatchdog
