@@ -47,7 +47,7 @@ stop_all() {
     done
     PIDS=()
 }
-trap 'stop_all; rm -rf "$TMP"' EXIT
+trap 'stop_all; log "server logs kept in $TMP"' EXIT
 
 wait_models() {  # wait_models URL SECONDS: until GET URL/v1/models lists a model
     local url=$1 deadline=$((SECONDS + $2))

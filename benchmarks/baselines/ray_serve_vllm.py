@@ -51,7 +51,7 @@ class VllmDeployment:
     @app.post("/v1/chat/completions")
     async def chat(self, request: Request):
         body = await request.json()
-        tokenizer = await self.engine.get_tokenizer()
+        tokenizer = self.engine.get_tokenizer()
         prompt = tokenizer.apply_chat_template(body.get("messages") or [], tokenize=False, add_generation_prompt=True)
         return await self._stream(body, prompt, chat=True)
 

@@ -36,6 +36,7 @@ def build_report(config: BenchConfig, runs: list[LoadRun], *, target: str, workl
                 "value": _encode_value(run.value),
                 "burstiness": run.burstiness,
                 "started_at": run.started_at,
+                "load_average": list(run.load_average),
                 "summary": run.summary,
                 "requests": [record.to_dict() for record in run.records],
             }
@@ -123,6 +124,10 @@ def markdown(report: dict) -> str:
     ]
     if report.get("command"):
         parts.append(f"- command: `{report['command']}`")
+    loads = [run.get("load_average") for run in runs if run.get("load_average")]
+    if loads:
+        parts.append("- machine load average (1 min) before → after each run: "
+                     + ", ".join(f"{a:.1f} → {b:.1f}" for a, b in loads))
     if slo:
         parts.append("- SLO: " + ", ".join(f"{k} ≤ {v:g}" for k, v in slo.items()))
     parts += ["", table(SUMMARY_HEADER, [summary_row(run) for run in runs]), ""]

@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import math
+import os
 import secrets
 import time
 from collections.abc import Iterator
@@ -41,6 +42,9 @@ class LoadRun:
     started_at: str
     records: list[RequestRecord] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
+    # 1-minute load average of the machine before and after the run: on a shared machine,
+    # a reader must be able to see that other work competed with the system under test.
+    load_average: tuple[float, float] = (0.0, 0.0)
 
     @property
     def load_label(self) -> str:
@@ -76,6 +80,7 @@ class Runner:
         progress = Progress(f"{self.config.display_name} {run.load_label}", total=self.config.measured_requests(),
                             duration=self.config.duration, enabled=self.config.progress)
         items = self.workload.items()
+        load_before = os.getloadavg()[0]
         tag = f"{self.run_id}-{mode[0]}{value:g}"
         try:
             if mode == "rate":
@@ -84,6 +89,7 @@ class Runner:
                 run.records = await self._closed_loop(int(value), items, progress, tag)
         finally:
             progress.close()
+        run.load_average = (load_before, os.getloadavg()[0])
         run.summary = summarize(run.records, self.slo)
         logger.info("%s: %d requests, %.2f req/s, %.1f output tok/s, errors %s", run.load_label,
                     run.summary["requests"]["sent"], run.summary["request_throughput"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 
 from vllm_fleet.config import add_options, from_args
 from vllm_fleet.errors import ConfigError
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "target"):
         raise ConfigError("--target is required (http://host:port, grpc://host:port or fleet)")
     config = from_args(BenchConfig, args)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns the progress bar
     report = asyncio.run(run_bench(config))
     print(markdown(report))
     for path in report.get("files", []):
