@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import httpx
 import pytest
@@ -51,3 +52,22 @@ async def test_disconnect_aborts_the_worker_request(slow, stream):
 
 async def _idle(worker: WorkerClient) -> bool:
     return await running(worker) == 0
+
+
+async def test_worker_dying_mid_stream_becomes_an_error_event(start_gateway, mock_worker_factory):
+    """With no other worker to migrate to, the stream ends with an SSE error event, then [DONE]."""
+    worker = await mock_worker_factory.start(served_model_name="doomed", mock_tokens_per_s=20, mock_ttft_ms=1)
+    server = await start_gateway([worker.address])
+    body = {"model": "doomed", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "stream": True}
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+            assert reply.status_code == 200
+            lines = reply.aiter_lines()
+            assert "chat.completion.chunk" in await anext(lines)
+            worker.kill()
+            events = [line async for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][len("data: "):])["error"]
+    assert error["message"] and error["type"] in ("upstream_error", "service_unavailable")
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        assert (await http.get("/health")).status_code == 200
