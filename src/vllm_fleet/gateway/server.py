@@ -92,7 +92,7 @@ class GatewayServer:
         uv_config = uvicorn.Config(
             self.app, http="httptools", loop="none", lifespan="off", access_log=False, log_level="warning",
             ssl_certfile=self.config.tls_cert, ssl_keyfile=self.config.tls_key,
-            timeout_graceful_shutdown=self.shutdown_grace_s, backlog=4096,
+            timeout_graceful_shutdown=self.shutdown_grace_s, backlog=4096, server_header=False,
         )
         self._server = _QuietServer(uv_config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
