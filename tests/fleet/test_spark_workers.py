@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import uuid
@@ -22,6 +23,7 @@ def spark():
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its shutdown INFO lines outlive pytest's streams
     session = (SparkSession.builder.master("local[2]").appName("vllm-fleet-spark-workers")
                .config("spark.ui.enabled", "false").config("spark.driver.memory", "1g").getOrCreate())
     session.sparkContext.setLogLevel("ERROR")

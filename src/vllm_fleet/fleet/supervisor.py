@@ -161,7 +161,11 @@ class ManagedWorker:
             address=_advertised(self.spec), model=model, device=self.spec.device, mig_profile=self.spec.mig_profile,
             worker_id=self.spec.worker_id, capacity=self.spec.capacity_summary(),
         )
-        await self.registry.register(record)
+        try:
+            await self.registry.register(record)
+        except Exception as exc:  # registry down: serve anyway; the health loop retries
+            logger.warning("worker %s: could not register (%s); retrying", self.spec.worker_id, exc)
+            return
         self._registered = True
 
     async def _deregister(self) -> None:
