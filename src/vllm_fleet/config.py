@@ -68,7 +68,9 @@ class EngineConfig(FleetModel):
     block_size: int | None = Field(None, ge=1, description="KV-cache block size in tokens")
     enable_prefix_caching: bool | None = Field(None, description="Reuse KV cache across requests sharing a prefix")
     load_format: str | None = Field(None, description="vLLM load format, e.g. 'dummy' for random weights (throughput tests)")
-    kv_cache_space_gb: float | None = Field(None, gt=0, description="CPU only: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE)")
+    kv_cache_space_gb: int | None = Field(
+        None, ge=1, description="CPU only: KV-cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE; default 2)"
+    )
     cpu_cores: str | None = Field(None, description="CPU only: cores this worker's engine binds to, e.g. '0' or '0-3' (VLLM_CPU_OMP_THREADS_BIND)")
     seed: int | None = Field(None, description="Engine seed")
     trust_remote_code: bool = Field(False, description="Allow model code from the model folder")

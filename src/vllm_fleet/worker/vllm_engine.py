@@ -121,7 +121,7 @@ class VllmEngine(Engine):
     async def start(self) -> None:
         # The engine core is a child process: it reads these when it starts.
         if self.config.kv_cache_space_gb is not None:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.kv_cache_space_gb:g}"
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.kv_cache_space_gb)
         elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ and _on_cpu():
             # Unset, vLLM-cpu reserves 92% of the NUMA node's memory and refuses to start as
             # soon as anything else uses memory (or a second worker runs): default to a size
