@@ -18,6 +18,8 @@ from vllm_fleet.errors import ConfigError
 from vllm_fleet.protocol.types import SamplingParams
 from vllm_fleet.router import RouterConfig
 
+SESSION_LOAD_BOUND = 2.0
+
 SendAs = Literal["per_row", "one_request"]
 
 
@@ -76,8 +78,11 @@ class SparkGenerateConfig(FleetModel):
     def router_config(self) -> RouterConfig:
         values = dict(self.router)
         if self.sessions:
-            # A conversation must keep hitting the worker that holds its prefix cache.
+            # A conversation must keep hitting the worker that holds its prefix cache. A batch job
+            # favours cache reuse over balance more than online traffic does: a session leaves
+            # its worker only when that one carries twice the mean load (or fails).
             values.setdefault("policy", "session_affinity")
+            values.setdefault("affinity_load_bound", SESSION_LOAD_BOUND)
         return validated(RouterConfig, values)
 
     def key(self) -> str:
