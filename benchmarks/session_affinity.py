@@ -1,6 +1,6 @@
 """Session affinity vs round robin on two real vLLM workers: prefix-cache hits and P99 TTFT.
 
-    flock /tmp/vllm-fleet-heavy.lock python benchmarks/session_affinity.py [--conversations 24 --turns 6]
+    flock /tmp/vllm-fleet-heavy.lock python benchmarks/session_affinity.py [--conversations 16 --turns 6]
 
 Starts two real vLLM workers (default model) on disjoint cores (`--cpu-cores 0` and `1`),
 then runs the same multi-turn chat workload through the Router twice, once per policy.
@@ -79,7 +79,7 @@ def user_turn(rng: np.random.Generator, salt: str, conversation: int, turn: int,
 
 
 async def conversation(router: Router, index: int, args: argparse.Namespace, salt: str,
-                       ttfts: list[float], usages: list[tuple[int, int]]) -> None:
+                       ttfts: list[float], usages: list[tuple[int, int]], retried: list[int]) -> None:
     rng = np.random.default_rng(zlib.crc32(f"{salt}-{index}".encode()))
     messages = [ChatMessage("system", SYSTEM)]
     loop = asyncio.get_running_loop()
@@ -99,6 +99,7 @@ async def conversation(router: Router, index: int, args: argparse.Namespace, sal
                 answer += chunk.text
                 if chunk.usage is not None:
                     usages.append((chunk.usage.prompt_tokens, chunk.usage.cached_tokens))
+        retried[0] += stream.attempts - 1
         ttfts.append(first if first is not None else loop.time() - started)
         messages.append(ChatMessage("assistant", answer))
 
@@ -119,8 +120,9 @@ async def run_policy(policy: str, addresses: list[str], args: argparse.Namespace
         before = await hit_rates(addresses)
         ttfts: list[float] = []
         usages: list[tuple[int, int]] = []
+        retried = [0]
         started = time.perf_counter()
-        await asyncio.gather(*(conversation(router, i, args, policy, ttfts, usages)
+        await asyncio.gather(*(conversation(router, i, args, policy, ttfts, usages, retried)
                                for i in range(args.conversations)))
         wall = time.perf_counter() - started
         after = await hit_rates(addresses)
@@ -129,7 +131,7 @@ async def run_policy(policy: str, addresses: list[str], args: argparse.Namespace
     prompt = sum(p for p, _ in usages)
     cached = sum(c for _, c in usages)
     return {
-        "policy": policy, "requests": len(ttfts), "wall_s": wall,
+        "policy": policy, "requests": len(ttfts), "wall_s": wall, "retried": retried[0],
         "cached_share": cached / prompt if prompt else 0.0, "prompt_tokens": prompt,
         "ttft_p50_ms": float(np.percentile(ttfts, 50)) * 1000, "ttft_p99_ms": float(np.percentile(ttfts, 99)) * 1000,
         "hit_rate_before": before, "hit_rate_after": after,
@@ -137,6 +139,11 @@ async def run_policy(policy: str, addresses: list[str], args: argparse.Namespace
 
 
 async def main(args: argparse.Namespace) -> None:
+    # Stop cleanly on SIGTERM/SIGINT too (a background job ignores SIGINT): the finally below
+    # must stop the workers, or two 3 GB engines outlive the benchmark.
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
     ports = [free_port(), free_port()]
     workers = [start_worker(str(core), port) for core, port in zip((0, 1), ports)]
     addresses = [f"127.0.0.1:{p}" for p in ports]
@@ -160,12 +167,12 @@ async def main(args: argparse.Namespace) -> None:
             stop_worker(worker)
     print()
     print("| policy | requests | cached share of prompt tokens | worker hit rate before -> after | "
-          "TTFT P50 | TTFT P99 | wall |")
-    print("|---|---|---|---|---|---|---|")
+          "TTFT P50 | TTFT P99 | wall | retried |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         rates = ", ".join(f"{b:.2f}->{a:.2f}" for b, a in zip(r["hit_rate_before"], r["hit_rate_after"]))
         print(f"| {r['policy']} | {r['requests']} | {r['cached_share']:.1%} ({r['prompt_tokens']} prompt tokens) | "
-              f"{rates} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p99_ms']:.0f} ms | {r['wall_s']:.1f} s |")
+              f"{rates} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p99_ms']:.0f} ms | {r['wall_s']:.1f} s | {r['retried']} |")
     rr, sa = results
     if sa["ttft_p99_ms"] > 0:
         print(f"\nP99 TTFT round_robin / session_affinity = {rr['ttft_p99_ms'] / sa['ttft_p99_ms']:.2f}x; "
@@ -174,10 +181,10 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--conversations", type=int, default=24, help="Conversations run at once")
+    parser.add_argument("--conversations", type=int, default=16, help="Conversations run at once")
     parser.add_argument("--turns", type=int, default=6, help="Turns per conversation")
-    parser.add_argument("--user-words", type=int, default=40, help="Words per user turn")
-    parser.add_argument("--max-tokens", type=int, default=48, help="Answer length per turn")
+    parser.add_argument("--user-words", type=int, default=32, help="Words per user turn")
+    parser.add_argument("--max-tokens", type=int, default=32, help="Answer length per turn")
     return parser.parse_args()
 
 

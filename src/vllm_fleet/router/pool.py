@@ -28,6 +28,8 @@ from vllm_fleet.router.snapshot import DOWN, DRAINING, EJECTED, SERVING, PoolSna
 logger = logging.getLogger(__name__)
 
 INFO_TIMEOUT_S = 5.0
+# A Load answer younger than this shows the worker process is responsive.
+LOAD_FRESH_MIN_S = 5.0
 
 
 class WorkerState:
@@ -230,12 +232,16 @@ class Pool:
     # --- what streams use ---------------------------------------------------------------
 
     def progressing(self, address: str) -> bool:
-        """Whether the worker answers Load and reports output tokens: busy rather than stuck."""
+        """Whether the worker looks busy rather than stuck: it answered Load lately (a CPU-starved
+        worker answers late, so "lately" is generous) and reports work or output."""
         worker = self._workers.get(address)
         if worker is None or worker.load is None:
             return False
-        fresh = self._clock() - worker.load_at <= self.config.load_poll_interval_s + self._load_timeout() + 1.0
-        return fresh and worker.load.output_tokens_per_s > 0
+        window = max(LOAD_FRESH_MIN_S, 2 * self.config.load_poll_interval_s + self._load_timeout())
+        if self._clock() - worker.load_at > window:
+            return False
+        load = worker.load
+        return load.output_tokens_per_s > 0 or load.running + load.waiting > 0
 
     def _notify(self) -> None:
         self._changed.set()

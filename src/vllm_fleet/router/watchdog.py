@@ -2,7 +2,7 @@
 
 A read that waits past its limit (`first_chunk_timeout_s` for the first chunk,
 `stall_timeout_s` after) makes the worker suspect. It is declared stalled only if it also
-shows no progress: its Load stopped answering, or it reports no output tokens at all. An
+shows no progress: its Load stopped answering, or it reports neither work nor output. An
 overloaded worker still generating for others is slow, not stuck; moving its streams would
 only add prefill work to a pool that is already short of it (a retry storm). A read that
 waits `PATIENCE` times its limit is declared stalled whatever the worker says.
