@@ -1,0 +1,48 @@
+"""generate() on two real vLLM workers (cores 0 and 1): answers match the client's, sessions
+reuse one worker and carry their history. Run under `flock /tmp/vllm-fleet-heavy.lock`."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from spark_support import client_answers
+from vllm_fleet.protocol.types import GenerateInput
+from vllm_fleet.spark import generate
+
+pytestmark = pytest.mark.engine
+
+PARAMS = {"max_tokens": 8, "temperature": 0.0}
+TOPICS = ["Paris", "rivers", "the moon", "bread", "music", "trains", "winter", "cats", "chess", "tea"]
+
+
+async def test_a_thousand_rows_answered_as_the_client_answers(spark, vllm_worker, vllm_worker_b):
+    prompts = [(i, f"Write one short sentence about {TOPICS[i % 10]} (#{i}).") for i in range(1000)]
+    df = spark.createDataFrame(prompts, "id long, prompt string").repartition(2)
+    out = generate(df, prompt_col="prompt", params=PARAMS, workers=[vllm_worker.address, vllm_worker_b.address],
+                   max_in_flight=32)
+    rows = await asyncio.to_thread(out.collect)
+
+    assert sorted(r.id for r in rows) == list(range(1000))
+    assert [r for r in rows if r.error is not None or not r.output] == []
+    assert all(r.completion_tokens == 8 or r.finish_reason == "stop" for r in rows)
+    sample = random.Random(3).sample(rows, 50)
+    expected = await client_answers(vllm_worker.address, [GenerateInput(text=r.prompt) for r in sample], PARAMS)
+    assert [r.output for r in sample] == expected
+
+
+async def test_sessions_see_their_history_on_one_worker(spark, vllm_worker, vllm_worker_b):
+    rows = [(f"c{s}", t, f"Turn {t}: tell me one fact about {TOPICS[s]}.") for s in range(6) for t in (1, 2, 3)]
+    random.Random(5).shuffle(rows)
+    df = spark.createDataFrame(rows, "chat string, turn int, text string")
+    out = generate(df, prompt_col="text", session_col="chat", turn_col="turn", params=PARAMS,
+                   workers=[vllm_worker.address, vllm_worker_b.address])
+    answered = await asyncio.to_thread(out.collect)
+
+    assert len(answered) == 18 and [r.error for r in answered if r.error] == []
+    for session in {r.chat for r in answered}:
+        turns = sorted((r for r in answered if r.chat == session), key=lambda r: r.turn)
+        assert len({r.worker for r in turns}) == 1
+        assert turns[0].prompt_tokens < turns[1].prompt_tokens < turns[2].prompt_tokens

@@ -1,0 +1,43 @@
+"""`vllm-fleet spark-run` as a user runs it: a subprocess with its own Spark, on mock workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+
+
+async def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    command = [sys.executable, "-m", "vllm_fleet.cli", "spark-run", "--master", "local[2]",
+               "--conf", "spark.driver.memory=1g", "--conf", "spark.ui.enabled=false", *args]
+    return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, timeout=600)
+
+
+async def test_spark_run_writes_every_row_and_a_summary(mock_pair, tmp_path):
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "prompt": f"cli question {i}"}) + "\n" for i in range(50)))
+    output = tmp_path / "answers.parquet"
+    done = await run_cli("--input", str(source), "--output", str(output), "--max-tokens", "5",
+                         "--workers", ",".join(w.address for w in mock_pair))
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rows: 50  errors: 0  output tokens: 250" in done.stdout
+    table = pq.read_table(output).to_pydict()
+    assert sorted(table["id"]) == list(range(50)) and all(table["output"]) and not any(table["error"])
+    assert "/1 tasks" in done.stderr or "tasks" in done.stderr, "a progress line while the job ran"
+
+
+async def test_spark_run_refuses_a_missing_column(mock_pair, tmp_path):
+    source = tmp_path / "prompts.csv"
+    source.write_text("id,question\n1,hello\n")
+    done = await run_cli("--input", str(source), "--output", str(tmp_path / "out.parquet"),
+                         "--workers", mock_pair[0].address)
+
+    assert done.returncode == 2
+    assert "prompt_col='prompt': no such column; the DataFrame has id, question" in done.stderr
+    assert not (tmp_path / "out.parquet").exists()
