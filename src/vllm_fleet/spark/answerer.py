@@ -54,8 +54,9 @@ class Answerer:
         deadline = loop.time() + self.config.request_timeout_s
         attempts, worker, backoff = 0, None, self.config.retry_backoff_s
         error: FleetError | None = None
+        resends = 0  # a new id per resend, except after ALREADY_EXISTS: the copy must wait, not run
         for round_ in range(self.config.row_attempts):
-            rid = request_id if round_ == 0 else f"{request_id}-r{round_}"
+            rid = request_id if resends == 0 else f"{request_id}-r{resends}"
             request = GenerateRequest(request_id=rid, inputs=items, params=self.params, session_id=session_id)
             stream: RoutedStream | None = None
             try:
@@ -78,6 +79,8 @@ class Answerer:
                 error = exc
                 if not exc.recoverable:
                     break
+            if _ALREADY_RUNNING not in str(error):
+                resends += 1
             attempts += _tries(stream)
             worker = (stream.worker if stream else None) or worker
             logger.warning("row request failed (%s); %d of %d", error, round_ + 1, self.config.row_attempts,
