@@ -25,7 +25,7 @@ from vllm_fleet.errors import ConfigError
 
 PERCENTILES = (50, 90, 99)
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
-_SLO_RE = re.compile(r"^\s*(ttft|tpot|itl|e2e)\s*=\s*([0-9.]+)\s*(us|ms|s)?\s*$")
+_SLO_RE = re.compile(r"^\s*(ttft|tpot|e2e)\s*=\s*([0-9.]+)\s*(us|ms|s)?\s*$")
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,6 @@ class Slo:
             if not match:
                 raise ConfigError(f"--slo: cannot read {part!r}; write e.g. ttft=500ms,tpot=50ms,e2e=800ms")
             name, value, unit = match.groups()
-            if name == "itl":
-                name = "tpot"  # a per-token bound; TPOT is the per-request form of it
             bounds[name] = float(value) * _UNITS[unit or "ms"]
         return cls(**bounds)
 
