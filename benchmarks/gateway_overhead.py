@@ -85,6 +85,7 @@ class HttpConnection:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.answered = False  # whether the current request got a status line
 
     async def open(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
@@ -114,7 +115,9 @@ class HttpConnection:
         """POST a streaming request; (time to first content event, completion tokens from usage)."""
         self.writer.write(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        self.answered = False
         status, headers = await self._head()
+        self.answered = True
         if status != 200:
             await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
             raise RuntimeError(f"HTTP {status}")
@@ -142,10 +145,21 @@ class HttpPool:
         self.idle: list[HttpConnection] = []
 
     async def stream(self, path: str, body: bytes, started: float) -> tuple[float | None, int]:
-        conn = self.idle.pop() if self.idle else None
-        if conn is None:
-            conn = HttpConnection("127.0.0.1", self.port)
-            await conn.open()
+        while self.idle:
+            # The server closes idle keep-alive connections (uvicorn: after 5 s); a reused one may
+            # be dead before it answers a byte. Like any HTTP client pool, retry on a fresh one.
+            conn = self.idle.pop()
+            try:
+                result = await conn.stream(path, body, started)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                conn.close()
+                if conn.answered:
+                    raise
+                continue
+            self.idle.append(conn)
+            return result
+        conn = HttpConnection("127.0.0.1", self.port)
+        await conn.open()
         try:
             result = await conn.stream(path, body, started)
         except BaseException:
@@ -232,15 +246,18 @@ async def ttft_pair(rate: float, duration: float, pool: HttpPool, worker: Worker
     }
 
 
-async def throughput(port: int, streams: int, max_tokens: int) -> tuple[float, int]:
+async def throughput(port: int, streams: int, max_tokens: int, gateway_pid: int) -> tuple[float, int, float]:
+    """(tokens/s, tokens, gateway CPU seconds) of `streams` concurrent streams of `max_tokens`."""
     pool = HttpPool(port)
     body = completion_body(max_tokens)
+    cpu_before = cpu_seconds(gateway_pid)
     started = time.perf_counter()
     results = await asyncio.gather(*(pool.stream("/v1/completions", body, time.perf_counter()) for _ in range(streams)))
     elapsed = time.perf_counter() - started
+    cpu = cpu_seconds(gateway_pid) - cpu_before
     pool.close()
     tokens = sum(t for _, t in results)
-    return tokens / elapsed, tokens
+    return tokens / elapsed, tokens, cpu
 
 
 def start_gateway(worker_port: int, *extra: str) -> tuple[subprocess.Popen, int]:
@@ -291,11 +308,12 @@ async def main(args: argparse.Namespace) -> dict:
         processes += [worker, gateway]
         await WorkerClient(f"127.0.0.1:{worker_port}").wait_serving(timeout=60)
         await wait_http(gw_port)
-        await throughput(gw_port, 4, 2000)  # warm-up
-        tps, tokens = await throughput(gw_port, 64, 8000 if args.quick else 20000)
+        await throughput(gw_port, 4, 2000, gateway.pid)  # warm-up
+        tps, tokens, cpu = await throughput(gw_port, 64, 8000 if args.quick else 20000, gateway.pid)
         results["tokens_per_s"] = tps
         results["tokens"] = tokens
-        print(json.dumps({"tokens_per_s": round(tps), "tokens": tokens}), flush=True)
+        results["tokens_per_gateway_cpu_s"] = tokens / max(cpu, 1e-9)
+        print(json.dumps({"tokens_per_s": round(tps), "tokens": tokens, "gateway_cpu_s": cpu}), flush=True)
     finally:
         await client.close()
         for process in processes:
@@ -312,7 +330,8 @@ def report(results: dict) -> str:
         f"gateway CPU per request at 200 req/s: {at['gateway_cpu_us_per_request']:.0f} us (all its threads); "
         f"1-min load average during the run: {at['load_average']:.1f} on 2 cores",
         f"highest rate with P99 added <= 10 ms: {results['max_rate_p99_added_le_10ms']} req/s",
-        f"streamed tokens/s through one gateway: {results['tokens_per_s']:,.0f} ({results['tokens']:,} tokens)",
+        f"streamed tokens/s through one gateway: {results['tokens_per_s']:,.0f} ({results['tokens']:,} tokens; "
+        f"{results['tokens_per_gateway_cpu_s']:,.0f} tokens per gateway CPU-second)",
     ]
     return "\n".join(lines)
 
