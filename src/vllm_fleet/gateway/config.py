@@ -19,6 +19,13 @@ class GatewayConfig(FleetModel):
     )
     tls_cert: str | None = Field(None, description="PEM certificate: serve HTTPS")
     tls_key: str | None = Field(None, description="PEM private key for --tls-cert")
+    worker_tls_ca: str | None = Field(
+        None, description="PEM CA that signed the workers' certificates: reach workers over TLS (workers' --tls-cert)"
+    )
+    worker_tls_cert: str | None = Field(
+        None, description="PEM client certificate presented to workers (mTLS: workers' --tls-client-ca)"
+    )
+    worker_tls_key: str | None = Field(None, description="PEM private key for --worker-tls-cert")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted (bigger: HTTP 413)")
     max_n: int = Field(16, ge=1, description="Largest `n` (samples per prompt) accepted")
     max_prompts: int = Field(256, ge=1, description="Most prompts in one /v1/completions request")
@@ -42,6 +49,10 @@ class GatewayConfig(FleetModel):
     def _tls_pair(self) -> GatewayConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
+        if (self.worker_tls_cert is None) != (self.worker_tls_key is None):
+            raise ValueError("--worker-tls-cert and --worker-tls-key go together")
+        if self.worker_tls_cert is not None and self.worker_tls_ca is None:
+            raise ValueError("--worker-tls-cert (mTLS) needs --worker-tls-ca to check the workers' certificates")
         if not self.loopback_only and self.api_key_file is None:
             # Without keys anyone who reaches the port can spend the fleet's GPUs.
             raise ValueError(

@@ -14,10 +14,12 @@ import asyncio
 import contextlib
 import logging
 import socket
+from pathlib import Path
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from vllm_fleet.client import ClientOptions, ClientPool
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.gateway.app import GatewayApp
 from vllm_fleet.gateway.config import GatewayConfig
@@ -43,6 +45,23 @@ def router_config_with_keys(router_config: RouterConfig, keys: KeyStore | None) 
     return router_config.model_copy(update={"admission": admission})
 
 
+def worker_client_options(config: GatewayConfig) -> ClientOptions:
+    """gRPC channel settings toward workers: plaintext, TLS (--worker-tls-ca) or mTLS (+ cert/key)."""
+    if config.worker_tls_ca is None:
+        return ClientOptions()
+
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+
+    return ClientOptions(tls_ca=read(config.worker_tls_ca), tls_cert=read(config.worker_tls_cert),
+                         tls_key=read(config.worker_tls_key))
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -64,7 +83,8 @@ class GatewayServer:
         self.keys = KeyStore(config.api_key_file) if config.api_key_file else None
         metrics_registry = CollectorRegistry(auto_describe=True)
         # The router owns (starts and closes) the registry.
-        self.router = Router(registry, router_config_with_keys(router_config, self.keys),
+        self.clients = ClientPool(worker_client_options(config))
+        self.router = Router(registry, router_config_with_keys(router_config, self.keys), self.clients,
                              metrics_registry=metrics_registry)
         self.app = GatewayApp(self.router, config, metrics_registry=metrics_registry, keys=self.keys,
                               registry=registry)
@@ -114,6 +134,7 @@ class GatewayServer:
             self._server.should_exit = True
             await self._task
         await self.router.close()
+        await self.clients.close()
 
 
 class _QuietServer(uvicorn.Server):
