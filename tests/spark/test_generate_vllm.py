@@ -8,8 +8,7 @@ import random
 
 import pytest
 
-from spark_support import client_answers
-from vllm_fleet.protocol.types import GenerateInput
+from spark_support import chat, client_answers
 from vllm_fleet.spark import generate
 
 pytestmark = pytest.mark.engine
@@ -19,17 +18,20 @@ TOPICS = ["Paris", "rivers", "the moon", "bread", "music", "trains", "winter", "
 
 
 async def test_a_thousand_rows_answered_as_the_client_answers(spark, vllm_worker, vllm_worker_b):
-    prompts = [(i, f"Write one short sentence about {TOPICS[i % 10]} (#{i}).") for i in range(1000)]
-    df = spark.createDataFrame(prompts, "id long, prompt string").repartition(2)
-    out = generate(df, prompt_col="prompt", params=PARAMS, workers=[vllm_worker.address, vllm_worker_b.address],
-                   max_in_flight=32)
+    questions = [(i, [{"role": "user", "content": f"Write one short sentence about {TOPICS[i % 10]} (#{i})."}])
+                 for i in range(1000)]
+    df = spark.createDataFrame(questions, "id long, messages array<struct<role:string,content:string>>")
+    out = generate(df.repartition(2), messages_col="messages", params=PARAMS, max_in_flight=32,
+                   workers=[vllm_worker.address, vllm_worker_b.address])
     rows = await asyncio.to_thread(out.collect)
 
     assert sorted(r.id for r in rows) == list(range(1000))
     assert [r for r in rows if r.error is not None or not r.output] == []
-    assert all(r.completion_tokens == 8 or r.finish_reason == "stop" for r in rows)
+    assert all(1 <= r.completion_tokens <= 8 and r.prompt_tokens > 10 for r in rows)
+    assert {r.worker for r in rows} == {vllm_worker.address, vllm_worker_b.address}
     sample = random.Random(3).sample(rows, 50)
-    expected = await client_answers(vllm_worker.address, [GenerateInput(text=r.prompt) for r in sample], PARAMS)
+    expected = await client_answers(vllm_worker.address, [chat(*[(m.role, m.content) for m in r.messages])
+                                                          for r in sample], PARAMS)
     assert [r.output for r in sample] == expected
 
 
