@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -30,3 +33,61 @@ def sse_events(lines: list[str]) -> list[dict | str]:
             payload = line[len("data: "):]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
+
+
+@dataclass
+class StreamResult:
+    """One SSE completion stream as the client saw it."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    error: dict | None = None
+    done: bool = False
+    status: int = 0
+    arrivals: list[float] = field(default_factory=list)  # monotonic time of each data event
+    started: float = 0.0
+
+    @property
+    def ttft(self) -> float | None:
+        return self.arrivals[0] - self.started if self.arrivals else None
+
+    @property
+    def longest_gap(self) -> float:
+        times = [self.started, *self.arrivals]
+        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+
+
+async def stream_completion(http: httpx.AsyncClient, body: dict, *, first_token: asyncio.Event | None = None,
+                            headers: dict | None = None) -> StreamResult:
+    """POST a streaming /v1/completions and collect it; set `first_token` on the first text event."""
+    result = StreamResult(started=time.monotonic())
+    async with http.stream("POST", "/v1/completions", json={**body, "stream": True}, headers=headers) as reply:
+        result.status = reply.status_code
+        if reply.status_code != 200:
+            await reply.aread()
+            return result
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            result.arrivals.append(time.monotonic())
+            payload = line[len("data: "):]
+            if payload == "[DONE]":
+                result.done = True
+                continue
+            event = json.loads(payload)
+            if "error" in event:
+                result.error = event["error"]
+                continue
+            for choice in event.get("choices", []):
+                result.text += choice.get("text") or ""
+                result.finish_reason = choice.get("finish_reason") or result.finish_reason
+            if first_token is not None and result.text:
+                first_token.set()
+    return result
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
