@@ -35,7 +35,11 @@ class StallWatchdog:
         self._read_since = now
         self._limit = limit
         self._task = asyncio.current_task()
-        if self._handle is None:
+        # Re-arm when the limit shrinks (first chunk → stall limit), else a stream that hangs
+        # after its first chunk would wait out the first-chunk limit.
+        if self._handle is None or self._handle.when() > now + limit:
+            if self._handle is not None:
+                self._handle.cancel()
             self._handle = self._loop.call_at(now + limit, self._check)
 
     def done_reading(self) -> None:
