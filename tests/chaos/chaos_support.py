@@ -8,6 +8,11 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+from prometheus_client import CollectorRegistry
+
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.registry import StaticRegistry
+from vllm_fleet.router import Router, RouterConfig
 
 from support import free_port
 
@@ -91,3 +96,25 @@ def percentile(values: list[float], q: float) -> float:
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def router_for(addresses: list[str], config: RouterConfig | None = None) -> Router:
+    """A Router over a static list, with its own metrics registry (several may exist at once)."""
+    return Router(StaticRegistry.from_spec(",".join(addresses)), config or RouterConfig(),
+                  metrics_registry=CollectorRegistry())
+
+
+def text_request(request_id: str, prompt: str, max_tokens: int) -> GenerateRequest:
+    return GenerateRequest(request_id=request_id, inputs=[GenerateInput(text=prompt)],
+                           params=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+async def collect(stream, first: asyncio.Event | None = None) -> tuple[str, str | None]:
+    """(text, finish_reason) of a single-sample RoutedStream; sets `first` on its first chunk."""
+    text, finish = "", None
+    async for chunk in stream:
+        if first is not None:
+            first.set()
+        text += chunk.text
+        finish = chunk.finish_reason or finish
+    return text, finish
