@@ -262,7 +262,7 @@ async def test_class_queue_full_rejects_and_slots_are_given_back(two_workers):
     admission = AdmissionConfig(short_max_in_flight=1, short_queue_size=1, queue_timeout_s=30)
     async with routed(a.address, b.address, admission=admission) as router:
         first, second = Collected(), Collected()
-        t1 = asyncio.create_task(consume(router, request("q1", "slow one", 100, interval_ms=50), first))
+        t1 = asyncio.create_task(consume(router, request("q1", "slow one", 1000, interval_ms=50), first))
         await wait_until(lambda: first.received > 0, timeout=30, message="first request running")
         t2 = asyncio.create_task(consume(router, request("q2", "waits", 5), second))
         await wait_until(lambda: router.metrics.get_sample_value(
