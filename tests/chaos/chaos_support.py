@@ -22,12 +22,18 @@ def metrics_options() -> dict:
     return {"metrics_port": free_port()}
 
 
-async def worker_requests(metrics_port: int) -> float:
-    """Generate requests the worker has finished, any outcome, from its own Prometheus counter."""
+async def worker_requests(metrics_port: int, outcomes: tuple[str, ...] | None = None) -> float:
+    """Generate requests the worker has finished (with one of `outcomes`, default any), from its
+    own Prometheus counter."""
     async with httpx.AsyncClient(timeout=5) as http:
         text = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm_fleet_worker_requests_total{"))
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm_fleet_worker_requests_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            if outcomes is None or outcome in outcomes:
+                total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def sse_events(lines: list[str]) -> list[dict | str]:
