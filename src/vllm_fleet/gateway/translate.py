@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from vllm_fleet.gateway.api_error import ApiError, bad_request
+from vllm_fleet.gateway.api_error import bad_request
 from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
@@ -137,4 +137,4 @@ def _content_text(content) -> str:
     return "".join(part.text for part in content)
 
 
-__all__ = ["ApiError", "Plan", "chat_plan", "completion_plan", "parse_body"]
+__all__ = ["Plan", "chat_plan", "completion_plan", "parse_body"]
