@@ -214,11 +214,13 @@ def measure(args: argparse.Namespace, addresses: list[str]) -> int:
 
     seconds, tokens = asyncio.run(client_run(addresses, prompts(args.rows, "c-"), params, concurrency))
     figures["client"] = {"s": seconds, "rows_per_s": args.rows / seconds, "tokens_per_s": tokens / seconds}
+    print("client:", json.dumps(figures["client"]), flush=True)  # each figure as it comes: long runs
     for send_as in ("per_row", "one_request"):
         seconds, tokens, errors = spark_run(session, addresses, prompts(args.rows, f"s-{send_as}-"), params,
                                             max_in_flight=args.max_in_flight, send_as=send_as)
         figures[f"spark_{send_as}"] = {"s": seconds, "rows_per_s": args.rows / seconds,
                                        "tokens_per_s": tokens / seconds, "error_rows": errors}
+        print(f"spark {send_as}:", json.dumps(figures[f"spark_{send_as}"]), flush=True)
     session.stop()
     client = figures["client"]
     for send_as in ("per_row", "one_request"):
