@@ -101,6 +101,29 @@ async def test_every_chunk_of_chinese_and_emoji_is_whole_utf8(client):
     assert whole == texts
 
 
+async def test_a_stream_resumed_inside_a_character_loses_and_repeats_nothing(client):
+    """Migration: the client has some tokens of an answer, maybe half an emoji's bytes (their
+    text held back); another worker continues. Text and token ids must join up exactly."""
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    inputs = [chat("用中文介绍一下北京，并加上表情符号 😀🎉")]
+    chunks, texts, _ = await run(client, GenerateRequest("whole", inputs, params))
+    full_text = texts[(0, 0)]
+    full_ids = [t for c in chunks for t in c.token_ids]
+    cuts, seen_ids, seen_text = [], [], ""
+    for chunk in chunks:
+        seen_ids += chunk.token_ids
+        seen_text += chunk.text
+        cuts.append((len(seen_ids), seen_text, bool(chunk.token_ids) and not chunk.text))
+    inside = [cut for cut in cuts if cut[2]][:3]   # text held back: a character is split here
+    whole = [cut for cut in cuts if not cut[2] and 0 < cut[0] < len(full_ids)][:2]
+    assert inside, "the answer should contain characters split across tokens"
+    for count, text_so_far, _ in inside + whole:
+        resumed = GenerateInput(messages=inputs[0].messages, resume_token_ids=full_ids[:count])
+        rest, rest_text, _ = await run(client, GenerateRequest(f"resume-{count}", [resumed], params))
+        assert text_so_far + rest_text[(0, 0)] == full_text
+        assert full_ids[:count] + [t for c in rest for t in c.token_ids] == full_ids
+
+
 async def test_logprobs(client):
     params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=2)
     chunks, _, _ = await run(client, GenerateRequest("lp", [GenerateInput(text="The capital of France is")], params))

@@ -56,6 +56,10 @@ class Engine(abc.ABC):
         """
 
     @abc.abstractmethod
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of a token sequence (special tokens skipped, as in generated text)."""
+
+    @abc.abstractmethod
     def generate(
         self, engine_request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, priority: int = 0
     ) -> AsyncIterator[list[SampleDelta]]:

@@ -72,6 +72,7 @@ class MockEngine(Engine):
                 "tokens_per_s": str(self.config.mock_tokens_per_s),
                 "ttft_ms": str(self.config.mock_ttft_ms),
                 "max_num_seqs": str(self.config.max_num_seqs or 0),
+                "vocab_size": str(len(VOCAB)),
             },
         )
 
@@ -97,6 +98,9 @@ class MockEngine(Engine):
             text = item.text or ""
         # One token per whitespace-separated word, hashed into the vocabulary.
         return [len(_SPECIALS) + (hash_word(w) % len(_WORDS)) for w in text.split()]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(VOCAB[i] for i in token_ids if i >= len(_SPECIALS))
 
     async def generate(
         self, engine_request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, priority: int = 0

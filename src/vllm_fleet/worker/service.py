@@ -27,6 +27,7 @@ from vllm_fleet.protocol.types import GenerateRequest, SamplingParams, Usage, Wo
 from vllm_fleet.worker.coalescer import Coalescer
 from vllm_fleet.worker.engine import Engine, SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
+from vllm_fleet.worker.resume import HeldTokens, held_tail_length
 from vllm_fleet.worker.validation import Limits, check_prompt_fits, validate_request
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class _Prepared:
     params: SamplingParams
     prompt_len: int
     exhausted: bool = False  # resumed with no tokens left to generate
+    held: HeldTokens | None = None  # resumed mid-character: tokens to regenerate silently
 
 
 @dataclass
@@ -96,7 +98,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         check_prompt_fits(index, len(prompt_ids), len(resume), params.max_tokens, self.engine.max_model_len,
                           self.engine.vocab_size, prompt_ids + resume if item.token_ids is not None or resume else [])
         exhausted = False
+        held = None
         if resume:
+            held_count = held_tail_length(self.engine.decode, resume)
+            if held_count:
+                held = HeldTokens(resume[-held_count:])
+                resume = resume[:-held_count]
             # The tokens already sent count against the budget; the rest is generated here.
             updates = {}
             if params.max_tokens is not None:
@@ -106,7 +113,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 updates["min_tokens"] = max(0, params.min_tokens - len(resume))
             params = dataclasses.replace(params, **updates)
         return _Prepared(prompt_token_ids=prompt_ids + list(resume), params=params,
-                         prompt_len=len(prompt_ids), exhausted=exhausted)
+                         prompt_len=len(prompt_ids), exhausted=exhausted, held=held)
 
     async def _stream(self, request_id: str, request: GenerateRequest, prepared: list[_Prepared],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
@@ -160,7 +167,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 if isinstance(payload, BaseException):
                     await self._abort_with(context, payload)
                 now = loop.time()
+                held = prepared[index].held
                 for delta in payload:
+                    if held is not None:
+                        delta = held.strip(delta)
                     key = (index, delta.sample)
                     if delta.token_ids:
                         if first_token_at is None:

@@ -166,6 +166,7 @@ class VllmEngine(Engine):
             "enable_prefix_caching": str(cfg.cache_config.enable_prefix_caching),
             "tensor_parallel_size": str(cfg.parallel_config.tensor_parallel_size),
             "model_path": str(cfg.model_config.model),
+            "vocab_size": str(cfg.model_config.get_vocab_size()),
         }
         return WorkerInfo(model=self._served_name, max_model_len=self._max_model_len, engine="vllm",
                           engine_version=vllm.__version__, settings=settings)
@@ -200,6 +201,11 @@ class VllmEngine(Engine):
                                           param="messages") from None
             return self._tokenizer.encode(text, add_special_tokens=False)
         return self._tokenizer.encode(item.text or "")
+
+    def decode(self, token_ids: list[int]) -> str:
+        if self._tokenizer is None:
+            return ""
+        return self._tokenizer.decode(token_ids, skip_special_tokens=True)
 
     async def generate(
         self, engine_request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, priority: int = 0
