@@ -189,7 +189,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         last_chunk_at = now
                         yield chunk_to_pb(chunk)
             outcome = "aborted" if active.aborted else "ok"
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # A client that goes away closes this generator (GeneratorExit) or cancels the call.
             outcome = "cancelled"
             raise
         finally:
