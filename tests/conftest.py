@@ -10,7 +10,7 @@ import pytest
 
 from support import WorkerProcess, free_port, vllm_worker_args, worker_env
 
-VLLM_START_TIMEOUT_S = 300.0
+VLLM_START_TIMEOUT_S = 600.0
 
 
 @pytest.fixture(scope="session")

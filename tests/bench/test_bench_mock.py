@@ -116,13 +116,13 @@ async def test_unanswered_requests_are_cancelled_after_the_drain_timeout(mock_wo
 
 
 async def test_errors_are_counted_by_kind(paced_workers):
-    # Forcing token ids the mock's tiny vocabulary does not have: the worker says INVALID_ARGUMENT.
-    config = BenchConfig(target=f"grpc://{paced_workers[0].address}", input_len=4, output_len=4, rate="inf",
+    # Prompts longer than the mock's 4,096-token context: the worker says INVALID_ARGUMENT.
+    config = BenchConfig(target=f"grpc://{paced_workers[0].address}", input_len=5000, output_len=4, rate="inf",
                          num_requests=3, warmup_requests=0, prompt_format="tokens", progress=False)
     report = await run_bench(config)
     summary = report["runs"][0]["summary"]
     assert summary["errors"] == {"InvalidRequestError": 3}
-    assert "vocabulary" in report["runs"][0]["requests"][0]["error_message"]
+    assert "context" in report["runs"][0]["requests"][0]["error_message"]
 
 
 async def test_cli_run_writes_the_report_files(paced_workers, tmp_path):
