@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from vllm_fleet.errors import NoWorkerError
 from vllm_fleet.registry import open_registry
 from vllm_fleet.router import Router
+from vllm_fleet.router.snapshot import DOWN
 from vllm_fleet.spark.answerer import Answerer
 from vllm_fleet.spark.config import SparkGenerateConfig
 from vllm_fleet.spark.partition import PartitionRun
@@ -91,7 +92,22 @@ async def _start_router(config: SparkGenerateConfig) -> Router:
     except NoWorkerError as exc:
         # The driver saw workers a moment ago; rows will retry and, failing that, carry the error.
         logger.warning("executor: %s; rows will wait for workers and may fail", exc)
+    await _wait_until_every_worker_answered(router, timeout=min(10.0, config.connect_timeout_s))
     return router
+
+
+async def _wait_until_every_worker_answered(router: Router, *, timeout: float) -> None:
+    """Session affinity hashes over the workers that serve. `wait_ready` returns at the first
+    one, and a router that routed then would place a session's first turn on a smaller ring
+    than its later turns, so the session would change worker (and lose its prefix cache)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        pending = [w for w in router.snapshot().workers
+                   if w.health == "UNKNOWN" or (w.health == "SERVING" and w.state == DOWN)]
+        if not pending:
+            return
+        await asyncio.sleep(0.05)
 
 
 def close_all() -> None:
