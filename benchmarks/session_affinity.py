@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import zlib
 
 import numpy as np
 
+from vllm_fleet.processes import stop_process_group
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry
@@ -60,16 +60,7 @@ def start_worker(cores: str, port: int) -> subprocess.Popen:
 
 
 def stop_worker(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:  # the engine core is a child process: sweep the group
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    stop_process_group(process)
 
 
 def user_turn(rng: np.random.Generator, salt: str, conversation: int, turn: int, words: int) -> str:

@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import time
 
 import numpy as np
 
+from vllm_fleet.processes import stop_process_group
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry
@@ -65,16 +65,7 @@ def start_worker(engine: str, cores: str) -> tuple[subprocess.Popen, str]:
 
 
 def stop_worker(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    stop_process_group(process)
 
 
 async def wait_serving(address: str, timeout: float) -> None:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +15,7 @@ import tempfile
 import time
 
 from vllm_fleet.client import WorkerClient
+from vllm_fleet.processes import stop_process_group
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 
 DEMO_PROMPTS = [
@@ -106,18 +105,7 @@ async def _ask(client: WorkerClient, request_id: str, prompt: str, max_tokens: i
 
 def _stop(worker: subprocess.Popen) -> None:
     """Drain the worker, then reap its process group (vLLM's engine core included)."""
-    if worker.poll() is None:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(worker.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if worker.poll() is None:
-        worker.wait(timeout=10)
+    stop_process_group(worker)
 
 
 def _free_port() -> int:
