@@ -59,6 +59,15 @@ def test_token_ids_are_sent_only_when_the_vocabulary_is_known():
     assert fit_token_ids([5, 6], 100) == [5, 6]
 
 
+def test_http_sends_token_id_prompts_only_when_asked():
+    item = BenchItem("i", "random", 4, prompt="a b c", token_ids=[5000, 20000, 40000])
+    text = HttpTarget("http://h:1", BenchConfig(target="http://h:1", model="m"))
+    assert text.body(item)[1]["prompt"] == "a b c"
+    tokens = HttpTarget("http://h:1", BenchConfig(target="http://h:1", model="m", prompt_format="tokens"))
+    path, body = tokens.body(item)
+    assert path == "/v1/completions" and body["prompt"] == [5000, 20000, 40000]
+
+
 @pytest.mark.parametrize("spec", ["ftp://x", "127.0.0.1:8000", "grpc://"])
 def test_unknown_targets_say_what_to_write(spec):
     with pytest.raises(ConfigError, match="grpc://host:port"):

@@ -28,7 +28,8 @@ class BenchConfig(FleetModel):
     prefix_len: int = Field(512, ge=1, description="prefix: tokens in each shared prefix")
     prompts: str | None = Field(None, description="jsonl: file of {'prompt': ...} or {'messages': [...]} lines")
     prompt_format: Literal["auto", "text", "tokens"] = Field(
-        "auto", description="random workload: send token ids (gRPC/fleet only) or text; auto = token ids where possible")
+        "auto", description="random workload: send token ids or text; auto = token ids to workers that report their vocabulary "
+                       "(gRPC/fleet), text to HTTP servers; tokens = token ids everywhere")
     rate: str | None = Field(None, description="Open loop: request rate(s) per second, e.g. 4 or 1,2,4,8 (a sweep) or inf")
     burstiness: float = Field(1.0, gt=0, description="Open loop: gamma shape of inter-arrival gaps (1 = Poisson, < 1 = burstier)")
     concurrency: str | None = Field(None, description="Closed loop: users each sending the next request when answered, e.g. 8 or 1,4,16")

@@ -1,7 +1,8 @@
 """Any OpenAI-compatible HTTP server: our gateway, stock `vllm serve`, nginx in front of it, ...
 
 Text prompts go to /v1/completions, chat messages to /v1/chat/completions, always streaming
-(SSE). The session id travels as OpenAI's `user` field. Output tokens come from the final
+(SSE). With `--prompt-format tokens`, random prompts go as token-id arrays (OpenAI's `prompt`
+accepts them), for models whose tokenizer would not map the bench's words to distinct tokens. The session id travels as OpenAI's `user` field. Output tokens come from the final
 usage (`stream_options.include_usage`) when the server sends it, else from the chunk count.
 """
 
@@ -62,7 +63,10 @@ class HttpTarget(Target):
         if item.messages is not None:
             body["messages"] = item.messages
             return "/v1/chat/completions", body
-        body["prompt"] = item.prompt
+        if item.token_ids is not None and self.config.prompt_format == "tokens":
+            body["prompt"] = list(item.token_ids)
+        else:
+            body["prompt"] = item.prompt
         return "/v1/completions", body
 
     def describe(self) -> str:
