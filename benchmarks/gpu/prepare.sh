@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds, on a machine with PyPI, the parts benchmarks/gpu/stage.sh installs on the GPU machine:
+#   .gpu/vllm.part00, .gpu/vllm.part01, .gpu/deps/, .gpu/third_party.tgz  (vLLM 0.26.0, pruned;
+#       the recipe of ../shared/gpu/prepare-vllm.sh, verified on an H200 on 2026-11-30)
+#   .gpu/fleet/   grpcio, protobuf and grpcio-health-checking at the versions our generated code needs
+#   .gpu/nginx.deb  Debian's nginx, for the round-robin baseline (unpacked with dpkg -x there)
+# .gpu/ must stay out of git: echo /.gpu/ >> .git/info/exclude
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=.gpu
+RECIPE=${RECIPE:-../shared/gpu/prepare-vllm.sh}
+[[ -f $OUT/vllm.part01 ]] || bash "$RECIPE" "$OUT"
+PY=${PY:-$HOME/.cache/vllm-fleet/venv-py311/bin/python}
+version() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))"; }
+mkdir -p "$OUT/fleet"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+    -d "$OUT/fleet" "grpcio==$(version grpcio)" "protobuf==$(version protobuf)" \
+    "grpcio-health-checking==$(version grpcio-health-checking)"
+(cd "$OUT" && apt-get download nginx && mv nginx_*.deb nginx.deb)
+du -sh "$OUT"/*

@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# The GPU comparison of benchmarks/RESULTS.md ("GPU (H200)"): one workload (random token-id
+# prompts, 256 in / 512 out, ignore_eos), the same seeded arrivals at the same rates, the same
+# engine settings everywhere, measured by `vllm-fleet bench` (or its runner, in-process).
+#
+#   benchmarks/gpu/run.sh single   # (a) AsyncLLM in-process, (b) stock vLLM OpenAI server,
+#                                  # (c) our worker over gRPC, (d) our worker + gateway; one GPU each
+#                                  # at a time; with two GPUs, (b)‖(c) then (a)‖(d) run side by side
+#   benchmarks/gpu/run.sh pair     # two GPUs: 2 workers + gateway vs 2 stock servers + nginx
+#   benchmarks/gpu/run.sh tp2      # two GPUs: one stock server with tensor parallel 2
+#   benchmarks/gpu/run.sh mock     # our stack on the mock engine (checks the staging, no GPU)
+#   benchmarks/gpu/run.sh smoke    # tiny version of `single` (any machine, e.g. CPU + SmolLM2)
+#
+# Needs vLLM importable by $VLLM_PY and our package by $FLEET_PY (stage.sh sets both up on the
+# GPU machine); MODEL is a model folder (make_model.py builds the Qwen3.5-9B-shaped one).
+# Reports go to $RESULTS/<system>.json|.md; server logs to $RESULTS/logs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+PHASE=${1:?usage: run.sh single|pair|tp2|mock|smoke}
+VLLM_PY=${VLLM_PY:-python3}
+FLEET_PY=${FLEET_PY:-python3}
+MODEL=${MODEL:?set MODEL to a model folder}
+NAME=${NAME:-qwen3.5-9b}
+RESULTS=${RESULTS:-/tmp/gpu-results}
+RATES=${RATES:-4,8,16,inf}
+NUM=${NUM:-192}                      # measured requests per rate (inf: all at once)
+INF_NUM=${INF_NUM:-512}
+IN_LEN=${IN_LEN:-256}
+OUT_LEN=${OUT_LEN:-512}
+WARMUP=${WARMUP:-8}
+PROMPT_FORMAT=${PROMPT_FORMAT:-tokens}        # token ids everywhere: the stand-in tokenizer cannot encode words
+DRAIN=${DRAIN:-120}
+SLO=${SLO:-ttft=800ms,tpot=50ms}           # goodput: the reference deployment's P99 TTFT bound
+GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+BASE=${BASE:-18500}
+# Engine settings shared by every system: vLLM's offline (LLM class) defaults on an H200, spelled
+# out, since its OpenAI server would otherwise halve the step's token budget.
+ENGINE_OPTS=${ENGINE_OPTS:---load-format dummy --dtype bfloat16 --max-model-len 4096 --gpu-memory-utilization 0.85 --max-num-seqs 1024 --max-num-batched-tokens 16384 --seed 0}
+VLLM_EXTRA=${VLLM_EXTRA:---language-model-only --gdn-prefill-backend triton}
+FLEET_EXTRA=${FLEET_EXTRA:---engine-arg language_model_only=true --engine-arg gdn_prefill_backend=triton}
+START_TIMEOUT=${START_TIMEOUT:-420}
+
+mkdir -p "$RESULTS/logs"
+PIDS=()
+log() { echo "[gpu $(date -u +%H:%M:%S)] $*" >&2; }
+
+start() {  # start NAME GPU CMD...: own process group and log; GPU "" = all visible
+    local name=$1 gpu=$2; shift 2
+    if [[ -n $gpu ]]; then
+        CUDA_VISIBLE_DEVICES=$gpu setsid "$@" >"$RESULTS/logs/$name.log" 2>&1 &
+    else
+        setsid "$@" >"$RESULTS/logs/$name.log" 2>&1 &
+    fi
+    PIDS+=($!)
+    log "started $name (pid $!, gpu ${gpu:-all})"
+}
+
+stop_all() {
+    for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done
+    for pid in "${PIDS[@]}"; do
+        for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL -- "-$pid" 2>/dev/null
+    done
+    PIDS=()
+}
+trap stop_all EXIT
+
+wait_http() {  # wait_http URL SECONDS
+    local deadline=$((SECONDS + $2))
+    until curl -sf "$1/v1/models" | grep -q '"id"'; do
+        ((SECONDS > deadline)) && { log "$1 not ready after $2 s"; return 1; }
+        sleep 2
+    done
+    log "$1 ready after $((SECONDS - deadline + $2)) s"
+}
+
+wait_grpc() {  # wait_grpc SECONDS host:port...
+    local seconds=$1; shift
+    $FLEET_PY - "$seconds" "$@" <<'PYEOF'
+import asyncio, sys
+from vllm_fleet.client import WorkerClient
+async def main():
+    for address in sys.argv[2:]:
+        client = WorkerClient(address)
+        await client.wait_serving(timeout=float(sys.argv[1]))
+        await client.close()
+asyncio.run(main())
+PYEOF
+}
+
+bench() {  # bench LABEL TARGET [extra bench options]: finite rates, then inf with INF_NUM requests
+    local label=$1 target=$2; shift 2
+    local finite=${RATES%,inf}
+    log "bench $label: rates $finite then inf x $INF_NUM"
+    $FLEET_PY -m vllm_fleet.cli bench --target "$target" --label "$label" --model "$NAME" --workload random \
+        --input-len "$IN_LEN" --output-len "$OUT_LEN" --prompt-format "$PROMPT_FORMAT" --rate "$finite" --num-requests "$NUM" \
+        --warmup-requests "$WARMUP" --drain-timeout "$DRAIN" --slo "$SLO" --seed 0 --no-progress --output "$RESULTS/$label.json" \
+        "$@" >"$RESULTS/logs/bench-$label.log" 2>&1 || log "bench $label (finite rates) failed"
+    if [[ $RATES == *inf ]]; then
+        $FLEET_PY -m vllm_fleet.cli bench --target "$target" --label "$label" --model "$NAME" --workload random \
+            --input-len "$IN_LEN" --output-len "$OUT_LEN" --prompt-format "$PROMPT_FORMAT" --rate inf --num-requests "$INF_NUM" \
+            --warmup-requests "$WARMUP" --drain-timeout "$DRAIN" --slo "$SLO" --seed 1 --no-progress \
+            --output "$RESULTS/$label-inf.json" "$@" >>"$RESULTS/logs/bench-$label.log" 2>&1 || log "bench $label (inf) failed"
+    fi
+    log "bench $label done"
+    export_results
+}
+
+export_results() {  # when $OUT is set (the GPU machine's folder that comes back): summary + archive so far
+    [[ -n ${OUT:-} ]] || return 0
+    local tmp="$OUT/.summary.$BASHPID"
+    $FLEET_PY benchmarks/gpu/summarize.py "$RESULTS" --pack "$OUT/results-$PHASE.tar.xz" >"$tmp" 2>&1
+    mv "$tmp" "$OUT/summary-$PHASE.md"
+}
+
+vllm_server() {  # vllm_server NAME GPU PORT [extra]
+    local name=$1 gpu=$2 port=$3; shift 3
+    start "$name" "$gpu" $VLLM_PY -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$NAME" \
+        --host 127.0.0.1 --port "$port" $ENGINE_OPTS $VLLM_EXTRA --disable-uvicorn-access-log "$@"
+}
+
+fleet_worker() {  # fleet_worker NAME GPU PORT
+    start "$1" "$2" $FLEET_PY -m vllm_fleet.cli worker --engine vllm --model "$MODEL" --served-model-name "$NAME" \
+        --port "$3" --device "GPU $2" $ENGINE_OPTS $FLEET_EXTRA
+}
+
+gateway() {  # gateway PORT WORKERS [extra]
+    local port=$1 workers=$2; shift 2
+    start "gateway-$port" "" $FLEET_PY -m vllm_fleet.cli gateway --workers "$workers" --port "$port" --no-access-log "$@"
+}
+
+inprocess() {  # inprocess LABEL GPU: (a), the bench's runner around AsyncLLM in this process
+    local label=$1 gpu=$2
+    log "in-process $label on GPU $gpu"
+    local common=(--model "$MODEL" $ENGINE_OPTS $FLEET_EXTRA --bench-workload random --bench-input-len "$IN_LEN"
+                  --bench-output-len "$OUT_LEN" --bench-prompt-format tokens --bench-warmup-requests "$WARMUP"
+                  --bench-drain-timeout "$DRAIN" --bench-slo "$SLO" --no-bench-progress --bench-label "$label")
+    local rates=(--bench-rate "${RATES%,inf}" --bench-num-requests "$NUM" --bench-seed 0 --bench-output "$RESULTS/$label.json")
+    [[ $RATES == *inf ]] && rates+=(--inf-num-requests "$INF_NUM")
+    CUDA_VISIBLE_DEVICES=$gpu $FLEET_PY benchmarks/gpu/inprocess_bench.py "${common[@]}" "${rates[@]}" \
+        >"$RESULTS/logs/bench-$label.log" 2>&1 || log "in-process $label failed"
+    log "in-process $label done"
+    export_results
+}
+
+gpu_memory() {  # sample every GPU's memory use every 2 s into $RESULTS/gpu-memory.csv
+    nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total,utilization.gpu --format=csv,noheader -l 2 \
+        >>"$RESULTS/gpu-memory.csv" 2>/dev/null &
+    PIDS+=($!)
+}
+
+single() {
+    gpu_memory
+    if ((GPUS >= 2)); then
+        # (b) stock server on GPU 0 beside (c) our worker on GPU 1; then (a) in-process on GPU 0
+        # beside (d) the same worker behind the gateway.
+        vllm_server vllm-serve 0 $((BASE + 1)); local server=$!
+        fleet_worker worker 1 $((BASE + 2))
+        (wait_http http://127.0.0.1:$((BASE + 1)) "$START_TIMEOUT" && bench b-vllm-serve http://127.0.0.1:$((BASE + 1))) &
+        local bench_b=$!
+        if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 2)); then bench c-worker-grpc grpc://127.0.0.1:$((BASE + 2)); fi
+        wait $bench_b
+        kill -TERM -- "-$server" 2>/dev/null
+        for _ in $(seq 1 60); do kill -0 "$server" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL -- "-$server" 2>/dev/null
+        inprocess a-inprocess 0 &
+        local bench_a=$!
+        gateway $((BASE + 3)) 127.0.0.1:$((BASE + 2))
+        wait_http http://127.0.0.1:$((BASE + 3)) 60 && bench d-gateway-worker http://127.0.0.1:$((BASE + 3))
+        wait $bench_a
+    else
+        vllm_server vllm-serve 0 $((BASE + 1))
+        wait_http http://127.0.0.1:$((BASE + 1)) "$START_TIMEOUT" && bench b-vllm-serve http://127.0.0.1:$((BASE + 1))
+        stop_all; gpu_memory
+        fleet_worker worker 0 $((BASE + 2))
+        if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 2)); then
+            bench c-worker-grpc grpc://127.0.0.1:$((BASE + 2))
+            gateway $((BASE + 3)) 127.0.0.1:$((BASE + 2))
+            wait_http http://127.0.0.1:$((BASE + 3)) 60 && bench d-gateway-worker http://127.0.0.1:$((BASE + 3))
+        fi
+        stop_all; gpu_memory
+        inprocess a-inprocess 0
+    fi
+    stop_all
+}
+
+pair() {  # two GPUs: our fleet in small vs the stock alternatives
+    gpu_memory
+    fleet_worker worker0 0 $((BASE + 11)); fleet_worker worker1 1 $((BASE + 12))
+    if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 11)) 127.0.0.1:$((BASE + 12)); then
+        gateway $((BASE + 13)) 127.0.0.1:$((BASE + 11)),127.0.0.1:$((BASE + 12)) --policy least_outstanding
+        wait_http http://127.0.0.1:$((BASE + 13)) 60 && bench pair-fleet http://127.0.0.1:$((BASE + 13))
+    fi
+    stop_all
+    gpu_memory
+    vllm_server vllm0 0 $((BASE + 14)); vllm_server vllm1 1 $((BASE + 15))
+    wait_http http://127.0.0.1:$((BASE + 14)) "$START_TIMEOUT" && wait_http http://127.0.0.1:$((BASE + 15)) "$START_TIMEOUT" &&
+        nginx_rr $((BASE + 16)) $((BASE + 14)) $((BASE + 15)) && bench pair-nginx http://127.0.0.1:$((BASE + 16))
+    stop_all
+}
+
+tp2() {
+    gpu_memory
+    vllm_server vllm-tp2 "" $((BASE + 21)) --tensor-parallel-size 2
+    wait_http http://127.0.0.1:$((BASE + 21)) "$START_TIMEOUT" && bench pair-vllm-tp2 http://127.0.0.1:$((BASE + 21))
+    stop_all
+}
+
+nginx_rr() {  # nginx_rr PORT UPSTREAM_PORT...: round robin over loopback servers
+    local port=$1; shift
+    local dir=$RESULTS/nginx upstreams=""
+    mkdir -p "$dir"
+    for p in "$@"; do upstreams+="server 127.0.0.1:$p; "; done
+    cat >"$dir/nginx.conf" <<NGINX
+worker_processes 4;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+daemon off;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    client_body_temp_path $dir/body; proxy_temp_path $dir/proxy; fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi; scgi_temp_path $dir/scgi;
+    upstream vllm { $upstreams keepalive 256; }
+    server {
+        listen 127.0.0.1:$port;
+        location / {
+            proxy_pass http://vllm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 900s;
+        }
+    }
+}
+NGINX
+    start nginx "" "${NGINX:-nginx}" -c "$dir/nginx.conf" -p "$dir"
+    wait_http http://127.0.0.1:$port 30
+}
+
+mock() {  # our worker (mock engine), gateway, bench, summary and archive: checks the stack, no GPU
+    RATES=20,inf; NUM=20; INF_NUM=20; WARMUP=1; IN_LEN=16; OUT_LEN=16; PROMPT_FORMAT=auto
+    start mock-worker "" $FLEET_PY -m vllm_fleet.cli worker --engine mock --served-model-name "$NAME" --port $((BASE + 31)) --mock-tokens-per-s 200
+    wait_grpc 60 127.0.0.1:$((BASE + 31)) && bench mock-grpc grpc://127.0.0.1:$((BASE + 31))
+    gateway $((BASE + 32)) 127.0.0.1:$((BASE + 31))
+    wait_http http://127.0.0.1:$((BASE + 32)) 60 && bench mock-gateway http://127.0.0.1:$((BASE + 32))
+    stop_all
+}
+
+smoke() {  # a tiny `single` on whatever is here, to check the script itself
+    RATES=${SMOKE_RATES:-2,inf}; NUM=4; INF_NUM=6; WARMUP=1; IN_LEN=16; OUT_LEN=8
+    single
+}
+
+log "phase $PHASE on $GPUS GPU(s), model $MODEL"
+"$PHASE"
+export_results
+log "phase $PHASE finished"

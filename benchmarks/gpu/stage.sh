@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Brings vLLM 0.26.0 and our package onto the GPU machine, which has Python 3.12, torch
+# 2.11+cu130, no vLLM and no package index, and takes files in parts of at most 64 MiB.
+# The parts are made here by `benchmarks/gpu/prepare.sh` (into .gpu/, git-ignored). Then, on
+# the GPU machine, in back-to-back runs while it stays up (the repo folder there is laid anew on
+# every run, so each part is copied out of it first):
+#
+#   run 1, carry .gpu/vllm.part00 .gpu/nginx.deb:
+#       bash benchmarks/gpu/stage.sh part .gpu/vllm.part00 && bash benchmarks/gpu/stage.sh install
+#   run 2, carry .gpu/vllm.part01 .gpu/fleet:
+#       bash benchmarks/gpu/stage.sh part .gpu/vllm.part01 && bash benchmarks/gpu/stage.sh install &&
+#       source /tmp/gpu-env.sh && benchmarks/gpu/run.sh mock       # our stack alone, no GPU needed
+#   run 3, carry .gpu/deps .gpu/third_party.tgz:
+#       bash benchmarks/gpu/stage.sh install && source /tmp/gpu-env.sh && benchmarks/gpu/run.sh single
+#   later runs:  source /tmp/gpu-env.sh && benchmarks/gpu/run.sh pair ...
+# `install` installs whichever parts this run carried, so each run's step is the same command.
+#
+# vLLM and its missing dependencies go to /tmp/site (PYTHONPATH of stock vLLM); the versions of
+# grpcio/protobuf our generated code needs go to /tmp/fleet-site, first on our processes' path
+# only, so the stock server runs exactly as it would without us.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SITE=/tmp/site FLEET_SITE=/tmp/fleet-site MODEL_DIR=/tmp/models/qwen3.5-9b
+
+case ${1:?usage: stage.sh part FILE | install} in
+part)
+    mkdir -p /tmp/stage && cp "${2:?part file}" /tmp/stage/
+    ls -la /tmp/stage ;;
+install)
+    if [[ -f .gpu/nginx.deb ]]; then
+        dpkg -x .gpu/nginx.deb /tmp/nginx && /tmp/nginx/usr/sbin/nginx -v
+    fi
+    if [[ -d .gpu/fleet ]]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$FLEET_SITE" .gpu/fleet/*.whl
+        echo "our wheels: $(ls .gpu/fleet | tr '\n' ' ')"
+    fi
+    if [[ -d .gpu/deps ]]; then
+        mkdir -p "$SITE"
+        cat /tmp/stage/vllm.part* | xz -dc -T0 | tar -x -C "$SITE"
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/deps/*.whl
+        tar -xzf .gpu/third_party.tgz -C "$SITE"
+        echo "vLLM: $(du -sh $SITE | cut -f1) in $SITE"
+    fi
+    [[ -f $MODEL_DIR/tokenizer.json ]] || python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3.5-9b "$MODEL_DIR"
+    cat >/tmp/gpu-env.sh <<ENV
+export VLLM_PY="env PYTHONPATH=$SITE python3"
+export FLEET_PY="env PYTHONPATH=$FLEET_SITE:$PWD/src:$SITE python3"
+export MODEL=$MODEL_DIR NGINX=/tmp/nginx/usr/sbin/nginx
+export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+ENV
+    echo "env in /tmp/gpu-env.sh" ;;
+*)
+    echo "usage: stage.sh part FILE | install" >&2; exit 2 ;;
+esac
