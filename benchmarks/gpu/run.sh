@@ -39,6 +39,9 @@ BASE=${BASE:-18500}
 ENGINE_OPTS=${ENGINE_OPTS:---load-format dummy --dtype bfloat16 --max-model-len 4096 --gpu-memory-utilization 0.85 --max-num-seqs 1024 --max-num-batched-tokens 16384 --seed 0}
 VLLM_EXTRA=${VLLM_EXTRA:---language-model-only --gdn-prefill-backend triton}
 FLEET_EXTRA=${FLEET_EXTRA:---engine-arg language_model_only=true --engine-arg gdn_prefill_backend=triton}
+# The same settings for workers that `vllm-fleet node` starts (it takes the plan's own options
+# and passes the rest through as engine arguments).
+NODE_ENGINE_ARGS=${NODE_ENGINE_ARGS:---engine-arg load_format=dummy --engine-arg dtype=bfloat16 --engine-arg max_num_batched_tokens=16384 --engine-arg seed=0 $FLEET_EXTRA}
 START_TIMEOUT=${START_TIMEOUT:-420}
 
 mkdir -p "$RESULTS/logs"
@@ -92,11 +95,14 @@ PYEOF
 bench() {  # bench LABEL TARGET [extra bench options]: finite rates, then inf with INF_NUM requests
     local label=$1 target=$2; shift 2
     local finite=${RATES%,inf}
-    log "bench $label: rates $finite then inf x $INF_NUM"
-    $FLEET_PY -m vllm_fleet.cli bench --target "$target" --label "$label" --model "$NAME" --workload random \
-        --input-len "$IN_LEN" --output-len "$OUT_LEN" --prompt-format "$PROMPT_FORMAT" --rate "$finite" --num-requests "$NUM" \
-        --warmup-requests "$WARMUP" --drain-timeout "$DRAIN" --slo "$SLO" --seed 0 --no-progress --output "$RESULTS/$label.json" \
-        "$@" >"$RESULTS/logs/bench-$label.log" 2>&1 || log "bench $label (finite rates) failed"
+    finite=${finite#inf}
+    log "bench $label: rates ${finite:-none} then inf x $INF_NUM"
+    if [[ -n $finite ]]; then
+        $FLEET_PY -m vllm_fleet.cli bench --target "$target" --label "$label" --model "$NAME" --workload random \
+            --input-len "$IN_LEN" --output-len "$OUT_LEN" --prompt-format "$PROMPT_FORMAT" --rate "$finite" --num-requests "$NUM" \
+            --warmup-requests "$WARMUP" --drain-timeout "$DRAIN" --slo "$SLO" --seed 0 --no-progress --output "$RESULTS/$label.json" \
+            "$@" >"$RESULTS/logs/bench-$label.log" 2>&1 || log "bench $label (finite rates) failed"
+    fi
     if [[ $RATES == *inf ]]; then
         $FLEET_PY -m vllm_fleet.cli bench --target "$target" --label "$label" --model "$NAME" --workload random \
             --input-len "$IN_LEN" --output-len "$OUT_LEN" --prompt-format "$PROMPT_FORMAT" --rate inf --num-requests "$INF_NUM" \
@@ -116,7 +122,9 @@ export_results() {  # when $OUT is set (the GPU machine's folder that comes back
 
 vllm_server() {  # vllm_server NAME GPU PORT [extra]
     local name=$1 gpu=$2 port=$3; shift 3
-    start "$name" "$gpu" $VLLM_PY -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$NAME" \
+    # Its own compile cache: it starts beside our worker, and two first compilations must not
+    # write one cache folder at once (later starts of either kind then find theirs warm).
+    start "$name" "$gpu" env VLLM_CACHE_ROOT=/tmp/vllm-cache-stock $VLLM_PY -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$NAME" \
         --host 127.0.0.1 --port "$port" $ENGINE_OPTS $VLLM_EXTRA --disable-uvicorn-access-log "$@"
 }
 
@@ -159,7 +167,11 @@ single() {
         fleet_worker worker 1 $((BASE + 2))
         (wait_http http://127.0.0.1:$((BASE + 1)) "$START_TIMEOUT" && bench b-vllm-serve http://127.0.0.1:$((BASE + 1))) &
         local bench_b=$!
-        if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 2)); then bench c-worker-grpc grpc://127.0.0.1:$((BASE + 2)); fi
+        if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 2)); then
+            bench c-worker-grpc grpc://127.0.0.1:$((BASE + 2))
+            # The same at saturation with tokens coalesced over 20 ms (fewer, larger messages).
+            RATES=inf bench c-worker-grpc-20ms grpc://127.0.0.1:$((BASE + 2)) --stream-interval-ms 20
+        fi
         wait $bench_b
         kill -TERM -- "-$server" 2>/dev/null
         for _ in $(seq 1 60); do kill -0 "$server" 2>/dev/null || break; sleep 0.5; done
@@ -187,7 +199,11 @@ single() {
 
 pair() {  # two GPUs: our fleet in small vs the stock alternatives
     gpu_memory
-    fleet_worker worker0 0 $((BASE + 11)); fleet_worker worker1 1 $((BASE + 12))
+    # Our two workers come from `vllm-fleet node`: NVML discovery, the placement plan (checked
+    # against the capacity model) and one worker per GPU with its CUDA_VISIBLE_DEVICES.
+    start node "" $FLEET_PY -m vllm_fleet.cli node --devices gpu --model "$MODEL" --base-port $((BASE + 11)) \
+        --gpu-memory-utilization 0.85 --max-model-len 4096 --max-num-seqs 1024 --startup-timeout-s "$START_TIMEOUT" \
+        --log-dir "$RESULTS/logs/node" $NODE_ENGINE_ARGS
     if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 11)) 127.0.0.1:$((BASE + 12)); then
         gateway $((BASE + 13)) 127.0.0.1:$((BASE + 11)),127.0.0.1:$((BASE + 12)) --policy least_outstanding
         wait_http http://127.0.0.1:$((BASE + 13)) 60 && bench pair-fleet http://127.0.0.1:$((BASE + 13))
