@@ -37,10 +37,14 @@ async def test_all_workers_down_fails_fast_with_retry_after(workers, start_gatew
             return time.monotonic() - started, reply
 
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        tasks_before = await _gateway_tasks(http)
         results = []
         for batch in range(REQUESTS // 20):
             results += await asyncio.gather(*(one(stream=i % 2 == 0) for i in range(20)))
         rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        # Nothing per refused request lives on: the gateway's loop is back to its task count.
+        await wait_until(lambda: _at_most(_gateway_tasks(http), tasks_before), timeout=10,
+                         message=f"the gateway's asyncio tasks to fall back to {tasks_before}")
     for _, reply in results:
         assert reply.status_code in (503, 404), reply.text  # 404: the model is not known any more
         assert reply.json()["error"]["message"]
@@ -50,4 +54,16 @@ async def test_all_workers_down_fails_fast_with_retry_after(workers, start_gatew
     statuses = {code: sum(1 for _, r in results if r.status_code == code) for code in (503, 404)}
     p99 = percentile([t for t, _ in results], 99)
     print(f"\n[figure] all workers down: {REQUESTS} requests → {statuses}, P99 time to fail {p99 * 1000:.1f} ms, "
-          f"test-process peak RSS {rss_before / 1024:.0f} → {rss_after / 1024:.0f} MB")
+          f"test-process peak RSS {rss_before / 1024:.0f} → {rss_after / 1024:.0f} MB, "
+          f"event-loop tasks back to {tasks_before:.0f}")
+
+
+async def _gateway_tasks(http: httpx.AsyncClient) -> float:
+    """The gateway's own gauge of asyncio tasks in its loop (here: the test's loop, which it shares)."""
+    text = (await http.get("/metrics")).text
+    return next(float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("vllm_fleet_gateway_asyncio_tasks "))
+
+
+async def _at_most(value, bound: float) -> bool:
+    return await value <= bound

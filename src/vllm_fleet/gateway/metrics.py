@@ -7,6 +7,8 @@ read from `router.snapshot()` when Prometheus scrapes.
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
@@ -35,6 +37,7 @@ class GatewayMetrics:
                                   ["reason"], registry=r)
         self.in_progress = Gauge("vllm_fleet_gateway_requests_in_progress", "Requests being served now", registry=r)
         r.register(_LoadCollector(router))
+        r.register(_TaskCollector())
         # Plain totals for the dashboard's request rates (cheaper to read than the registry).
         self.totals: dict[str, int] = {"requests": 0, "errors": 0, "completion_tokens": 0}
         self._children: dict[tuple, object] = {}
@@ -82,3 +85,19 @@ class _LoadCollector:
             kv.add_metric(values, w.load.kv_cache_usage)
             rate.add_metric(values, w.load.output_tokens_per_s)
         yield from (running, waiting, kv, rate)
+
+
+class _TaskCollector:
+    """asyncio tasks alive in the gateway's loop, counted at scrape time (a leak shows as drift)."""
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        try:
+            count = len(asyncio.all_tasks())
+        except RuntimeError:  # scraped outside the loop (a test calling render() directly)
+            return
+        tasks = GaugeMetricFamily("vllm_fleet_gateway_asyncio_tasks", "asyncio tasks alive in the gateway's event loop")
+        tasks.add_metric([], count)
+        yield tasks
