@@ -4,7 +4,10 @@ Same model, same engine settings, same cores, same batch, measured in one run; t
 the ratio (target ≥ 0.97). Both engines stay up, bound to the same core(s); rounds alternate
 (A B, B A, ...) and the ratio uses each side's median round.
 
-    python benchmarks/worker_overhead.py [--prompts 32 --max-tokens 128 --rounds 4 --cores 0]
+    python benchmarks/worker_overhead.py [--prompts 32 --max-tokens 128 --rounds 4 --cores 0 --dtype auto]
+
+Also prints each side's TTFT (P50/P90 over every request of every round, counted from the
+moment the batch is submitted) and the load average.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def prompts(count: int) -> list[str]:
     return [f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} (variant {i})." for i in range(count)]
 
 
-async def inprocess_round(llm, texts: list[str], max_tokens: int, tag: str) -> tuple[int, float]:
+async def inprocess_round(llm, texts: list[str], max_tokens: int, tag: str) -> tuple[int, float, list[float]]:
     from vllm import SamplingParams as VSP
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
@@ -43,32 +46,43 @@ async def inprocess_round(llm, texts: list[str], max_tokens: int, tag: str) -> t
         for t in texts
     ]
 
+    started = time.perf_counter()
+    ttfts: list[float] = []
+
     async def one(i: int) -> int:
         count = 0
         async for out in llm.generate(TokensPrompt(prompt_token_ids=token_prompts[i]), params, f"{tag}-{i}"):
-            count += sum(len(c.token_ids) for c in out.outputs)
+            n = sum(len(c.token_ids) for c in out.outputs)
+            if n and not count:
+                ttfts.append(time.perf_counter() - started)
+            count += n
         return count
 
-    started = time.perf_counter()
     counts = await asyncio.gather(*(one(i) for i in range(len(texts))))
-    return sum(counts), time.perf_counter() - started
+    return sum(counts), time.perf_counter() - started, ttfts
 
 
-async def worker_round(client: WorkerClient, texts: list[str], max_tokens: int, tag: str) -> tuple[int, float]:
+async def worker_round(client: WorkerClient, texts: list[str], max_tokens: int, tag: str) -> tuple[int, float, list[float]]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    started = time.perf_counter()
+    ttfts: list[float] = []
 
     async def one(i: int) -> int:
         request = GenerateRequest(f"{tag}-{i}", [GenerateInput(messages=[ChatMessage("user", texts[i])])], params)
-        return sum([len(c.token_ids) async for c in client.generate(request, timeout=600)])
+        count = 0
+        async for chunk in client.generate(request, timeout=600):
+            if chunk.token_ids and not count:
+                ttfts.append(time.perf_counter() - started)
+            count += len(chunk.token_ids)
+        return count
 
-    started = time.perf_counter()
     counts = await asyncio.gather(*(one(i) for i in range(len(texts))))
-    return sum(counts), time.perf_counter() - started
+    return sum(counts), time.perf_counter() - started, ttfts
 
 
 def engine_args(args: argparse.Namespace) -> dict:
     return dict(model=resolve_model(None).path, served_model_name=["SmolLM2-135M-Instruct"], enforce_eager=True,
-                max_model_len=2048, max_num_seqs=args.prompts, seed=0)
+                max_model_len=2048, max_num_seqs=args.prompts, seed=0, dtype=args.dtype)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -86,11 +100,15 @@ async def main(args: argparse.Namespace) -> None:
     port = _free_port()
     command = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--port", str(port), "--enforce-eager",
                "--max-model-len", "2048", "--max-num-seqs", str(args.prompts), "--seed", "0",
-               "--kv-cache-space-gb", os.environ["VLLM_CPU_KVCACHE_SPACE"], "--cpu-cores", args.cores]
+               "--kv-cache-space-gb", os.environ["VLLM_CPU_KVCACHE_SPACE"], "--cpu-cores", args.cores,
+               "--dtype", args.dtype]
     print("starting the gRPC worker...", file=sys.stderr, flush=True)
     worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     client = WorkerClient(f"127.0.0.1:{port}")
     rates: dict[str, list[float]] = {"in-process": [], "worker": []}
+    # TTFT of each request of a round, from the moment the whole batch is submitted (all
+    # prompts arrive at once, so this includes queueing behind the batch's prefill).
+    ttfts: dict[str, list[float]] = {"in-process": [], "worker": []}
     try:
         await client.wait_serving(timeout=900)
         await inprocess_round(llm, texts[:4], 8, "warm")
@@ -98,12 +116,14 @@ async def main(args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             for side in ("in-process", "worker") if r % 2 == 0 else ("worker", "in-process"):
                 if side == "in-process":
-                    tokens, seconds = await inprocess_round(llm, texts, args.max_tokens, f"in-{r}")
+                    tokens, seconds, first = await inprocess_round(llm, texts, args.max_tokens, f"in-{r}")
                 else:
-                    tokens, seconds = await worker_round(client, texts, args.max_tokens, f"w-{r}")
+                    tokens, seconds, first = await worker_round(client, texts, args.max_tokens, f"w-{r}")
                 rates[side].append(tokens / seconds)
-                print(f"  round {r} {side:10s}: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.1f} tok/s",
-                      file=sys.stderr, flush=True)
+                ttfts[side].extend(first)
+                print(f"  round {r} {side:10s}: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.1f} tok/s, "
+                      f"TTFT P50 {statistics.median(first) * 1000:.0f} ms, max {max(first) * 1000:.0f} ms "
+                      f"(load {_loadavg()})", file=sys.stderr, flush=True)
     finally:
         await client.close()
         llm.shutdown()
@@ -118,10 +138,28 @@ async def main(args: argparse.Namespace) -> None:
     inproc = statistics.median(rates["in-process"])
     grpc_rate = statistics.median(rates["worker"])
     print(f"batch: {args.prompts} chat prompts x {args.max_tokens} output tokens (greedy, ignore_eos), "
-          f"{args.rounds} alternating rounds per side, median; engine on core(s) {args.cores}")
+          f"{args.rounds} alternating rounds per side, median; engine on core(s) {args.cores}, dtype {args.dtype}")
     print(f"AsyncLLM in-process : {inproc:8.1f} output tok/s  (rounds: {', '.join(f'{x:.0f}' for x in rates['in-process'])})")
     print(f"worker over gRPC    : {grpc_rate:8.1f} output tok/s  (rounds: {', '.join(f'{x:.0f}' for x in rates['worker'])})")
     print(f"ratio worker/in-process: {grpc_rate / inproc:.3f}  (target >= 0.97)")
+    for side, label in (("in-process", "AsyncLLM in-process "), ("worker", "worker over gRPC    ")):
+        p50, p90 = _percentile(ttfts[side], 50), _percentile(ttfts[side], 90)
+        print(f"TTFT {label}: P50 {p50 * 1000:7.1f} ms  P90 {p90 * 1000:7.1f} ms  ({len(ttfts[side])} requests)")
+    added = _percentile(ttfts["worker"], 50) - _percentile(ttfts["in-process"], 50)
+    print(f"TTFT P50 worker - in-process: {added * 1000:+.1f} ms   load average at the end: {_loadavg()}")
+
+
+def _percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * pct / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
 
 
 def _free_port() -> int:
@@ -136,4 +174,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--cores", default="0", help="Core(s) both engines bind to (VLLM_CPU_OMP_THREADS_BIND)")
+    parser.add_argument("--dtype", default="auto",
+                        help="Weight dtype of both engines (auto = the model's bf16; float32 is ~4x faster on "
+                             "CPUs without native bf16, e.g. AVX2-only)")
     asyncio.run(main(parser.parse_args()))
