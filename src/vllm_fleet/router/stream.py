@@ -165,6 +165,12 @@ class RoutedStream:
                     # says the worker is broken.
                     faultless = isinstance(exc, (WorkerOverloadedError, DeadlineExceededError))
                     verdict = None if faultless else False
+                    if all(s.finished for s in self._samples.values()):
+                        # The stream broke after every sample's last chunk: the answer is whole. A
+                        # retry would resume nothing (a request with no inputs, refused as invalid).
+                        logger.info("worker %s failed after the last chunk: %s", address, exc,
+                                    extra={"request_id": self.request.request_id})
+                        break
                     self._before_retry(exc, address)
                 finally:
                     lease.release()
