@@ -25,10 +25,30 @@ def build_parser() -> argparse.ArgumentParser:
     for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if module_info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        try:
+            module = importlib.import_module(f"{__name__}.{module_info.name}")
+        except ImportError as exc:
+            # A command whose optional extra is not installed (e.g. spark-run without pyspark on a
+            # GPU node) must not take the other commands down with it.
+            _register_unavailable(subparsers, module_info.name, exc)
+            continue
         if hasattr(module, "register"):
             module.register(subparsers)
     return parser
+
+
+def _register_unavailable(subparsers: argparse._SubParsersAction, module_name: str, exc: ImportError) -> None:
+    command = module_name.replace("_", "-")
+    missing = exc.name or str(exc)
+    parser = subparsers.add_parser(command, help=f"(unavailable: needs {missing})", add_help=False,
+                                   prefix_chars="\0")  # take every argument as-is: the error comes first
+    parser.add_argument("rest", nargs="*")
+
+    def unavailable(args: argparse.Namespace) -> int:
+        raise FleetError(f"this command needs the Python package {missing!r}, which is not installed "
+                         f"(install the extra that provides it, e.g. pip install 'vllm-fleet[spark]')")
+
+    parser.set_defaults(handler=unavailable)
 
 
 def main(argv: list[str] | None = None) -> int:
