@@ -170,17 +170,17 @@ single() {
         if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 2)); then
             bench c-worker-grpc grpc://127.0.0.1:$((BASE + 2))
             # The same at saturation with tokens coalesced over 20 ms (fewer, larger messages).
-            RATES=inf bench c-worker-grpc-20ms grpc://127.0.0.1:$((BASE + 2)) --stream-interval-ms 20
+            [[ ${COALESCED:-0} == 1 ]] && RATES=inf bench c-worker-grpc-20ms grpc://127.0.0.1:$((BASE + 2)) --stream-interval-ms 20
         fi
         wait $bench_b
         kill -TERM -- "-$server" 2>/dev/null
         for _ in $(seq 1 60); do kill -0 "$server" 2>/dev/null || break; sleep 0.5; done
         kill -KILL -- "-$server" 2>/dev/null
-        inprocess a-inprocess 0 &
-        local bench_a=$!
+        local bench_a=""
+        if [[ ! -f $RESULTS/a-inprocess-inf.json ]]; then inprocess a-inprocess 0 & bench_a=$!; fi
         gateway $((BASE + 3)) 127.0.0.1:$((BASE + 2))
         wait_http http://127.0.0.1:$((BASE + 3)) 60 && bench d-gateway-worker http://127.0.0.1:$((BASE + 3))
-        wait $bench_a
+        [[ -n $bench_a ]] && wait $bench_a
     else
         vllm_server vllm-serve 0 $((BASE + 1))
         wait_http http://127.0.0.1:$((BASE + 1)) "$START_TIMEOUT" && bench b-vllm-serve http://127.0.0.1:$((BASE + 1))

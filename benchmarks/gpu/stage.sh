@@ -39,6 +39,9 @@ install)
         cat /tmp/stage/vllm.part* | xz -dc -T0 | tar -x -C "$SITE"
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/deps/*.whl
         tar -xzf .gpu/third_party.tgz -C "$SITE"
+    fi
+    if [[ -d .gpu/srv ]]; then  # what vLLM's OpenAI server imports beyond the engine's path
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/srv/*.whl
         echo "vLLM: $(du -sh $SITE | cut -f1) in $SITE"
     fi
     [[ -f $MODEL_DIR/tokenizer.json ]] || python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3.5-9b "$MODEL_DIR"
