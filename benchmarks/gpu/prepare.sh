@@ -3,6 +3,8 @@
 #   .gpu/vllm.part00, .gpu/vllm.part01, .gpu/deps/, .gpu/third_party.tgz  (vLLM 0.26.0, pruned;
 #       the recipe of ../shared/gpu/prepare-vllm.sh, verified on an H200 on 2026-11-30)
 #   .gpu/fleet/   grpcio, protobuf and grpcio-health-checking at the versions our generated code needs
+#   .gpu/srv/     what vLLM's OpenAI server imports beyond the engine's path (the recipe covered
+#                 only the offline engine): watchfiles, model-hosting-container-standards, ...
 #   .gpu/nginx.deb  Debian's nginx, for the round-robin baseline (unpacked with dpkg -x there)
 # .gpu/ must stay out of git: echo /.gpu/ >> .git/info/exclude
 set -euo pipefail
@@ -17,5 +19,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
     -d "$OUT/fleet" "grpcio==$(version grpcio)" "protobuf==$(version protobuf)" \
     "grpcio-health-checking==$(version grpcio-health-checking)"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$OUT/srv" \
+    watchfiles model-hosting-container-standards jmespath supervisor python-multipart
 (cd "$OUT" && apt-get download nginx && mv nginx_*.deb nginx.deb)
 du -sh "$OUT"/*

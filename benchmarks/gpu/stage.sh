@@ -10,7 +10,7 @@
 #   run 2, carry .gpu/vllm.part01 .gpu/fleet:
 #       bash benchmarks/gpu/stage.sh part .gpu/vllm.part01 && bash benchmarks/gpu/stage.sh install &&
 #       source /tmp/gpu-env.sh && benchmarks/gpu/run.sh mock       # our stack alone, no GPU needed
-#   run 3, carry .gpu/deps .gpu/third_party.tgz:
+#   run 3, carry .gpu/deps .gpu/third_party.tgz .gpu/srv:
 #       bash benchmarks/gpu/stage.sh install && source /tmp/gpu-env.sh && benchmarks/gpu/run.sh single
 #   later runs:  source /tmp/gpu-env.sh && benchmarks/gpu/run.sh pair ...
 # `install` installs whichever parts this run carried, so each run's step is the same command.
