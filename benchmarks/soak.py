@@ -40,6 +40,7 @@ from support import WorkerProcess, free_port, wait_until, worker_env  # noqa: E4
 from vllm_fleet.gateway.keys import KeyRecord, hash_key, write_keys  # noqa: E402
 
 MODEL = "soak"
+RECOVERY_S = 5.0  # a request within this long after a fault ended is counted as that fault's
 KEYS = {"load": "sk-soak-load", "abusive": "sk-soak-abusive", "admin": "sk-soak-admin"}
 
 
@@ -49,8 +50,9 @@ class Outcome:
     kind: str            # chat/completion, stream or not
     result: str          # ok, http_503, http_429, stream_error, transport, abandoned
     ttft: float | None = None
-    fault: str = "none"
+    fault: str = "none"  # the fault active while it ran (or just ended: see RECOVERY_S)
     message: str = ""    # the error message, for unexpected kinds
+    ended: float = 0.0
 
 
 @dataclass
@@ -61,8 +63,7 @@ class Soak:
     url: str = ""
     outcomes: list[Outcome] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
-    fault: str = "none"
-    faults_run: list[tuple[float, str]] = field(default_factory=list)
+    faults_run: list[tuple[float, float, str]] = field(default_factory=list)  # start, end (monotonic), name
     t0: float = 0.0
 
     # ---- processes -------------------------------------------------------------------------
@@ -126,7 +127,7 @@ class Soak:
         else:
             body["prompt"] = f"complete {rng.random():.6f}"
         path = "/v1/chat/completions" if chat else "/v1/completions"
-        outcome = Outcome(time.monotonic(), kind if key == "load" else "abusive", "ok", fault=self.fault)
+        outcome = Outcome(time.monotonic(), kind if key == "load" else "abusive", "ok")
         try:
             if not stream:
                 reply = await http.post(path, json=body, headers=headers)
@@ -145,12 +146,16 @@ class Soak:
                                 outcome.result, outcome.message = "stream_error", line[:200]
         except httpx.HTTPError as exc:
             outcome.result = f"transport_{type(exc).__name__}"
+        self.record(outcome)
+
+    def record(self, outcome: Outcome) -> None:
+        outcome.ended = time.monotonic()
         self.outcomes.append(outcome)
 
     async def abandon(self, http: httpx.AsyncClient) -> None:
         """A client that leaves after its first token (fault 7)."""
         body = {"model": MODEL, "prompt": "abandon me", "max_tokens": 2000, "ignore_eos": True, "stream": True}
-        outcome = Outcome(time.monotonic(), "abandon", "abandoned", fault=self.fault)
+        outcome = Outcome(time.monotonic(), "abandon", "abandoned")
         try:
             async with http.stream("POST", "/v1/completions", json=body,
                                    headers={"Authorization": f"Bearer {KEYS['load']}"}) as reply:
@@ -159,7 +164,7 @@ class Soak:
                         break
         except httpx.HTTPError as exc:
             outcome.result = f"transport_{type(exc).__name__}"
-        self.outcomes.append(outcome)
+        self.record(outcome)
 
     async def load(self, http: httpx.AsyncClient, until: float) -> None:
         """Open-loop Poisson arrivals at --rate req/s."""
@@ -178,8 +183,7 @@ class Soak:
     async def run_fault(self, number: int, http: httpx.AsyncClient) -> None:
         victim = number % len(self.workers)
         name = ["kill-9", "refuse", "sigstop", "flap", "all-down", "overload", "disconnects"][number % 7]
-        self.fault = name
-        self.faults_run.append((time.monotonic() - self.t0, name))
+        started = time.monotonic()
         print(f"[soak] {time.monotonic() - self.t0:6.0f} s  fault: {name} (worker {victim})", flush=True)
         try:
             if name == "kill-9":        # 1: kill -9 under load, restart at once
@@ -211,7 +215,7 @@ class Soak:
             elif name == "disconnects":  # 7: 20 clients leave after their first token
                 await asyncio.gather(*(self.abandon(http) for _ in range(20)))
         finally:
-            self.fault = "none"
+            self.faults_run.append((started, time.monotonic(), name))
 
     async def faults(self, http: httpx.AsyncClient, until: float) -> None:
         number = 0
@@ -276,7 +280,17 @@ class Soak:
                 self.stop()
         return self.summary()
 
+    def attribute(self) -> None:
+        """Label each request with the fault active at any time while it ran (or that ended less
+        than RECOVERY_S before it started); of several, the latest to start."""
+        for o in self.outcomes:
+            overlapping = [(start, name) for start, end, name in self.faults_run
+                           if o.started <= end + RECOVERY_S and o.ended >= start]
+            if overlapping:
+                o.fault = max(overlapping)[1]  # the latest one to start
+
     def summary(self) -> dict:
+        self.attribute()
         live = [s for s in self.samples if not s.get("idle")]
         warm = [s for s in live if s["t_s"] >= self.args.warmup_s] or live
         slope_mb_per_s = _slope([s["t_s"] for s in warm], [s["rss_mb"] for s in warm])
@@ -293,7 +307,7 @@ class Soak:
             "requests": len(self.outcomes), "results": dict(by_kind),
             "errors_by_fault": {k: dict(v) for k, v in by_fault.items()},
             "errors_outside_faults": sum(by_fault.get("none", Counter()).values()),
-            "faults": [f"{t:.0f}s {n}" for t, n in self.faults_run],
+            "faults": [f"{start - self.t0:.0f}-{end - self.t0:.0f}s {n}" for start, end, n in self.faults_run],
             "other_error_messages": dict(messages.most_common(10)),
             "rss_mb_first_last_max": [warm[0]["rss_mb"], warm[-1]["rss_mb"], max(s["rss_mb"] for s in live)],
             "rss_growth_mb_per_h": round(slope_mb_per_s * 3600, 2),
