@@ -155,3 +155,23 @@ async def test_sigterm_drains_in_flight_streams_then_exits(mock_worker_factory):
 
 async def _status_is(client: WorkerClient, status: str) -> bool:
     return await client.health() == status
+
+
+async def test_a_cancelled_consumer_sees_cancellation_not_a_worker_error(mock):
+    # Callers (the router's failover, the bench's drain) must tell "I gave up" from "the worker
+    # failed": a cancelled task has to end with CancelledError, whatever gRPC raises inside.
+    _, client = mock
+    first_chunk = asyncio.Event()
+
+    async def consume(n: int):
+        request = GenerateRequest(f"cancel-me-{n}", [GenerateInput(text="a b")], SamplingParams(max_tokens=2000))
+        async for _ in client.generate(request, timeout=60):
+            first_chunk.set()
+
+    for n in range(20):  # the cancel must land while the task waits inside call.read()
+        first_chunk.clear()
+        task = asyncio.create_task(consume(n))
+        await asyncio.wait_for(first_chunk.wait(), 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -36,6 +36,12 @@ class Coalescer:
 
     def add(self, index: int, delta: SampleDelta, now: float, usage: Usage | None = None) -> Chunk | None:
         """Take one delta; return a chunk if one is due now."""
+        if not self.interval_s:
+            # Every step is a chunk: skip the bookkeeping (this runs once per token per stream,
+            # ~10,000 times a second on a busy GPU worker).
+            return Chunk(index=index, sample=delta.sample, text=delta.text, token_ids=delta.token_ids,
+                         finish_reason=delta.finish_reason, usage=usage, logprobs=delta.logprobs,
+                         stop_reason=delta.stop_reason)
         key = (index, delta.sample)
         pending = self._pending.get(key)
         if pending is None:
@@ -48,6 +54,8 @@ class Coalescer:
 
     def next_deadline(self) -> float | None:
         """When the earliest held-back chunk falls due."""
+        if not self.interval_s:
+            return None
         due = [self._last_sent[k] + self.interval_s for k in self._pending if k in self._last_sent]
         return min(due) if due else None
 

@@ -9,6 +9,7 @@ refused with UNAVAILABLE, in-flight streams get up to `drain_grace_s` to finish,
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -25,6 +26,21 @@ from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.service import WorkerService
 
 logger = logging.getLogger(__name__)
+
+
+def _settle_garbage_collector() -> None:
+    """Keep the cyclic GC off the streaming path.
+
+    Every streamed token allocates a few short-lived objects (deltas, chunks, protobuf
+    messages); with CPython's default thresholds the collector then runs hundreds of times a
+    second and re-scans the engine's and model's long-lived objects each time (11% of a mock
+    worker's CPU at 8,000 deltas/s). Freezing what exists once loaded takes that heap out of
+    every scan; a larger first-generation threshold makes the scans rarer.
+    """
+    gc.collect()
+    gc.freeze()
+    first, second, third = gc.get_threshold()
+    gc.set_threshold(max(first, 20_000), second, third)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -68,6 +84,7 @@ class WorkerServer:
         await self._server.start()
         logger.info("worker listening on %s (engine %s loading)", self.address, self.engine.name)
         await self.engine.start()
+        _settle_garbage_collector()
         await self._set_health(SERVING)
         logger.info("worker %s SERVING model %s", self.address, self.engine.info().model)
 

@@ -32,6 +32,8 @@ from vllm_fleet.worker.validation import Limits, check_prompt_fits, validate_req
 
 logger = logging.getLogger(__name__)
 
+_TOKEN_REPORT_S = 0.5  # how often a stream adds its streamed tokens to the output-token counter
+
 _DONE = object()       # an input's engine stream ended
 _ABORTED = object()    # an input's engine stream was aborted
 
@@ -129,7 +131,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         generated: dict[tuple[int, int], int] = {}
         finished: set[tuple[int, int]] = set()
         first_token_at: float | None = None
-        last_chunk_at = started
+        last_chunk_at = reported_at = started
+        unreported_tokens = 0
         outcome = "error"
         try:
             open_inputs = 0
@@ -177,7 +180,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                             first_token_at = now
                             self.metrics.ttft.observe(now - started)
                         generated[key] = generated.get(key, 0) + len(delta.token_ids)
-                        self.metrics.output_tokens.inc(len(delta.token_ids))
+                        unreported_tokens += len(delta.token_ids)
                     usage = None
                     if delta.finish_reason is not None:
                         finished.add(key)
@@ -188,12 +191,19 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                             self.metrics.itl.observe((now - last_chunk_at) / len(chunk.token_ids))
                         last_chunk_at = now
                         yield chunk_to_pb(chunk)
+                if now - reported_at >= _TOKEN_REPORT_S:
+                    # Prometheus counters take a lock per call: add the step's tokens at most
+                    # this often per stream, not once per token.
+                    self.metrics.output_tokens.inc(unreported_tokens)
+                    unreported_tokens, reported_at = 0, now
             outcome = "aborted" if active.aborted else "ok"
         except (asyncio.CancelledError, GeneratorExit):
             # A client that goes away closes this generator (GeneratorExit) or cancels the call.
             outcome = "cancelled"
             raise
         finally:
+            if unreported_tokens:
+                self.metrics.output_tokens.inc(unreported_tokens)
             self.metrics.requests.labels(outcome).inc()
             self.metrics.e2e.observe(loop.time() - started)
             self.metrics.in_flight.dec()

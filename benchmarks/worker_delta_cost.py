@@ -1,0 +1,109 @@
+"""Worker CPU per streamed delta at GPU-like fan-out, on the mock engine.
+
+On an H200 the engine steps ~20 times a second for ~500 sequences: ~10,000 deltas/s go through
+the worker process, which shares one interpreter with vLLM's output processing (RESULTS.md,
+"GPU (H200)"). This measures what our side of that costs: N streams of M tokens from a mock
+worker at a set per-stream rate, the worker's CPU time (user + system, from /proc) divided by
+the deltas it streamed. The mock's own token loop is included, so the figure is an upper bound
+on our overhead; compare versions by running them in one invocation (--src A --src B), rounds
+alternating.
+
+    python benchmarks/worker_delta_cost.py --streams 256 --tokens 200 --tokens-per-s 40 \\
+        --src src --src /tmp/old-checkout/src --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from vllm_fleet.client import WorkerClient  # noqa: E402
+from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_round(address: str, streams: int, tokens: int, tag: str) -> tuple[int, float]:
+    client = WorkerClient(address)
+    await client.wait_serving(timeout=60)
+    chunks = 0
+
+    async def stream(i: int) -> None:
+        nonlocal chunks
+        request = GenerateRequest(f"{tag}-{i}", [GenerateInput(token_ids=[5, 6, 7, i % 30 + 1])],
+                                  SamplingParams(max_tokens=tokens, ignore_eos=True))
+        async for chunk in client.generate(request, timeout=600):
+            chunks += 1 if chunk.token_ids else 0
+
+    started = time.perf_counter()
+    await asyncio.gather(*(stream(i) for i in range(streams)))
+    elapsed = time.perf_counter() - started
+    await client.close()
+    return chunks, elapsed
+
+
+def start_worker(src: str, port: int, tokens_per_s: float) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": src}
+    return subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "worker", "--engine", "mock", "--port", str(port),
+                             "--mock-tokens-per-s", str(tokens_per_s), "--mock-ttft-ms", "1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+async def main(args: argparse.Namespace) -> None:
+    workers = []
+    for src in args.src:
+        port = free_port()
+        workers.append((src, f"127.0.0.1:{port}", start_worker(src, port, args.tokens_per_s)))
+    results: dict[str, list[tuple[float, float]]] = {src: [] for src in args.src}
+    try:
+        for r in range(args.rounds):
+            order = workers if r % 2 == 0 else workers[::-1]
+            for src, address, process in order:
+                before = cpu_seconds(process.pid)
+                chunks, elapsed = await one_round(address, args.streams, args.tokens, f"r{r}")
+                used = cpu_seconds(process.pid) - before
+                results[src].append((used / chunks * 1e6, chunks / elapsed))
+                print(f"round {r} {src}: {chunks} deltas in {elapsed:.1f} s ({chunks / elapsed:,.0f}/s), "
+                      f"worker CPU {used:.2f} s = {used / chunks * 1e6:.1f} µs/delta  (load {os.getloadavg()[0]:.1f})",
+                      flush=True)
+    finally:
+        for _, _, process in workers:
+            process.terminate()
+        for _, _, process in workers:
+            process.wait(timeout=30)
+    print("\n| worker code | worker CPU µs per delta (median) | deltas/s (median) |\n|---|---|---|")
+    for src, rows in results.items():
+        print(f"| {src} | {statistics.median(r[0] for r in rows):.1f} | {statistics.median(r[1] for r in rows):,.0f} |")
+    if len(args.src) == 2:
+        a, b = (statistics.median(r[0] for r in results[s]) for s in args.src)
+        print(f"\nCPU per delta, {args.src[0]} / {args.src[1]}: {a / b:.2f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--tokens-per-s", type=float, default=40.0, help="per stream (the mock sends one delta per token at this rate)")
+    parser.add_argument("--src", action="append", help="PYTHONPATH of the worker's code (repeat to compare); default src")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    args.src = args.src or [str(Path(__file__).resolve().parents[1] / "src")]
+    asyncio.run(main(args))
