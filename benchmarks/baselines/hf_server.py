@@ -106,7 +106,7 @@ def build_app(server: HfServer) -> Starlette:
         pieces = _pieces(streamer)
         if not body.get("stream"):
             text = "".join([p async for p in pieces])
-            await asyncio.to_thread(thread.join)  # generate() ends the streamer before it returns
+            await _joined(thread)  # generate() ends the streamer before it returns
             usage = {"prompt_tokens": int(input_ids.shape[1]), "completion_tokens": result.get("completion_tokens", 0)}
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": text}} if kind == "chat" else {"text": text})
@@ -117,7 +117,7 @@ def build_app(server: HfServer) -> Starlette:
                 async for piece in pieces:
                     if piece:
                         yield _event(kind, rid, server.name, piece, None, None)
-                await asyncio.to_thread(thread.join)  # generate() ends the streamer before it returns
+                await _joined(thread)  # generate() ends the streamer before it returns
                 if "error" in result:
                     yield f"data: {json.dumps({'error': {'message': result['error']}})}\n\n"
                     return
@@ -136,14 +136,42 @@ def build_app(server: HfServer) -> Starlette:
 
 
 async def _pieces(streamer: TextIteratorStreamer):
-    """TextIteratorStreamer is a blocking iterator; read it off the event loop."""
+    """TextIteratorStreamer is a blocking iterator; read it off the event loop.
+
+    Each request reads its streamer on a thread of its own. (Reading it through the loop's
+    default executor deadlocked under load: that pool has cpu_count + 4 = 6 threads here, and
+    requests queued behind the generate() lock each parked a thread in a blocking next() on
+    their own, still empty, streamer; once six were waiting, the running request's reads
+    could not get a thread, and its stream stopped mid-answer.)
+    """
     loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
     done = object()
+
+    def pump() -> None:
+        try:
+            for piece in streamer:
+                loop.call_soon_threadsafe(queue.put_nowait, piece)
+        except RuntimeError:  # the loop is closed: the server is stopping
+            return
+        finally:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, done)
+            except RuntimeError:
+                pass
+
+    threading.Thread(target=pump, name="hf-stream-reader", daemon=True).start()
     while True:
-        piece = await loop.run_in_executor(None, next, streamer, done)
+        piece = await queue.get()
         if piece is done:
             return
         yield piece
+
+
+async def _joined(thread: threading.Thread) -> None:
+    """Wait for a generate() thread without taking an executor thread (see _pieces)."""
+    while thread.is_alive():
+        await asyncio.sleep(0.005)
 
 
 def main() -> None:

@@ -30,13 +30,13 @@ app = FastAPI()
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=512)
 @serve.ingress(app)
 class VllmDeployment:
-    def __init__(self, model: str, served_name: str, max_model_len: int) -> None:
+    def __init__(self, model: str, served_name: str, max_model_len: int, dtype: str = "auto") -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.served_name = served_name
         args = AsyncEngineArgs(model=model, served_model_name=served_name, enforce_eager=True,
-                               max_model_len=max_model_len)
+                               max_model_len=max_model_len, dtype=dtype)
         self.engine = AsyncLLM.from_engine_args(args)
 
     @app.get("/v1/models")
@@ -90,13 +90,14 @@ def main() -> None:
     parser.add_argument("--served-model-name", default="model")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--num-cpus", type=int, default=2)
+    parser.add_argument("--dtype", default="auto", help="weight dtype (auto, bfloat16, float32)")
     args = parser.parse_args()
 
     import ray
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=True)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    serve.run(VllmDeployment.bind(args.model, args.served_model_name, args.max_model_len), route_prefix="/")
+    serve.run(VllmDeployment.bind(args.model, args.served_model_name, args.max_model_len, args.dtype), route_prefix="/")
     print(f"ray serve + vllm listening on http://127.0.0.1:{args.port}", flush=True)
 
     stop = threading.Event()
