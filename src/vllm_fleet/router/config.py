@@ -93,8 +93,9 @@ class RouterConfig(FleetModel):
     ejection_max_ratio: float = Field(
         0.5, ge=0, le=1, description="Outlier ejection: largest share of a model's workers ejected at once"
     )
-    affinity_load_bound: float = Field(
-        1.25, ge=1, description="Session/prefix affinity: a worker takes at most this times the mean in-flight load"
+    affinity_load_bound: float | None = Field(
+        1.25, ge=1, description="Session/prefix affinity: a worker takes at most this times the mean in-flight load "
+        "(of this router's requests); null: no bound, a key leaves its worker only when that worker stops serving"
     )
     prefix_chars: int = Field(256, ge=1, description="Prefix affinity: characters (or tokens) of the prompt hashed")
     default_max_tokens: int = Field(

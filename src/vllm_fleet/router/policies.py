@@ -112,11 +112,17 @@ def ring_order(key: str, addresses: Sequence[str]) -> list[str]:
 class SessionAffinity(Policy):
     """Consistent hashing with bounded loads: a worker is skipped while it has more than
     `load_bound` times the mean in-flight requests (counting this one), so a hot session
-    cannot pile onto one worker, and most keys keep their worker when the pool changes."""
+    cannot pile onto one worker, and most keys keep their worker when the pool changes.
+
+    The in-flight counts are this router's own, so with a bound two routers (two gateways,
+    two Spark executor processes) may send one key to different workers, and one router may
+    move a key between requests as its load shifts. `load_bound=None` drops the bound: the
+    worker then depends only on the key and on which workers serve, the same in every router;
+    a key moves only when its worker stops serving (to the next worker on the ring)."""
 
     name = "session_affinity"
 
-    def __init__(self, load_bound: float = 1.25) -> None:
+    def __init__(self, load_bound: float | None = 1.25) -> None:
         self.load_bound = load_bound
 
     def key(self, features: RequestFeatures) -> str:
@@ -128,6 +134,8 @@ class SessionAffinity(Policy):
             return LeastOutstanding().order(features, workers)
         by_address = {w.address: w for w in workers}
         walk = [by_address[a] for a in ring_order(key, list(by_address))]
+        if self.load_bound is None:
+            return walk
         total = sum(w.in_flight for w in workers) + 1
         bound = math.ceil(self.load_bound * total / len(workers))
         within = [w for w in walk if w.in_flight + 1 <= bound]
@@ -147,7 +155,7 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
-def make_policy(name: str, *, load_bound: float = 1.25) -> Policy:
+def make_policy(name: str, *, load_bound: float | None = 1.25) -> Policy:
     cls = POLICIES.get(name)
     if cls is None:
         raise ConfigError(f"unknown routing policy {name!r}; choose one of: {', '.join(POLICIES)}")

@@ -5,6 +5,13 @@ whenever the worker becomes SERVING, since a restarted worker may serve another 
 another asks for Load every `load_poll_interval_s`. A stream that sees a worker fail calls
 `report(...)`, which feeds the breaker and outlier ejection and wakes the health poller at
 once, so a dead worker leaves rotation in one round trip rather than one poll interval.
+
+A health check that gets no answer (UNREACHABLE: refused, or no reply within its timeout) is
+asked again at once before the worker leaves rotation, unless a request to that worker failed
+since its last answer. A CPU-starved worker answers late now and then; taking it out for one
+late answer moved traffic for nothing, and moved conversations off the worker holding their
+prefix cache (session affinity hashes over the serving workers). A dead worker still leaves
+at the second miss, or at the first after a failed request.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ from vllm_fleet.router.snapshot import DOWN, DRAINING, EJECTED, SERVING, PoolSna
 logger = logging.getLogger(__name__)
 
 INFO_TIMEOUT_S = 5.0
+# Health checks in a row with no answer before a worker that served (or has not answered yet)
+# is taken for unreachable, when no request to it failed meanwhile.
+HEALTH_MISSES_TO_LEAVE = 2
 # A Load answer younger than this shows the worker process is responsive.
 LOAD_FRESH_MIN_S = 5.0
 
@@ -42,6 +52,8 @@ class WorkerState:
         self.load: WorkerLoad | None = None
         self.load_at = 0.0              # when `load` was last answered
         self.health = "UNKNOWN"
+        self.missed = 0                 # health checks in a row with no answer
+        self.request_failed = False     # a request to it failed since its last health answer
         self.in_flight = 0
         self.outstanding_tokens = 0
         self.wake = asyncio.Event()     # set to make the health poller check now
@@ -184,22 +196,34 @@ class Pool:
         client = self.clients.get(worker.address)
         interval = self.config.health_poll_interval_s
         while True:
+            again = False
             try:
-                await self._check_health(worker, client, interval)
+                again = await self._check_health(worker, client, interval)
             except Exception:  # a poller that dies would freeze the worker's state: log and go on
                 logger.exception("worker %s: health poll failed", worker.address)
+            if again:
+                continue
             worker.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.wake.wait(), interval)
 
-    async def _check_health(self, worker: WorkerState, client: WorkerClient, interval: float) -> None:
+    async def _check_health(self, worker: WorkerState, client: WorkerClient, interval: float) -> bool:
+        """One health check; True when it must be repeated at once (a first miss, see above)."""
         status = await client.health(timeout=max(0.5, min(2.0, 2 * interval)))
+        if status == "UNREACHABLE" and worker.health in ("SERVING", "UNKNOWN") and not worker.request_failed:
+            worker.missed += 1
+            if worker.missed < HEALTH_MISSES_TO_LEAVE:
+                logger.info("worker %s: no health answer (%d in a row); asking again", worker.address, worker.missed)
+                return True
+        worker.missed = 0
+        worker.request_failed = False
         if status == "SERVING" and (worker.health != "SERVING" or worker.info is None):
             await self._fetch_info(worker)
         if status != worker.health:
             logger.info("worker %s health %s -> %s", worker.address, worker.health, status)
             worker.health = status
             self._notify()
+        return False
 
     async def _fetch_info(self, worker: WorkerState) -> None:
         try:
@@ -273,6 +297,7 @@ class Pool:
             worker.breaker.record_success()
         else:
             worker.breaker.record_failure()
+            worker.request_failed = True
             worker.wake.set()
         model = worker.info.model if worker.info else ""
         group = [a for a, w in self._workers.items() if (w.info.model if w.info else "") == model]

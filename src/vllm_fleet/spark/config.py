@@ -18,8 +18,6 @@ from vllm_fleet.errors import ConfigError
 from vllm_fleet.protocol.types import SamplingParams
 from vllm_fleet.router import RouterConfig
 
-SESSION_LOAD_BOUND = 2.0
-
 SendAs = Literal["per_row", "one_request"]
 
 
@@ -78,11 +76,13 @@ class SparkGenerateConfig(FleetModel):
     def router_config(self) -> RouterConfig:
         values = dict(self.router)
         if self.sessions:
-            # A conversation must keep hitting the worker that holds its prefix cache. A batch job
-            # favours cache reuse over balance more than online traffic does: a session leaves
-            # its worker only when that one carries twice the mean load (or fails).
+            # A conversation must keep hitting the worker that holds its prefix cache, whichever
+            # executor process sends the turn. No load bound: it counts this process's requests
+            # only, so processes (and one process, turn to turn) chose differently. A session
+            # runs one turn at a time, so it cannot pile load onto its worker; the hash spreads
+            # sessions. It leaves its worker only when that worker stops serving.
             values.setdefault("policy", "session_affinity")
-            values.setdefault("affinity_load_bound", SESSION_LOAD_BOUND)
+            values.setdefault("affinity_load_bound", None)
         return validated(RouterConfig, values)
 
     def key(self) -> str:
