@@ -204,8 +204,12 @@ class Pool:
             if again:
                 continue
             worker.wake.clear()
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancel that arrives
+            # as the wake event is set (report() of a failure just before close()), and this loop
+            # then outlives the pool, so Router.close() never returns.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(worker.wake.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await worker.wake.wait()
 
     async def _check_health(self, worker: WorkerState, client: WorkerClient, interval: float) -> bool:
         """One health check; True when it must be repeated at once (a first miss, see above)."""
