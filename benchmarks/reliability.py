@@ -5,6 +5,10 @@ statistical test) and a larger schemathesis run against a gateway.
     python benchmarks/reliability.py                      # everything
     python benchmarks/reliability.py --only timing        # just the key-timing test
     python benchmarks/reliability.py --timing-samples 200000 --fuzz-examples 50
+    python benchmarks/reliability.py --only spark20k      # scenario 10 at 20,000 rows (~5 min)
+    python benchmarks/reliability.py --only chaos --engine  # with scenario 8 (real vLLM worker)
+
+The 30-minute soak (scenario 14) is its own script: `nice -n 19 python benchmarks/soak.py`.
 
 The chaos tests assert the invariants (0 lost tokens, 0 5xx, ...); this script only reports.
 """
@@ -29,7 +33,9 @@ def run_chaos(extra: list[str]) -> list[str]:
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/chaos", "-q", "-s", *extra]
     print("$", " ".join(command), flush=True)
     started = time.monotonic()
-    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    # This checkout's package, even where the venv's editable install points at another clone.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     figures = [line.strip() for line in run.stdout.splitlines() if line.strip().startswith("[figure]")]
     tail = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-500:]
     print(f"chaos suite: {tail} ({time.monotonic() - started:.0f} s)")
@@ -127,18 +133,21 @@ async def _fuzz(examples: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["chaos", "timing", "fuzz"], action="append",
+    parser.add_argument("--only", choices=["chaos", "timing", "fuzz", "spark20k"], action="append",
                         help="Run only these parts (repeatable)")
     parser.add_argument("--timing-samples", type=int, default=100_000, help="Key-timing samples in all")
     parser.add_argument("--fuzz-examples", type=int, default=30, help="schemathesis --max-examples per operation")
     parser.add_argument("--engine", action="store_true", help="Also run the real-vLLM scenario (8)")
     args = parser.parse_args()
-    parts = args.only or ["chaos", "timing", "fuzz"]
+    parts = args.only or ["chaos", "timing", "fuzz", "spark20k"]
     sys.path.insert(0, str(ROOT / "src"))
     os.environ.setdefault("VLLM_FLEET_LOG_LEVEL", "WARNING")
     figures = []
     if "chaos" in parts:
-        figures += run_chaos([] if args.engine else ["-m", "not engine"])
+        figures += run_chaos([] if args.engine else ["-m", "not engine and not slow"])
+    if "spark20k" in parts:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        figures += run_chaos(["-m", "slow", "-k", "spark and 20k"])
     if "timing" in parts:
         figures.append(key_timing(args.timing_samples))
     if "fuzz" in parts:
