@@ -39,7 +39,7 @@ async def test_a_thousand_rows_answered_as_the_client_answers(spark, vllm_worker
     assert [r.output for r in sample] == expected
 
 
-async def test_sessions_see_their_history(spark, vllm_worker, vllm_worker_b):
+async def test_sessions_see_their_history_on_one_worker(spark, vllm_worker, vllm_worker_b):
     rows = [(f"c{s}", t, f"Turn {t}: tell me one fact about {TOPICS[s]}.") for s in range(6) for t in (1, 2, 3)]
     random.Random(5).shuffle(rows)
     df = spark.createDataFrame(rows, "chat string, turn int, text string")
@@ -50,6 +50,5 @@ async def test_sessions_see_their_history(spark, vllm_worker, vllm_worker_b):
     assert len(answered) == 18 and [r.error for r in answered if r.error] == []
     for session in {r.chat for r in answered}:
         turns = sorted((r for r in answered if r.chat == session), key=lambda r: r.turn)
-        # One worker per session is a known bug under investigation: see
-        # tests/spark/test_sessions_mock.py::test_a_session_stays_on_one_worker (xfail).
+        assert len({r.worker for r in turns}) == 1, "a session stays on one worker"
         assert turns[0].prompt_tokens < turns[1].prompt_tokens < turns[2].prompt_tokens
