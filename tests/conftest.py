@@ -6,6 +6,10 @@ core, started the first time a test asks for one and stopped at the end of the s
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+
 import pytest
 
 from support import WorkerProcess, free_port, vllm_worker_args, worker_env
@@ -64,3 +68,26 @@ async def vllm_worker_b():
         yield worker
     finally:
         worker.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for the whole test session (Spark and chaos tests share it)."""
+    # Executors must run this interpreter (it has pyarrow and vllm_fleet), set before the JVM starts.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its shutdown INFO lines outlive pytest's streams
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("vllm-fleet-tests")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -6,9 +6,6 @@ scenario is about the engine. Gateways run in the test's event loop.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 from vllm_fleet.gateway.config import GatewayConfig
@@ -50,24 +47,3 @@ async def workers(mock_worker_factory):
     yield start
     for worker in started:
         worker.kill()
-
-
-@pytest.fixture(scope="session")
-def spark():
-    """A local[2] SparkSession, configured as tests/spark's (getOrCreate: both get the same one)."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("vllm-fleet-tests")
-        .config("spark.driver.memory", "2g")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import sys
 import uuid
 
 import pytest
@@ -15,20 +12,6 @@ from vllm_fleet.client import WorkerClient
 from vllm_fleet.config import EngineConfig
 from vllm_fleet.fleet.config import SupervisorConfig
 from vllm_fleet.fleet.spark_workers import start_spark_workers
-
-
-@pytest.fixture(scope="module")
-def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    logging.getLogger("py4j").setLevel(logging.WARNING)  # its shutdown INFO lines outlive pytest's streams
-    session = (SparkSession.builder.master("local[2]").appName("vllm-fleet-spark-workers")
-               .config("spark.ui.enabled", "false").config("spark.driver.memory", "1g").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()  # the Spark tests build their own session with their settings
 
 
 async def _serving(address: str) -> bool:

@@ -1,32 +1,8 @@
-"""One local SparkSession for the whole test session, and two mock workers for the Spark tests."""
+"""Two mock workers for the Spark tests (the local SparkSession fixture, `spark`, is in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
-
-
-@pytest.fixture(scope="session")
-def spark():
-    # Executors must run this interpreter (it has pyarrow and vllm_fleet), set before the JVM starts.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("vllm-fleet-tests")
-        .config("spark.driver.memory", "2g")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="session")
