@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from vllm_fleet.processes import stop_process_group
+from vllm_fleet.processes import exit_on_sigterm, stop_process_group
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry
@@ -243,4 +243,5 @@ def measure(args: argparse.Namespace, addresses: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

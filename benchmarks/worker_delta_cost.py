@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from vllm_fleet.client import WorkerClient  # noqa: E402
+from vllm_fleet.processes import exit_on_sigterm  # noqa: E402
 from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams  # noqa: E402
 
 
@@ -106,4 +107,5 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     args.src = args.src or [str(Path(__file__).resolve().parents[1] / "src")]
+    exit_on_sigterm()
     asyncio.run(main(args))

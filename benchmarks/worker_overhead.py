@@ -23,6 +23,7 @@ import sys
 import time
 
 from vllm_fleet.client import WorkerClient
+from vllm_fleet.processes import exit_on_sigterm
 from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 
@@ -177,4 +178,5 @@ if __name__ == "__main__":
     parser.add_argument("--dtype", default="auto",
                         help="Weight dtype of both engines (auto = the model's bf16; float32 is ~4x faster on "
                              "CPUs without native bf16, e.g. AVX2-only)")
+    exit_on_sigterm()
     asyncio.run(main(parser.parse_args()))

@@ -25,3 +25,17 @@ def stop_process_group(process: subprocess.Popen, *, grace_s: float = 60.0) -> N
         pass
     if process.poll() is None:
         process.wait(timeout=10)
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise SystemExit, so `finally` blocks that stop worker subprocesses run.
+
+    Python's default SIGTERM action ends the process at once; a benchmark stopped by `timeout`
+    or `kill` would leave its workers (started in sessions of their own) running. Under
+    `asyncio.run`, the exception ends the loop and the main task is cancelled, which runs its
+    `finally` too.
+    """
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
