@@ -25,9 +25,11 @@ async def test_workers_join_and_leave_as_the_registry_changes(mock_worker_factor
         await asyncio.to_thread(registry.set_workers, [WorkerRecord(address=a.address), WorkerRecord(address=b.address)])
         await wait_until(lambda: [w.address for w in router.snapshot().eligible()] == sorted([a.address, b.address]),
                          timeout=30, message="joined worker serving")
+        assert sorted(w.address for w in router.snapshot().eligible()) == sorted([a.address, b.address])
         registry.set_workers([WorkerRecord(address=b.address)])
         await wait_until(lambda: [w.address for w in router.snapshot()] == [b.address], timeout=10,
                          message="left worker gone from the pool")
+        assert a.address not in [w.address for w in router.snapshot()]
     finally:
         await router.close()
         a.stop(timeout=10)

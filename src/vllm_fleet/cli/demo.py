@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         print("\ninterrupted", file=sys.stderr)
         return 130
     finally:
-        _stop(worker)
+        stop_process_group(worker)  # drain, then reap the group (vLLM's engine core included)
         print("Worker stopped; no process left behind.", flush=True)
 
 
@@ -101,11 +101,6 @@ async def _ask(client: WorkerClient, request_id: str, prompt: str, max_tokens: i
     ttft = (first or done) - sent
     rate = (tokens - 1) / (done - first) if first and tokens > 1 and done > first else 0.0
     print(f"\n\033[2m[TTFT {ttft * 1000:.0f} ms · {tokens} tokens · {rate:.1f} tokens/s]\033[0m\n", flush=True)
-
-
-def _stop(worker: subprocess.Popen) -> None:
-    """Drain the worker, then reap its process group (vLLM's engine core included)."""
-    stop_process_group(worker)
 
 
 def _free_port() -> int:

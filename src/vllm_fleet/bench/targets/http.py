@@ -2,7 +2,8 @@
 
 Text prompts go to /v1/completions, chat messages to /v1/chat/completions, always streaming
 (SSE). With `--prompt-format tokens`, random prompts go as token-id arrays (OpenAI's `prompt`
-accepts them), for models whose tokenizer would not map the bench's words to distinct tokens. The session id travels as OpenAI's `user` field. Output tokens come from the final
+accepts them), for models whose tokenizer would not map the bench's words to distinct tokens.
+The session id travels as OpenAI's `user` field. Output tokens come from the final
 usage (`stream_options.include_usage`) when the server sends it, else from the chunk count.
 """
 
