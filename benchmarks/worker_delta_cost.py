@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -26,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vllm_fleet.client import WorkerClient  # noqa: E402
+from vllm_fleet.client import ClientOptions, WorkerClient  # noqa: E402
 from vllm_fleet.processes import exit_on_sigterm  # noqa: E402
 from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams  # noqa: E402
 
@@ -42,8 +43,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def one_round(address: str, streams: int, tokens: int, tag: str) -> tuple[int, float]:
-    client = WorkerClient(address)
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def one_round(address: str, streams: int, tokens: int, tag: str, multiplex: bool) -> tuple[int, float]:
+    client = WorkerClient(address, ClientOptions(multiplex=multiplex))
     await client.wait_serving(timeout=60)
     chunks = 0
 
@@ -78,21 +84,22 @@ async def main(args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             order = workers if r % 2 == 0 else workers[::-1]
             for src, address, process in order:
-                before = cpu_seconds(process.pid)
-                chunks, elapsed = await one_round(address, args.streams, args.tokens, f"r{r}")
-                used = cpu_seconds(process.pid) - before
-                results[src].append((used / chunks * 1e6, chunks / elapsed))
+                before, client_before = cpu_seconds(process.pid), own_cpu_seconds()
+                chunks, elapsed = await one_round(address, args.streams, args.tokens, f"r{r}", args.multiplex)
+                used, client_used = cpu_seconds(process.pid) - before, own_cpu_seconds() - client_before
+                results[src].append((used / chunks * 1e6, chunks / elapsed, client_used / chunks * 1e6))
                 print(f"round {r} {src}: {chunks} deltas in {elapsed:.1f} s ({chunks / elapsed:,.0f}/s), "
-                      f"worker CPU {used:.2f} s = {used / chunks * 1e6:.1f} µs/delta  (load {os.getloadavg()[0]:.1f})",
-                      flush=True)
+                      f"worker CPU {used:.2f} s = {used / chunks * 1e6:.1f} µs/delta, "
+                      f"client {client_used / chunks * 1e6:.1f} µs/delta  (load {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         for _, _, process in workers:
             process.terminate()
         for _, _, process in workers:
             process.wait(timeout=30)
-    print("\n| worker code | worker CPU µs per delta (median) | deltas/s (median) |\n|---|---|---|")
+    print("\n| worker code | worker CPU µs per delta (median) | client CPU µs per delta | deltas/s (median) |\n|---|---|---|---|")
     for src, rows in results.items():
-        print(f"| {src} | {statistics.median(r[0] for r in rows):.1f} | {statistics.median(r[1] for r in rows):,.0f} |")
+        print(f"| {src} | {statistics.median(r[0] for r in rows):.1f} | {statistics.median(r[2] for r in rows):.1f} "
+              f"| {statistics.median(r[1] for r in rows):,.0f} |")
     if len(args.src) == 2:
         a, b = (statistics.median(r[0] for r in results[s]) for s in args.src)
         print(f"\nCPU per delta, {args.src[0]} / {args.src[1]}: {a / b:.2f}")
@@ -105,6 +112,8 @@ if __name__ == "__main__":
     parser.add_argument("--tokens-per-s", type=float, default=40.0, help="per stream (the mock sends one delta per token at this rate)")
     parser.add_argument("--src", action="append", help="PYTHONPATH of the worker's code (repeat to compare); default src")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-multiplex", dest="multiplex", action="store_false",
+                        help="one Generate call per request instead of one GenerateMany call for all")
     args = parser.parse_args()
     args.src = args.src or [str(Path(__file__).resolve().parents[1] / "src")]
     exit_on_sigterm()

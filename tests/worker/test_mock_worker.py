@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from support import wait_until
-from vllm_fleet.client import WorkerClient
+from vllm_fleet.client import ClientOptions, WorkerClient
 from vllm_fleet.errors import InvalidRequestError, WorkerUnavailableError
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 
@@ -26,10 +26,11 @@ async def collect(client: WorkerClient, request: GenerateRequest):
     return chunks, texts, tokens, finals
 
 
-@pytest.fixture(scope="module")
-async def mock(mock_worker_factory):
+@pytest.fixture(scope="module", params=[True, False], ids=["one-call-for-all", "one-call-per-request"])
+async def mock(mock_worker_factory, request):
+    # Every behaviour here holds over both transports: GenerateMany (the default) and Generate.
     worker = await mock_worker_factory.start(mock_tokens_per_s=400, mock_ttft_ms=5)
-    client = WorkerClient(worker.address)
+    client = WorkerClient(worker.address, ClientOptions(multiplex=request.param))
     yield worker, client
     await client.close()
 

@@ -42,6 +42,8 @@ class BenchConfig(FleetModel):
     temperature: float = Field(0.0, ge=0, description="Sampling temperature")
     ignore_eos: bool = Field(True, description="Ask for exactly max_tokens output tokens (vLLM's ignore_eos)")
     stream_interval_ms: int = Field(0, ge=0, description="gRPC/fleet: coalesce tokens into chunks this often (0: every step)")
+    multiplex: bool = Field(True, description="gRPC: all requests to a worker over one GenerateMany call "
+                                              "(--no-multiplex: one call per request)")
     slo: str | None = Field(None, description="Goodput bounds, e.g. ttft=500ms,tpot=50ms,e2e=800ms")
     seed: int = Field(0, description="Seed of arrivals and workload (same seed, same requests and schedule)")
     label: str | None = Field(None, description="Name of this run in reports and comparisons (default: the target)")

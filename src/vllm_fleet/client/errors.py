@@ -15,9 +15,19 @@ from vllm_fleet.errors import (
 )
 
 
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
 def error_from_rpc(exc: grpc.aio.AioRpcError | grpc.RpcError, address: str) -> FleetError:
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    return error_from_status(code, details, address)
+
+
+def error_from_status(code: grpc.StatusCode | int | None, details: str, address: str) -> FleetError:
+    """The exception for a status, given as a StatusCode or its number (GenerateMany events)."""
+    if isinstance(code, int):
+        code = _CODES.get(code, grpc.StatusCode.UNKNOWN)
     if code == grpc.StatusCode.INVALID_ARGUMENT or code == grpc.StatusCode.OUT_OF_RANGE:
         return InvalidRequestError(details)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -1,7 +1,10 @@
 """Async client for one worker: generate (an async iterator of chunks), abort, info, load, health.
 
-One long-lived channel per client. Cancelling the iteration (breaking out of `async for`,
-cancelling the task, or `aclose()`) cancels the RPC, and the worker aborts the engine request.
+One long-lived channel per client. By default every generate() of a client shares one
+GenerateMany call (mux.py: the worker batches all ready chunks into one message); with
+`multiplex=False`, or against a worker without it, each generate() is its own Generate call.
+Either way, cancelling the iteration (breaking out of `async for`, cancelling the task, or
+`aclose()`) stops the request, and the worker aborts the engine request.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from vllm_fleet.client.errors import error_from_rpc
+from vllm_fleet.client.mux import Multiplexer, MuxUnsupported
 from vllm_fleet.errors import WorkerTimeoutError
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import chunk_from_pb, info_from_pb, load_from_pb, request_to_pb
@@ -38,6 +42,9 @@ class ClientOptions:
     tls_cert: bytes | None = None          # our certificate, for mTLS
     tls_key: bytes | None = None
     tls_server_name: str | None = None     # override the name checked against the certificate
+    # All streams of a client over one GenerateMany call (a message per engine step, not per
+    # token per stream); False: one Generate call per request.
+    multiplex: bool = True
 
     def channel_options(self) -> list[tuple[str, object]]:
         size = self.max_message_mb * 1024 * 1024
@@ -76,15 +83,34 @@ class WorkerClient:
             self._channel = grpc.aio.insecure_channel(address, options=self.options.channel_options())
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._multiplex = self.options.multiplex
+        self._mux: Multiplexer | None = None
 
     async def generate(
         self, request: GenerateRequest, *, timeout: float | None = None, first_chunk_timeout: float | None = None
     ) -> AsyncIterator[Chunk]:
         """Stream the chunks of `request`. Raises errors from `vllm_fleet.errors`.
 
-        `timeout` bounds the whole stream (the worker sees it as a gRPC deadline);
-        `first_chunk_timeout` bounds the wait for the first chunk only.
+        `timeout` bounds the whole stream; `first_chunk_timeout` bounds the wait for the first
+        chunk only.
         """
+        if self._multiplex:
+            if self._mux is None or self._mux.failed is not None:
+                self._mux = Multiplexer(self._stub, self.address)
+            try:
+                async for chunk in self._mux.generate(request, timeout=timeout, first_chunk_timeout=first_chunk_timeout):
+                    yield chunk
+                return
+            except MuxUnsupported:
+                logger.info("worker %s has no GenerateMany; one call per request from now on", self.address)
+                self._multiplex = False
+        async for chunk in self._generate_call(request, timeout=timeout, first_chunk_timeout=first_chunk_timeout):
+            yield chunk
+
+    async def _generate_call(
+        self, request: GenerateRequest, *, timeout: float | None, first_chunk_timeout: float | None
+    ) -> AsyncIterator[Chunk]:
+        """One Generate call for this request (the worker sees `timeout` as its deadline)."""
         call = self._stub.Generate(request_to_pb(request), timeout=timeout)
         try:
             first = True
@@ -151,6 +177,9 @@ class WorkerClient:
                                  worker=self.address)
 
     async def close(self) -> None:
+        if self._mux is not None:
+            mux, self._mux = self._mux, None
+            await mux.close()
         await self._channel.close()
 
     async def __aenter__(self) -> WorkerClient:

@@ -26,6 +26,10 @@ class GatewayConfig(FleetModel):
         None, description="PEM client certificate presented to workers (mTLS: workers' --tls-client-ca)"
     )
     worker_tls_key: str | None = Field(None, description="PEM private key for --worker-tls-cert")
+    worker_multiplex: bool = Field(
+        True, description="All requests to a worker over one GenerateMany call, chunks batched per message "
+        "(--no-worker-multiplex: one gRPC call per request)"
+    )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted (bigger: HTTP 413)")
     max_n: int = Field(16, ge=1, description="Largest `n` (samples per prompt) accepted")
     max_prompts: int = Field(256, ge=1, description="Most prompts in one /v1/completions request")

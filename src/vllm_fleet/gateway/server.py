@@ -48,7 +48,7 @@ def router_config_with_keys(router_config: RouterConfig, keys: KeyStore | None) 
 def worker_client_options(config: GatewayConfig) -> ClientOptions:
     """gRPC channel settings toward workers: plaintext, TLS (--worker-tls-ca) or mTLS (+ cert/key)."""
     if config.worker_tls_ca is None:
-        return ClientOptions()
+        return ClientOptions(multiplex=config.worker_multiplex)
 
     def read(path: str | None) -> bytes | None:
         if path is None:
@@ -59,7 +59,7 @@ def worker_client_options(config: GatewayConfig) -> ClientOptions:
             raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
 
     return ClientOptions(tls_ca=read(config.worker_tls_ca), tls_cert=read(config.worker_tls_cert),
-                         tls_key=read(config.worker_tls_key))
+                         tls_key=read(config.worker_tls_key), multiplex=config.worker_multiplex)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -93,14 +93,21 @@ def request_from_pb(msg: pb.GenerateRequest) -> GenerateRequest:
 
 
 def chunk_to_pb(chunk: Chunk) -> pb.GenerateChunk:
-    msg = pb.GenerateChunk(
-        index=chunk.index,
-        sample=chunk.sample,
-        text=chunk.text,
-        token_ids=chunk.token_ids,
-        finish_reason=chunk.finish_reason or "",
-        stop_reason=chunk.stop_reason or "",
-    )
+    msg = pb.GenerateChunk()
+    fill_chunk_pb(msg, chunk)
+    return msg
+
+
+def fill_chunk_pb(msg: pb.GenerateChunk, chunk: Chunk) -> None:
+    """Write `chunk` into an empty message (e.g. `event.chunks.add()`, which avoids a copy)."""
+    msg.index = chunk.index
+    msg.sample = chunk.sample
+    msg.text = chunk.text
+    msg.token_ids.extend(chunk.token_ids)
+    if chunk.finish_reason:
+        msg.finish_reason = chunk.finish_reason
+    if chunk.stop_reason:
+        msg.stop_reason = chunk.stop_reason
     if chunk.usage is not None:
         msg.usage.prompt_tokens = chunk.usage.prompt_tokens
         msg.usage.completion_tokens = chunk.usage.completion_tokens
@@ -115,7 +122,6 @@ def chunk_to_pb(chunk: Chunk) -> pb.GenerateChunk:
             )
             for lp in chunk.logprobs
         )
-    return msg
 
 
 def chunk_from_pb(msg: pb.GenerateChunk) -> Chunk:

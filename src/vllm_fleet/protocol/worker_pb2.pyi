@@ -138,6 +138,36 @@ class GenerateChunk(_message.Message):
     stop_reason: str
     def __init__(self, index: _Optional[int] = ..., sample: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
 
+class MuxRequest(_message.Message):
+    __slots__ = ("stream", "start", "cancel")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    stream: int
+    start: GenerateRequest
+    cancel: bool
+    def __init__(self, stream: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class MuxEvent(_message.Message):
+    __slots__ = ("stream", "chunks", "done", "status_code", "status_message")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    stream: int
+    chunks: _containers.RepeatedCompositeFieldContainer[GenerateChunk]
+    done: bool
+    status_code: int
+    status_message: str
+    def __init__(self, stream: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[GenerateChunk, _Mapping]]] = ..., done: _Optional[bool] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ...) -> None: ...
+
+class MuxResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[MuxEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[MuxEvent, _Mapping]]] = ...) -> None: ...
+
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class WorkerStub:
                 request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/vllm_fleet.v1.Worker/GenerateMany',
+                request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.MuxRequest.SerializeToString,
+                response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.MuxResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/vllm_fleet.v1.Worker/Abort',
                 request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.AbortRequest.SerializeToString,
@@ -61,6 +66,16 @@ class WorkerServicer:
 
     def Generate(self, request, context):
         """One request, one or more inputs; every chunk names the input (and sample) it belongs to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateMany(self, request_iterator, context):
+        """Many requests over one bidirectional call (a client keeps one per connection). The worker
+        puts every chunk that is ready into one message, so a busy worker sends about one message
+        per engine step instead of one per token per request: per-message cost in gRPC is what
+        limits a worker streaming ~10,000 tokens/s (benchmarks/RESULTS.md, "GPU (H200)").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -92,6 +107,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.GenerateRequest.FromString,
                     response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.GenerateChunk.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.MuxRequest.FromString,
+                    response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.MuxResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -136,6 +156,33 @@ class Worker:
             '/vllm_fleet.v1.Worker/Generate',
             vllm__fleet_dot_protocol_dot_worker__pb2.GenerateRequest.SerializeToString,
             vllm__fleet_dot_protocol_dot_worker__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/vllm_fleet.v1.Worker/GenerateMany',
+            vllm__fleet_dot_protocol_dot_worker__pb2.MuxRequest.SerializeToString,
+            vllm__fleet_dot_protocol_dot_worker__pb2.MuxResponse.FromString,
             options,
             channel_credentials,
             insecure,

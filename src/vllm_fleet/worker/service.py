@@ -3,6 +3,7 @@
 Generate: validate → tokenize each input → one engine request per input (id
 `<request_id>-<index>`) → merge their deltas through the coalescer → stream chunks. When the
 call ends early (client gone, deadline, Abort), every engine request still running is aborted.
+GenerateMany does the same for many requests over one call, batching their chunks (mux.py).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.logs import request_id_var
 from vllm_fleet.protocol import worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import chunk_to_pb, info_to_pb, load_to_pb, request_from_pb
-from vllm_fleet.protocol.types import GenerateRequest, SamplingParams, Usage, WorkerInfo
+from vllm_fleet.protocol.types import Chunk, GenerateRequest, SamplingParams, Usage, WorkerInfo
 from vllm_fleet.worker.coalescer import Coalescer
 from vllm_fleet.worker.engine import Engine, SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
+from vllm_fleet.worker.mux import MuxOutbox
 from vllm_fleet.worker.resume import HeldTokens, held_tail_length
 from vllm_fleet.worker.validation import Limits, check_prompt_fits, validate_request
 
@@ -36,6 +38,16 @@ _TOKEN_REPORT_S = 0.5  # how often a stream adds its streamed tokens to the outp
 
 _DONE = object()       # an input's engine stream ended
 _ABORTED = object()    # an input's engine stream was aborted
+
+
+class RequestFailed(Exception):
+    """A request ends with this gRPC status: Generate aborts its call with it, GenerateMany
+    reports it in the request's last event."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 @dataclass
@@ -68,27 +80,88 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     # ------------------------------------------------------------------------------- Generate
 
     async def Generate(self, request_pb: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
-        if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining; send the request to another worker")
-        if not self.engine.healthy:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is not running; try another worker")
         request = request_from_pb(request_pb)
         request_id = request.request_id or uuid.uuid4().hex
-        if request_id in self.active:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} is already running on this worker")
         token = request_id_var.set(request_id)
         try:
-            try:
-                validate_request(request, self.limits)
-                prepared = [await self._prepare(i, request) for i in range(len(request.inputs))]
-            except InvalidRequestError as exc:
-                self.metrics.requests.labels("invalid").inc()
-                logger.info("rejected: %s", exc)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            async for message in self._stream(request_id, request, prepared, context):
-                yield message
+            async for chunk in self._run(request_id, request):
+                yield chunk_to_pb(chunk)
+        except RequestFailed as failed:
+            await context.abort(failed.code, failed.message)
         finally:
             request_id_var.reset(token)
+
+    async def GenerateMany(self, requests: AsyncIterator[pb.MuxRequest],
+                           context: grpc.aio.ServicerContext) -> AsyncIterator[pb.MuxResponse]:
+        """Requests of one client over one call; every chunk that is ready goes in one message."""
+        outbox = MuxOutbox()
+        running: dict[int, asyncio.Task] = {}
+
+        async def read() -> None:
+            try:
+                async for message in requests:
+                    kind = message.WhichOneof("kind")
+                    if kind == "start":
+                        if message.stream in running:
+                            outbox.end(message.stream, grpc.StatusCode.ALREADY_EXISTS.value[0],
+                                       f"stream {message.stream} is already open on this call")
+                            continue
+                        task = asyncio.create_task(self._run_muxed(message.stream, message.start, outbox))
+                        running[message.stream] = task
+                        task.add_done_callback(lambda _, stream=message.stream: running.pop(stream, None))
+                    elif kind == "cancel":
+                        task = running.get(message.stream)
+                        if task is not None:
+                            task.cancel()
+            finally:
+                # The client half-closed (or went away): the call ends once its requests have.
+                if running:
+                    await asyncio.gather(*running.values(), return_exceptions=True)
+                outbox.close()
+
+        reader = asyncio.create_task(read())
+        try:
+            while (events := await outbox.take()) is not None:
+                yield pb.MuxResponse(events=events)
+        finally:
+            reader.cancel()
+            for task in list(running.values()):
+                task.cancel()
+            await asyncio.gather(reader, *running.values(), return_exceptions=True)
+
+    async def _run_muxed(self, stream: int, request_pb: pb.GenerateRequest, outbox: MuxOutbox) -> None:
+        request = request_from_pb(request_pb)
+        request_id = request.request_id or uuid.uuid4().hex
+        request_id_var.set(request_id)  # this task's own context
+        try:
+            async for chunk in self._run(request_id, request):
+                outbox.add_chunk(stream, chunk)
+            outbox.end(stream)
+        except RequestFailed as failed:
+            outbox.end(stream, failed.code.value[0], failed.message)
+        except asyncio.CancelledError:
+            return  # the client cancelled it (or the call ended): it no longer listens
+        except Exception as exc:
+            logger.exception("request failed")
+            outbox.end(stream, grpc.StatusCode.INTERNAL.value[0], f"the worker failed this request: {exc}")
+
+    async def _run(self, request_id: str, request: GenerateRequest) -> AsyncIterator[Chunk]:
+        """Admit, validate and stream one request; a refusal or failure raises RequestFailed."""
+        if self.draining:
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "worker is draining; send the request to another worker")
+        if not self.engine.healthy:
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the engine is not running; try another worker")
+        if request_id in self.active:
+            raise RequestFailed(grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} is already running on this worker")
+        try:
+            validate_request(request, self.limits)
+            prepared = [await self._prepare(i, request) for i in range(len(request.inputs))]
+        except InvalidRequestError as exc:
+            self.metrics.requests.labels("invalid").inc()
+            logger.info("rejected: %s", exc)
+            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        async for chunk in self._stream(request_id, request, prepared):
+            yield chunk
 
     async def _prepare(self, index: int, request: GenerateRequest) -> _Prepared:
         item = request.inputs[index]
@@ -117,8 +190,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return _Prepared(prompt_token_ids=prompt_ids + list(resume), params=params,
                          prompt_len=len(prompt_ids), exhausted=exhausted, held=held)
 
-    async def _stream(self, request_id: str, request: GenerateRequest, prepared: list[_Prepared],
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
+    async def _stream(self, request_id: str, request: GenerateRequest,
+                      prepared: list[_Prepared]) -> AsyncIterator[Chunk]:
         loop = asyncio.get_running_loop()
         started = loop.time()
         interval_ms = request.stream_interval_ms or self.config.default_stream_interval_ms
@@ -155,7 +228,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         index, payload = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
                     except TimeoutError:
                         for chunk in coalescer.due(loop.time()):
-                            yield chunk_to_pb(chunk)
+                            yield chunk
                         continue
                 if payload is _DONE:
                     open_inputs -= 1
@@ -165,10 +238,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     for sample in range(n):
                         if (index, sample) not in finished:
                             finished.add((index, sample))
-                            yield pb.GenerateChunk(index=index, sample=sample, finish_reason="abort")
+                            yield Chunk(index=index, sample=sample, text="", token_ids=[], finish_reason="abort")
                     continue
                 if isinstance(payload, BaseException):
-                    await self._abort_with(context, payload)
+                    raise self._failure(payload)
                 now = loop.time()
                 held = prepared[index].held
                 for delta in payload:
@@ -190,7 +263,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         if chunk.token_ids and first_token_at is not None and now > first_token_at:
                             self.metrics.itl.observe((now - last_chunk_at) / len(chunk.token_ids))
                         last_chunk_at = now
-                        yield chunk_to_pb(chunk)
+                        yield chunk
                 if now - reported_at >= _TOKEN_REPORT_S:
                     # Prometheus counters take a lock per call: add the step's tokens at most
                     # this often per stream, not once per token.
@@ -222,14 +295,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         except Exception as exc:  # handed to the stream, which maps it to a status
             queue.put_nowait((index, exc))
 
-    async def _abort_with(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    def _failure(self, exc: BaseException) -> RequestFailed:
         if not self.engine.healthy:
             logger.error("engine died during a request: %s", exc)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the engine died: {exc}")
+            return RequestFailed(grpc.StatusCode.UNAVAILABLE, f"the engine died: {exc}")
         if isinstance(exc, (ValueError, TypeError, InvalidRequestError)):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         logger.exception("engine failed a request", exc_info=exc)
-        await context.abort(grpc.StatusCode.INTERNAL, f"the engine failed this request: {exc}")
+        return RequestFailed(grpc.StatusCode.INTERNAL, f"the engine failed this request: {exc}")
 
     async def _finish(self, request_id: str, active: _Active, *, all_done: bool) -> None:
         for task in active.tasks:

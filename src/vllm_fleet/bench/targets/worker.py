@@ -9,7 +9,7 @@ from vllm_fleet.bench.config import BenchConfig
 from vllm_fleet.bench.record import RequestRecord
 from vllm_fleet.bench.targets.base import Clock, Target
 from vllm_fleet.bench.workloads import BenchItem
-from vllm_fleet.client import WorkerClient
+from vllm_fleet.client import ClientOptions, WorkerClient
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.protocol.types import ChatMessage, Chunk, GenerateInput, GenerateRequest, SamplingParams
 
@@ -88,7 +88,8 @@ class GrpcTarget(Target):
         self.vocab_size: int | None = None
 
     async def start(self) -> None:
-        self._clients = [WorkerClient(address) for address in self.addresses]
+        options = ClientOptions(multiplex=self.config.multiplex)
+        self._clients = [WorkerClient(address, options) for address in self.addresses]
         for client in self._clients:
             await client.wait_serving(timeout=30.0)
         self.vocab_size = await vocab_size_of(self._clients[0])

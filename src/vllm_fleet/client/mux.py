@@ -1,0 +1,127 @@
+"""Many generate() streams of one client over one GenerateMany call to the worker.
+
+A gRPC message costs tens of microseconds of CPU on each side (Python, the C core, a system
+call, a wake-up of the event loop); at ~10,000 tokens/s per worker, one message per token per
+request is what capped throughput. Over this call the worker batches every ready chunk into
+one message. Each generate() gets a stream number, unique within the call (so a late event of
+a finished stream can never reach a new one that reuses its request id); its events go to its
+own queue. If the call breaks, every open stream gets the error the per-request call would
+have given (a dead worker is WorkerUnavailableError either way), and the next generate()
+opens a new call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from vllm_fleet.client.errors import error_from_rpc, error_from_status
+from vllm_fleet.errors import FleetError, WorkerTimeoutError, WorkerUnavailableError
+from vllm_fleet.protocol import worker_pb2 as pb, worker_pb2_grpc
+from vllm_fleet.protocol.convert import chunk_from_pb, request_to_pb
+from vllm_fleet.protocol.types import Chunk, GenerateRequest
+
+logger = logging.getLogger(__name__)
+
+_DEADLINE = object()      # the whole request ran out of time
+_FIRST_CHUNK = object()   # no first chunk in time
+_CLOSE = object()         # ends the call's request stream
+
+
+class MuxUnsupported(Exception):
+    """The worker predates GenerateMany: use one call per request."""
+
+
+class Multiplexer:
+    def __init__(self, stub: worker_pb2_grpc.WorkerStub, address: str) -> None:
+        self.address = address
+        self._outgoing: asyncio.Queue = asyncio.Queue()
+        self._streams: dict[int, asyncio.Queue] = {}
+        self._numbers = itertools.count(1)
+        self.failed: BaseException | None = None
+        self._call = stub.GenerateMany(self._requests())
+        self._reader = asyncio.create_task(self._read())
+
+    async def _requests(self) -> AsyncIterator[pb.MuxRequest]:
+        while (message := await self._outgoing.get()) is not _CLOSE:
+            yield message
+
+    async def _read(self) -> None:
+        error: BaseException
+        try:
+            async for response in self._call:
+                for event in response.events:
+                    queue = self._streams.get(event.stream)
+                    if queue is not None:
+                        queue.put_nowait(event)
+            error = WorkerUnavailableError(f"worker {self.address} ended the stream call", worker=self.address)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                error = MuxUnsupported(exc.details())
+            else:
+                error = error_from_rpc(exc, self.address)
+        except asyncio.CancelledError:
+            error = WorkerUnavailableError(f"client of {self.address} closed", worker=self.address)
+        except Exception as exc:  # e.g. a response that does not parse
+            logger.warning("stream call to %s failed", self.address, exc_info=True)
+            error = WorkerUnavailableError(f"worker {self.address}: stream call failed: {exc}", worker=self.address)
+        self.failed = error
+        for queue in self._streams.values():
+            queue.put_nowait(error)
+
+    async def generate(self, request: GenerateRequest, *, timeout: float | None,
+                       first_chunk_timeout: float | None) -> AsyncIterator[Chunk]:
+        if self.failed is not None:
+            raise self.failed
+        stream = next(self._numbers)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[stream] = queue
+        loop = asyncio.get_running_loop()
+        timers = []
+        if timeout is not None:
+            timers.append(loop.call_later(timeout, queue.put_nowait, _DEADLINE))
+        if first_chunk_timeout is not None:
+            timers.append(loop.call_later(first_chunk_timeout, queue.put_nowait, _FIRST_CHUNK))
+        self._outgoing.put_nowait(pb.MuxRequest(stream=stream, start=request_to_pb(request)))
+        ended = False
+        got_chunk = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, pb.MuxEvent):
+                    for message in item.chunks:
+                        got_chunk = True
+                        yield chunk_from_pb(message)
+                    if item.done:
+                        ended = True
+                        if item.status_code:
+                            raise error_from_status(item.status_code, item.status_message, self.address)
+                        return
+                elif item is _FIRST_CHUNK:
+                    if not got_chunk:
+                        raise WorkerTimeoutError(
+                            f"worker {self.address}: no first chunk within {first_chunk_timeout:.1f}s",
+                            worker=self.address)
+                elif item is _DEADLINE:
+                    raise WorkerTimeoutError(f"worker {self.address}: deadline exceeded", worker=self.address)
+                else:  # the call failed: every stream on it ends with its error
+                    ended = True
+                    raise item if isinstance(item, (FleetError, MuxUnsupported)) else WorkerUnavailableError(
+                        f"worker {self.address}: {item}", worker=self.address)
+        finally:
+            for timer in timers:
+                timer.cancel()
+            del self._streams[stream]
+            if not ended and self.failed is None:
+                # Left early (consumer gone, timeout): the worker aborts the engine requests.
+                self._outgoing.put_nowait(pb.MuxRequest(stream=stream, cancel=True))
+
+    async def close(self) -> None:
+        self._outgoing.put_nowait(_CLOSE)
+        self._call.cancel()
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)

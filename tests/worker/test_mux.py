@@ -1,0 +1,128 @@
+"""GenerateMany: many requests of one client over one call, their chunks batched per message."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from support import wait_until
+from vllm_fleet.client import ClientOptions, WorkerClient
+from vllm_fleet.config import EngineConfig, WorkerConfig
+from vllm_fleet.errors import InvalidRequestError, WorkerTimeoutError
+from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams, worker_pb2 as pb, worker_pb2_grpc
+from vllm_fleet.protocol.convert import request_to_pb
+from vllm_fleet.worker.engine import build_engine
+from vllm_fleet.worker.metrics import WorkerMetrics
+from vllm_fleet.worker.service import WorkerService
+
+
+@pytest.fixture(scope="module")
+async def mock(mock_worker_factory):
+    worker = await mock_worker_factory.start(mock_tokens_per_s=400, mock_ttft_ms=5)
+    client = WorkerClient(worker.address)
+    yield worker, client
+    await client.close()
+
+
+async def _idle(client: WorkerClient) -> bool:
+    load = await client.load()
+    return load.running == 0 and load.in_flight == 0
+
+
+async def test_one_call_carries_every_stream_in_fewer_messages_than_chunks(mock):
+    worker, _ = mock
+    streams, tokens = 48, 40
+    async with grpc.aio.insecure_channel(worker.address) as channel:
+        call = worker_pb2_grpc.WorkerStub(channel).GenerateMany()
+        for stream in range(1, streams + 1):
+            request = GenerateRequest(f"mux-{stream}", [GenerateInput(token_ids=[5, 6, stream % 40 + 1])],
+                                      SamplingParams(max_tokens=tokens, ignore_eos=True))
+            await call.write(pb.MuxRequest(stream=stream, start=request_to_pb(request)))
+        received: dict[int, list[int]] = {s: [] for s in range(1, streams + 1)}
+        done: set[int] = set()
+        messages = chunks = 0
+        multi_stream_messages = 0
+        while len(done) < streams:
+            response = await asyncio.wait_for(call.read(), 30)
+            messages += 1
+            multi_stream_messages += len({e.stream for e in response.events}) > 1
+            for event in response.events:
+                for chunk in event.chunks:
+                    chunks += 1
+                    received[event.stream].extend(chunk.token_ids)
+                if event.done:
+                    assert event.status_code == 0, event.status_message
+                    done.add(event.stream)
+        await call.done_writing()
+        assert await asyncio.wait_for(call.code(), 10) == grpc.StatusCode.OK
+    assert all(len(ids) == tokens for ids in received.values())
+    assert multi_stream_messages > 0
+    print(f"{messages} messages for {chunks} chunks")
+    assert messages < chunks / 2, f"{messages} messages for {chunks} chunks: no batching"
+
+
+async def test_cancelling_one_stream_aborts_it_and_leaves_the_others(mock):
+    _, client = mock
+    long = client.generate(GenerateRequest("mux-long", [GenerateInput(text="a")], SamplingParams(max_tokens=4000)))
+    await long.__anext__()
+    short = [c async for c in client.generate(GenerateRequest("mux-short", [GenerateInput(text="b")],
+                                                              SamplingParams(max_tokens=8)), timeout=30)]
+    assert short[-1].finish_reason == "length"
+    assert (await client.load()).in_flight == 1
+    await long.aclose()
+    await wait_until(lambda: _idle(client), timeout=10, message="the cancelled request aborted on the worker")
+    # The call is still good for the next request.
+    again = [c async for c in client.generate(GenerateRequest("mux-again", [GenerateInput(text="c")],
+                                                              SamplingParams(max_tokens=4)), timeout=30)]
+    assert sum(len(c.token_ids) for c in again) == 4
+
+
+async def test_a_deadline_ends_the_stream_and_the_worker_aborts_it(mock):
+    _, client = mock
+    with pytest.raises(WorkerTimeoutError, match="deadline"):
+        async for _ in client.generate(GenerateRequest("mux-slow", [GenerateInput(text="a")],
+                                                       SamplingParams(max_tokens=4000)), timeout=0.5):
+            pass
+    await wait_until(lambda: _idle(client), timeout=10, message="the timed-out request aborted on the worker")
+
+
+async def test_errors_end_only_their_own_stream(mock):
+    _, client = mock
+    good = client.generate(GenerateRequest("mux-good", [GenerateInput(text="a")], SamplingParams(max_tokens=30)),
+                           timeout=30)
+    first = await good.__anext__()
+    with pytest.raises(InvalidRequestError, match="max_tokens"):
+        async for _ in client.generate(GenerateRequest("mux-bad", [GenerateInput(text="a")],
+                                                       SamplingParams(max_tokens=-1))):
+            pass
+    rest = [c async for c in good]
+    assert len(first.token_ids) + sum(len(c.token_ids) for c in rest) == 30
+
+
+class _WorkerWithoutGenerateMany(WorkerService):
+    """A worker from before GenerateMany: the base servicer answers UNIMPLEMENTED."""
+
+    GenerateMany = worker_pb2_grpc.WorkerServicer.GenerateMany
+
+
+async def test_a_worker_without_generate_many_gets_one_call_per_request():
+    engine = build_engine(EngineConfig(engine="mock", mock_tokens_per_s=1000))
+    await engine.start()
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(
+        _WorkerWithoutGenerateMany(engine, WorkerConfig(), WorkerMetrics(CollectorRegistry())), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = WorkerClient(f"127.0.0.1:{port}", ClientOptions(multiplex=True))
+    try:
+        for attempt in range(2):
+            chunks = [c async for c in client.generate(GenerateRequest(f"old-{attempt}", [GenerateInput(text="a")],
+                                                                       SamplingParams(max_tokens=5)), timeout=30)]
+            assert sum(len(c.token_ids) for c in chunks) == 5
+    finally:
+        await client.close()
+        await server.stop(None)
+        await engine.shutdown()
