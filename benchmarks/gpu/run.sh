@@ -6,6 +6,7 @@
 #   benchmarks/gpu/run.sh single   # (a) AsyncLLM in-process, (b) stock vLLM OpenAI server,
 #                                  # (c) our worker over gRPC, (d) our worker + gateway; one GPU each
 #                                  # at a time; with two GPUs, (b)‖(c) then (a)‖(d) run side by side
+#                                  # (PART=1: only (b)‖(c); PART=2: only (a)‖(d), to fit a call's limit)
 #   benchmarks/gpu/run.sh pair     # two GPUs: 2 workers + gateway vs 2 stock servers + nginx
 #   benchmarks/gpu/run.sh tp2      # two GPUs: one stock server with tensor parallel 2
 #   benchmarks/gpu/run.sh mock     # our stack on the mock engine (checks the staging, no GPU)
@@ -92,8 +93,36 @@ asyncio.run(main())
 PYEOF
 }
 
+children_cpu() {  # CPU seconds (user + system) of this shell's finished children so far
+    # `times` must run in this shell itself (not a pipe or $(...), which would be a new process).
+    times >"$RESULTS/logs/.times.$BASHPID"
+    awk 'NR==2 { n=0; for (i=1; i<=2; i++) { split($i, p, /[ms]/); n += p[1]*60 + p[2] }; print n }' \
+        "$RESULTS/logs/.times.$BASHPID"
+}
+
+client_cpu() {  # client_cpu LABEL PART BEFORE_S: the bench's own CPU seconds for this part
+    local now; children_cpu >"$RESULTS/logs/.cpu.$BASHPID"; now=$(<"$RESULTS/logs/.cpu.$BASHPID")
+    echo "$2: bench client used $(awk -v a="$now" -v b="$3" 'BEGIN { printf "%.1f", a - b }') CPU-seconds" \
+        >>"$RESULTS/logs/client-cpu-$1.txt"
+}
+
+cpu_snapshot() {  # cumulative CPU seconds of every process: pid, seconds, command
+    ps -eo pid=,times=,args= | awk '{pid=$1; t=$2; $1=""; $2=""; print pid, t, substr($0, 3, 110)}'
+}
+
+cpu_report() {  # cpu_report LABEL BEFORE AFTER WALL_S: the processes that used CPU during a bench
+    awk -v wall="$4" -v label="$1" 'NR==FNR {before[$1]=$2; next}
+        { used = $2 - ($1 in before ? before[$1] : 0); if (used >= 1) {
+            cmd=$0; sub(/^[0-9]+ [0-9]+ /, "", cmd)
+            printf "| %s | %d | %.0f | %.0f%% | %s |\n", label, $1, used, 100 * used / wall, cmd } }' "$2" "$3" \
+        >"$RESULTS/cpu-$1.md"
+}
+
 bench() {  # bench LABEL TARGET [extra bench options]: finite rates, then inf with INF_NUM requests
     local label=$1 target=$2; shift 2
+    local cpu_before=$RESULTS/logs/ps-before-$label started=$SECONDS client_before
+    cpu_snapshot >"$cpu_before"
+    children_cpu >"$RESULTS/logs/.cpu.$BASHPID"; client_before=$(<"$RESULTS/logs/.cpu.$BASHPID")
     local finite=${RATES%,inf}
     finite=${finite#inf}
     log "bench $label: rates ${finite:-none} then inf x $INF_NUM"
@@ -102,13 +131,19 @@ bench() {  # bench LABEL TARGET [extra bench options]: finite rates, then inf wi
             --input-len "$IN_LEN" --output-len "$OUT_LEN" --prompt-format "$PROMPT_FORMAT" --rate "$finite" --num-requests "$NUM" \
             --warmup-requests "$WARMUP" --drain-timeout "$DRAIN" --slo "$SLO" --seed 0 --no-progress --output "$RESULTS/$label.json" \
             "$@" >"$RESULTS/logs/bench-$label.log" 2>&1 || log "bench $label (finite rates) failed"
+        client_cpu "$label" "finite rates" "$client_before"
+        children_cpu >"$RESULTS/logs/.cpu.$BASHPID"; client_before=$(<"$RESULTS/logs/.cpu.$BASHPID")
     fi
     if [[ $RATES == *inf ]]; then
         $FLEET_PY -m vllm_fleet.cli bench --target "$target" --label "$label" --model "$NAME" --workload random \
             --input-len "$IN_LEN" --output-len "$OUT_LEN" --prompt-format "$PROMPT_FORMAT" --rate inf --num-requests "$INF_NUM" \
             --warmup-requests "$WARMUP" --drain-timeout "$DRAIN" --slo "$SLO" --seed 1 --no-progress \
             --output "$RESULTS/$label-inf.json" "$@" >>"$RESULTS/logs/bench-$label.log" 2>&1 || log "bench $label (inf) failed"
+        client_cpu "$label" "inf" "$client_before"
     fi
+    # The bench's own CPU (it is the client: a saturated client would cap what it measures).
+    cpu_snapshot >"$RESULTS/logs/ps-after-$label"
+    cpu_report "$label" "$cpu_before" "$RESULTS/logs/ps-after-$label" $((SECONDS - started + 1))
     log "bench $label done"
     export_results
 }
@@ -158,28 +193,45 @@ gpu_memory() {  # sample every GPU's memory use every 2 s into $RESULTS/gpu-memo
     PIDS+=($!)
 }
 
+placement_check() {  # item 4: NVML discovery and the placement plan on the real card, nothing started
+    $FLEET_PY -m vllm_fleet.cli gpus >"$RESULTS/gpus.txt" 2>&1 || log "vllm-fleet gpus failed"
+    $FLEET_PY -m vllm_fleet.cli node --devices gpu --model "$MODEL" --gpu-memory-utilization 0.85 --max-model-len 4096 \
+        --max-num-seqs 1024 --dry-run $NODE_ENGINE_ARGS >"$RESULTS/node-dry-run.txt" 2>&1 || log "node --dry-run failed"
+    nvidia-smi -L >"$RESULTS/nvidia-smi-L.txt" 2>&1
+    log "placement check: $(head -c 300 "$RESULTS/gpus.txt" | tr '\n' ' ')"
+}
+
 single() {
     gpu_memory
+    local part=${PART:-all}
     if ((GPUS >= 2)); then
         # (b) stock server on GPU 0 beside (c) our worker on GPU 1; then (a) in-process on GPU 0
         # beside (d) the same worker behind the gateway.
-        vllm_server vllm-serve 0 $((BASE + 1)); local server=$!
         fleet_worker worker 1 $((BASE + 2))
-        (wait_http http://127.0.0.1:$((BASE + 1)) "$START_TIMEOUT" && bench b-vllm-serve http://127.0.0.1:$((BASE + 1))) &
-        local bench_b=$!
-        if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 2)); then
-            bench c-worker-grpc grpc://127.0.0.1:$((BASE + 2))
-            # The same at saturation with tokens coalesced over 20 ms (fewer, larger messages).
-            [[ ${COALESCED:-0} == 1 ]] && RATES=inf bench c-worker-grpc-20ms grpc://127.0.0.1:$((BASE + 2)) --stream-interval-ms 20
+        if [[ $part != 2 ]]; then
+            placement_check
+            vllm_server vllm-serve 0 $((BASE + 1)); local server=$!
+            (wait_http http://127.0.0.1:$((BASE + 1)) "$START_TIMEOUT" && bench b-vllm-serve http://127.0.0.1:$((BASE + 1))) &
+            local bench_b=$!
+            if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 2)); then
+                bench c-worker-grpc grpc://127.0.0.1:$((BASE + 2))
+                # The same at saturation with one gRPC call per request (the transport before GenerateMany).
+                RATES=inf bench c-worker-grpc-percall grpc://127.0.0.1:$((BASE + 2)) --no-multiplex
+                # ... and with tokens coalesced over 20 ms (fewer, larger messages).
+                [[ ${COALESCED:-0} == 1 ]] && RATES=inf bench c-worker-grpc-20ms grpc://127.0.0.1:$((BASE + 2)) --stream-interval-ms 20
+            fi
+            wait $bench_b
+            kill -TERM -- "-$server" 2>/dev/null
+            for _ in $(seq 1 60); do kill -0 "$server" 2>/dev/null || break; sleep 0.5; done
+            kill -KILL -- "-$server" 2>/dev/null
+            [[ $part == 1 ]] && return
         fi
-        wait $bench_b
-        kill -TERM -- "-$server" 2>/dev/null
-        for _ in $(seq 1 60); do kill -0 "$server" 2>/dev/null || break; sleep 0.5; done
-        kill -KILL -- "-$server" 2>/dev/null
         local bench_a=""
         if [[ ! -f $RESULTS/a-inprocess-inf.json ]]; then inprocess a-inprocess 0 & bench_a=$!; fi
-        gateway $((BASE + 3)) 127.0.0.1:$((BASE + 2))
-        wait_http http://127.0.0.1:$((BASE + 3)) 60 && bench d-gateway-worker http://127.0.0.1:$((BASE + 3))
+        if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 2)); then
+            gateway $((BASE + 3)) 127.0.0.1:$((BASE + 2))
+            wait_http http://127.0.0.1:$((BASE + 3)) 60 && bench d-gateway-worker http://127.0.0.1:$((BASE + 3))
+        fi
         [[ -n $bench_a ]] && wait $bench_a
     else
         vllm_server vllm-serve 0 $((BASE + 1))

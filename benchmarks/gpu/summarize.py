@@ -3,7 +3,8 @@
 Prints (markdown) the side-by-side table of every system at every load, the throughput ratios
 the issue asks for — (c) our worker over gRPC / (a) AsyncLLM in-process, (d) our gateway + worker
 / (b) stock vLLM OpenAI server; in pair runs, our fleet / nginx and / tensor parallel 2 — with
-their P99 latencies, and the peak GPU memory each GPU reached (from gpu-memory.csv).
+their P99 latencies, the peak GPU memory each GPU reached (from gpu-memory.csv), the CPU each
+process used during each bench (run.sh's cpu-*.md) and the placement check's output.
 
     python benchmarks/gpu/summarize.py RESULTS_DIR [--pack ARCHIVE.tar.xz]
 
@@ -25,7 +26,8 @@ from pathlib import Path
 from vllm_fleet.bench.compare import compare_table
 from vllm_fleet.bench.report import fmt_ms, load_label, load_value, read_report
 
-RATIOS = [("c-worker-grpc", "a-inprocess"), ("d-gateway-worker", "b-vllm-serve"),
+RATIOS = [("c-worker-grpc", "a-inprocess"), ("c-worker-grpc-percall", "a-inprocess"),
+          ("c-worker-grpc", "c-worker-grpc-percall"), ("d-gateway-worker", "b-vllm-serve"),
           ("pair-fleet", "pair-nginx"), ("pair-fleet", "pair-vllm-tp2")]
 
 
@@ -94,7 +96,7 @@ def pack(folder: Path, dest: Path, log_lines: int = 300) -> None:
                 add(name, json.dumps(report).encode())
             elif path.suffix == ".log":
                 add(name, b"".join(path.read_bytes().splitlines(keepends=True)[-log_lines:]))
-            elif path.suffix in (".md", ".png", ".csv", ".conf"):
+            elif path.suffix in (".md", ".png", ".csv", ".conf", ".txt"):
                 tar.add(path, arcname=name)
     tmp.replace(dest)
 
@@ -107,6 +109,16 @@ def main(folder: Path) -> None:
     print(ratio_table(runs_by_label(reports)))
     print("\n## GPU memory\n")
     print(gpu_memory(folder / "gpu-memory.csv"))
+    print("\n## CPU during each bench (processes that used >= 1 CPU-second; 100% = one core)\n")
+    print("| bench | pid | CPU s | CPU | command |\n|---|---|---|---|---|")
+    for path in sorted(folder.glob("cpu-*.md")):
+        print(path.read_text().rstrip())
+    for path in sorted((folder / "logs").glob("client-cpu-*.txt")):
+        print(f"\n{path.stem} (from bash `times` around each bench command):\n"
+              + path.read_text().rstrip())
+    for name in ("nvidia-smi-L.txt", "gpus.txt", "node-dry-run.txt"):
+        if (folder / name).exists():
+            print(f"\n## {name}\n\n```\n{(folder / name).read_text().rstrip()[:4000]}\n```")
 
 
 if __name__ == "__main__":
