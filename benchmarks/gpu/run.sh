@@ -157,9 +157,9 @@ export_results() {  # when $OUT is set (the GPU machine's folder that comes back
 
 vllm_server() {  # vllm_server NAME GPU PORT [extra]
     local name=$1 gpu=$2 port=$3; shift 3
-    # Its own compile cache: it starts beside our worker, and two first compilations must not
-    # write one cache folder at once (later starts of either kind then find theirs warm).
-    start "$name" "$gpu" env VLLM_CACHE_ROOT=/tmp/vllm-cache-stock $VLLM_PY -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$NAME" \
+    # Its own compile cache by default: it may start beside our worker, and two first compilations
+    # must not write one cache folder at once. STOCK_CACHE_ROOT shares one already warm instead.
+    start "$name" "$gpu" env VLLM_CACHE_ROOT=${STOCK_CACHE_ROOT:-/tmp/vllm-cache-$name} $VLLM_PY -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$NAME" \
         --host 127.0.0.1 --port "$port" $ENGINE_OPTS $VLLM_EXTRA --disable-uvicorn-access-log "$@"
 }
 
@@ -194,7 +194,8 @@ gpu_memory() {  # sample every GPU's memory use every 2 s into $RESULTS/gpu-memo
 }
 
 placement_check() {  # item 4: NVML discovery and the placement plan on the real card, nothing started
-    $FLEET_PY -m vllm_fleet.cli gpus >"$RESULTS/gpus.txt" 2>&1 || log "vllm-fleet gpus failed"
+    $FLEET_PY -m vllm_fleet.cli gpus --model "$MODEL" --gpu-memory-utilization 0.85 --max-model-len 4096 \
+        --max-num-seqs 1024 >"$RESULTS/gpus.txt" 2>&1 || log "vllm-fleet gpus failed"
     $FLEET_PY -m vllm_fleet.cli node --devices gpu --model "$MODEL" --gpu-memory-utilization 0.85 --max-model-len 4096 \
         --max-num-seqs 1024 --dry-run $NODE_ENGINE_ARGS >"$RESULTS/node-dry-run.txt" 2>&1 || log "node --dry-run failed"
     nvidia-smi -L >"$RESULTS/nvidia-smi-L.txt" 2>&1
@@ -249,8 +250,9 @@ single() {
     stop_all
 }
 
-pair() {  # two GPUs: our fleet in small vs the stock alternatives
+pair() {  # two GPUs: our fleet in small vs the stock alternatives (PAIR_PART=fleet|nginx: one of them)
     gpu_memory
+    if [[ ${PAIR_PART:-all} != nginx ]]; then
     # Our two workers come from `vllm-fleet node`: NVML discovery, the placement plan (checked
     # against the capacity model) and one worker per GPU with its CUDA_VISIBLE_DEVICES.
     start node "" $FLEET_PY -m vllm_fleet.cli node --devices gpu --model "$MODEL" --base-port $((BASE + 11)) \
@@ -262,6 +264,8 @@ pair() {  # two GPUs: our fleet in small vs the stock alternatives
     fi
     stop_all
     gpu_memory
+    fi
+    [[ ${PAIR_PART:-all} == fleet ]] && return
     vllm_server vllm0 0 $((BASE + 14)); vllm_server vllm1 1 $((BASE + 15))
     wait_http http://127.0.0.1:$((BASE + 14)) "$START_TIMEOUT" && wait_http http://127.0.0.1:$((BASE + 15)) "$START_TIMEOUT" &&
         nginx_rr $((BASE + 16)) $((BASE + 14)) $((BASE + 15)) && bench pair-nginx http://127.0.0.1:$((BASE + 16))
