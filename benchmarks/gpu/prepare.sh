@@ -3,7 +3,7 @@
 #   .gpu/vllm.part00, .gpu/vllm.part01, .gpu/deps/, .gpu/third_party.tgz  (vLLM 0.26.0, pruned;
 #       the recipe of ../shared/gpu/prepare-vllm.sh, verified on an H200 on 2026-11-30)
 #   .gpu/fleet/   grpcio, protobuf and grpcio-health-checking at the versions our generated code needs,
-#                 and nvidia-ml-py (GPU discovery through NVML)
+#                 nvidia-ml-py (GPU discovery through NVML) and aiohttp (the bench's HTTP client)
 #   .gpu/srv/     what vLLM's OpenAI server imports beyond the engine's path (the recipe covered
 #                 only the offline engine): watchfiles, model-hosting-container-standards, ...
 #   .gpu/nginx.deb  Debian's nginx, for the round-robin baseline (unpacked with dpkg -x there)
@@ -19,7 +19,10 @@ mkdir -p "$OUT/fleet"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
     -d "$OUT/fleet" "grpcio==$(version grpcio)" "protobuf==$(version protobuf)" \
-    "grpcio-health-checking==$(version grpcio-health-checking)" "nvidia-ml-py>=12"
+    "grpcio-health-checking==$(version grpcio-health-checking)" "nvidia-ml-py>=12" \
+    "aiohttp==$(version aiohttp)" "yarl==$(version yarl)" "multidict==$(version multidict)" \
+    "frozenlist==$(version frozenlist)" "propcache==$(version propcache)" "aiosignal==$(version aiosignal)" \
+    "aiohappyeyeballs==$(version aiohappyeyeballs)"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$OUT/srv" \
     watchfiles model-hosting-container-standards jmespath supervisor python-multipart

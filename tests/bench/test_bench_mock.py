@@ -85,6 +85,16 @@ async def test_http_target_through_the_gateway(gateway_url):
     assert report["target"].endswith("(model mock-model)")
 
 
+async def test_http_refusals_are_counted_by_status_and_the_bench_carries_on(gateway_url):
+    # A wrong model name: every request is refused with 404; each is a data point, none a crash.
+    config = BenchConfig(target=gateway_url, model="no-such-model", workload="random", input_len=8, output_len=4,
+                         rate="20", num_requests=6, warmup_requests=0, progress=False)
+    report = await run_bench(config)
+    [run] = report["runs"]
+    assert run["summary"]["errors"] == {"http_404": 6}
+    assert all("no-such-model" in r["error_message"] for r in run["requests"])
+
+
 async def test_mix_workload_through_the_gateway_keeps_sessions_and_counts_usage(gateway_url):
     config = BenchConfig(target=gateway_url, workload="mix", rate="20", num_requests=30, warmup_requests=0,
                          slo="ttft=10s", progress=False)
