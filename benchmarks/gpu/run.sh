@@ -6,7 +6,8 @@
 #   benchmarks/gpu/run.sh single   # (a) AsyncLLM in-process, (b) stock vLLM OpenAI server,
 #                                  # (c) our worker over gRPC, (d) our worker + gateway; one GPU each
 #                                  # at a time; with two GPUs, (b)‖(c) then (a)‖(d) run side by side
-#                                  # (PART=1: only (b)‖(c); PART=2: only (a)‖(d), to fit a call's limit)
+#                                  # (PART=1: only (b)‖(c); PART=2: only (a)‖(d), to fit a call's limit;
+#                                  #  PART=bd: (b)‖(d), the gateway beside the stock server)
 #   benchmarks/gpu/run.sh pair     # two GPUs: 2 workers + gateway vs 2 stock servers + nginx
 #   benchmarks/gpu/run.sh tp2      # two GPUs: one stock server with tensor parallel 2
 #   benchmarks/gpu/run.sh mock     # our stack on the mock engine (checks the staging, no GPU)
@@ -209,6 +210,17 @@ single() {
         # (b) stock server on GPU 0 beside (c) our worker on GPU 1; then (a) in-process on GPU 0
         # beside (d) the same worker behind the gateway.
         fleet_worker worker 1 $((BASE + 2))
+        if [[ $part == bd ]]; then
+            vllm_server vllm-serve 0 $((BASE + 1))
+            (wait_http http://127.0.0.1:$((BASE + 1)) "$START_TIMEOUT" && bench b-vllm-serve http://127.0.0.1:$((BASE + 1))) &
+            local bench_bd=$!
+            if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 2)); then
+                gateway $((BASE + 3)) 127.0.0.1:$((BASE + 2))
+                wait_http http://127.0.0.1:$((BASE + 3)) 60 && bench d-gateway-worker http://127.0.0.1:$((BASE + 3))
+            fi
+            wait $bench_bd
+            return
+        fi
         if [[ $part != 2 ]]; then
             placement_check
             vllm_server vllm-serve 0 $((BASE + 1)); local server=$!
@@ -253,17 +265,17 @@ single() {
 pair() {  # two GPUs: our fleet in small vs the stock alternatives (PAIR_PART=fleet|nginx: one of them)
     gpu_memory
     if [[ ${PAIR_PART:-all} != nginx ]]; then
-    # Our two workers come from `vllm-fleet node`: NVML discovery, the placement plan (checked
-    # against the capacity model) and one worker per GPU with its CUDA_VISIBLE_DEVICES.
-    start node "" $FLEET_PY -m vllm_fleet.cli node --devices gpu --model "$MODEL" --base-port $((BASE + 11)) \
-        --gpu-memory-utilization 0.85 --max-model-len 4096 --max-num-seqs 1024 --startup-timeout-s "$START_TIMEOUT" \
-        --log-dir "$RESULTS/logs/node" $NODE_ENGINE_ARGS
-    if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 11)) 127.0.0.1:$((BASE + 12)); then
-        gateway $((BASE + 13)) 127.0.0.1:$((BASE + 11)),127.0.0.1:$((BASE + 12)) --policy least_outstanding
-        wait_http http://127.0.0.1:$((BASE + 13)) 60 && bench pair-fleet http://127.0.0.1:$((BASE + 13))
-    fi
-    stop_all
-    gpu_memory
+        # Our two workers come from `vllm-fleet node`: NVML discovery, the placement plan (checked
+        # against the capacity model) and one worker per GPU with its CUDA_VISIBLE_DEVICES.
+        start node "" $FLEET_PY -m vllm_fleet.cli node --devices gpu --model "$MODEL" --base-port $((BASE + 11)) \
+            --gpu-memory-utilization 0.85 --max-model-len 4096 --max-num-seqs 1024 --startup-timeout-s "$START_TIMEOUT" \
+            --log-dir "$RESULTS/logs/node" $NODE_ENGINE_ARGS
+        if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 11)) 127.0.0.1:$((BASE + 12)); then
+            gateway $((BASE + 13)) 127.0.0.1:$((BASE + 11)),127.0.0.1:$((BASE + 12)) --policy least_outstanding
+            wait_http http://127.0.0.1:$((BASE + 13)) 60 && bench pair-fleet http://127.0.0.1:$((BASE + 13))
+        fi
+        stop_all
+        gpu_memory
     fi
     [[ ${PAIR_PART:-all} == fleet ]] && return
     vllm_server vllm0 0 $((BASE + 14)); vllm_server vllm1 1 $((BASE + 15))

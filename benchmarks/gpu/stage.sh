@@ -7,12 +7,14 @@
 #
 #   run 1, carry .gpu/vllm.part00 .gpu/nginx.deb:
 #       bash benchmarks/gpu/stage.sh part .gpu/vllm.part00 && bash benchmarks/gpu/stage.sh install
-#   run 2, carry .gpu/vllm.part01 .gpu/fleet:
+#   run 2, carry .gpu/vllm.part01 .gpu/fleet (62 MiB together, under the 64 MiB a run carries):
 #       bash benchmarks/gpu/stage.sh part .gpu/vllm.part01 && bash benchmarks/gpu/stage.sh install &&
 #       source /tmp/gpu-env.sh && benchmarks/gpu/run.sh mock       # our stack alone, no GPU needed
 #   run 3, carry .gpu/deps .gpu/third_party.tgz .gpu/srv:
 #       bash benchmarks/gpu/stage.sh install && source /tmp/gpu-env.sh && benchmarks/gpu/run.sh single
 #   later runs:  source /tmp/gpu-env.sh && benchmarks/gpu/run.sh pair ...
+# Start each run within seconds of the last one's end: a machine idle for 30 s is given back,
+# and a fresh one needs all three staging runs and cold engine starts (~3.5 min each) again.
 # `install` installs whichever parts this run carried, so each run's step is the same command.
 #
 # vLLM and its missing dependencies go to /tmp/site (PYTHONPATH of stock vLLM); the versions of
