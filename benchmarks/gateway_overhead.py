@@ -32,18 +32,13 @@ import numpy as np
 
 from vllm_fleet.bench.arrivals import ArrivalProcess
 from vllm_fleet.client import WorkerClient
+from vllm_fleet.processes import free_port
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
 
 PY = sys.executable
 MODEL = "mock-bench"
 PROMPT = "tell me about the river and the mountain"
 ERRORS: dict[str, int] = {}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def spawn(args: list[str]) -> subprocess.Popen:

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,15 +27,10 @@ import time
 import numpy as np
 
 from vllm_fleet.client import WorkerClient
+from vllm_fleet.processes import free_port
 from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, SamplingParams, Usage
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_mock(port: int) -> subprocess.Popen:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ import zlib
 
 import numpy as np
 
-from vllm_fleet.processes import stop_process_group
+from vllm_fleet.processes import free_port, stop_process_group
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry
@@ -42,12 +41,6 @@ TOPICS = ("rivers", "mountains", "cities", "forests", "oceans", "deserts", "isla
           "glaciers", "lakes", "valleys", "canyons")
 WORDS = ("describe compare explain history climate people animals plants travel weather season trade "
          "ancient modern famous largest smallest oldest culture food music language map route").split()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_worker(cores: str, port: int) -> subprocess.Popen:

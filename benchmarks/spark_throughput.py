@@ -28,26 +28,19 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
 
-from vllm_fleet.processes import exit_on_sigterm, stop_process_group
+from vllm_fleet.processes import exit_on_sigterm, free_port, stop_process_group
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router
 
 TOPICS = ("rivers", "mountains", "cities", "bread", "music", "trains", "winter", "cats", "chess", "tea")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_worker(engine: str, cores: str, dtype: str = "auto") -> tuple[subprocess.Popen, str]:

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,14 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from vllm_fleet.client import ClientOptions, WorkerClient  # noqa: E402
-from vllm_fleet.processes import exit_on_sigterm  # noqa: E402
+from vllm_fleet.processes import exit_on_sigterm, free_port  # noqa: E402
 from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:

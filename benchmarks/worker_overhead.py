@@ -16,14 +16,13 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.processes import exit_on_sigterm
+from vllm_fleet.processes import exit_on_sigterm, free_port
 from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 
@@ -98,7 +97,7 @@ async def main(args: argparse.Namespace) -> None:
     texts = prompts(args.prompts)
     print("starting AsyncLLM in-process...", file=sys.stderr, flush=True)
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(args), disable_log_stats=False))
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--port", str(port), "--enforce-eager",
                "--max-model-len", "2048", "--max-num-seqs", str(args.prompts), "--seed", "0",
                "--kv-cache-space-gb", os.environ["VLLM_CPU_KVCACHE_SPACE"], "--cpu-cores", args.cores,
@@ -162,11 +161,6 @@ def _loadavg() -> str:
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -1,10 +1,20 @@
-"""Stopping a worker subprocess and everything it started."""
+"""Helper processes on this machine: a free port for one, stopping it and everything it
+started, and a SIGTERM that lets their owner clean up."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it; another process could take it
+    before ours binds, which is fine for local workers and benchmarks)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def stop_process_group(process: subprocess.Popen, *, grace_s: float = 60.0) -> None:

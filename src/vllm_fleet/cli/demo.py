@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.processes import stop_process_group
+from vllm_fleet.processes import free_port, stop_process_group
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 
 DEMO_PROMPTS = [
@@ -42,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    port = _free_port()
+    port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="vllm-fleet-demo-worker-", suffix=".log", delete=False)
     command = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--port", str(port), "--engine", args.engine,
                "--enforce-eager", "--max-model-len", "2048", *args.worker_arg]
@@ -101,12 +100,6 @@ async def _ask(client: WorkerClient, request_id: str, prompt: str, max_tokens: i
     ttft = (first or done) - sent
     rate = (tokens - 1) / (done - first) if first and tokens > 1 and done > first else 0.0
     print(f"\n\033[2m[TTFT {ttft * 1000:.0f} ms · {tokens} tokens · {rate:.1f} tokens/s]\033[0m\n", flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _tail(path: str, lines: int = 30) -> str:
