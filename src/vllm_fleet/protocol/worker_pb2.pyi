@@ -149,18 +149,20 @@ class MuxRequest(_message.Message):
     def __init__(self, stream: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class MuxEvent(_message.Message):
-    __slots__ = ("stream", "chunks", "done", "status_code", "status_message")
+    __slots__ = ("stream", "chunks", "done", "status_code", "status_message", "status_param")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
     STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_PARAM_FIELD_NUMBER: _ClassVar[int]
     stream: int
     chunks: _containers.RepeatedCompositeFieldContainer[GenerateChunk]
     done: bool
     status_code: int
     status_message: str
-    def __init__(self, stream: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[GenerateChunk, _Mapping]]] = ..., done: _Optional[bool] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ...) -> None: ...
+    status_param: str
+    def __init__(self, stream: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[GenerateChunk, _Mapping]]] = ..., done: _Optional[bool] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., status_param: _Optional[str] = ...) -> None: ...
 
 class MuxResponse(_message.Message):
     __slots__ = ("events",)
