@@ -7,14 +7,17 @@ everything else goes straight back to the caller with its message.
     FleetError
     ├── ConfigError            fatal    a setting is wrong; the message says which and how to fix it
     ├── ModelError             fatal    the model cannot be found, provisioned or loaded
-    ├── InvalidRequestError    fatal    the request itself is bad (HTTP 400, gRPC INVALID_ARGUMENT)
-    │   └── UnknownModelError             no worker serves the requested model (HTTP 404)
+    ├── InvalidRequestError    fatal    the request itself is bad (HTTP 400, gRPC INVALID_ARGUMENT); `param` names the field
+    │   ├── UnknownModelError             no worker serves the requested model (HTTP 404)
+    │   └── DuplicateRequestError         the worker already runs a request with this id (gRPC ALREADY_EXISTS):
+    │                                     not resent by the router (a copy elsewhere would compute it twice);
+    │                                     a caller that reuses ids on purpose (Spark's answerer, for a retried
+    │                                     task) waits and sends the same id again once the first run ended
     ├── WorkerError            recoverable unless stated: something went wrong on or with one worker
-    │   ├── WorkerUnavailableError   the worker cannot be reached, is draining, or its engine died
+    │   ├── WorkerUnavailableError   the worker cannot be reached, is draining, or its engine died (gRPC UNAVAILABLE)
     │   ├── WorkerOverloadedError    the worker refused for capacity (gRPC RESOURCE_EXHAUSTED)
-    │   ├── WorkerTimeoutError       a deadline passed, or the stream stalled
-    │   │   └── DeadlineExceededError    fatal: the caller's own deadline passed (nothing left to retry in)
-    │   └── EngineDeadError          fatal *for that worker*: its engine died (recoverable elsewhere)
+    │   └── WorkerTimeoutError       a deadline passed, or the stream stalled
+    │       └── DeadlineExceededError    fatal: the caller's own deadline passed (nothing left to retry in)
     ├── NoWorkerError          recoverable later: no serving worker can take the request now
     └── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
 """
@@ -78,10 +81,6 @@ class WorkerTimeoutError(WorkerError):
     """A deadline passed or the stream stalled. Recoverable (the request may be retried)."""
 
 
-class EngineDeadError(WorkerError):
-    """The worker's engine died. Unrecoverable on that worker; recoverable on another."""
-
-
 class NoWorkerError(FleetError):
     """No serving worker can take the request now. Recoverable once workers return."""
 
@@ -118,3 +117,12 @@ class DeadlineExceededError(WorkerTimeoutError):
     """The caller's deadline passed (HTTP 504). Fatal: no time is left to retry in."""
 
     recoverable = False
+
+
+class DuplicateRequestError(InvalidRequestError):
+    """The worker is already running a request with this id (gRPC ALREADY_EXISTS).
+
+    Not recoverable by a resend now, on this worker or another: the first run is still going,
+    and a copy elsewhere would compute the same answer twice. Spark's answerer derives ids from
+    rows, so this means a retried task met its own first attempt: it waits, then sends again.
+    """

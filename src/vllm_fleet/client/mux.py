@@ -99,7 +99,8 @@ class Multiplexer:
                     if item.done:
                         ended = True
                         if item.status_code:
-                            raise error_from_status(item.status_code, item.status_message, self.address)
+                            raise error_from_status(item.status_code, item.status_message, self.address,
+                                                    param=item.status_param)
                         return
                 elif item is _FIRST_CHUNK:
                     if not got_chunk:

@@ -17,8 +17,12 @@ from vllm_fleet.protocol.types import (
 )
 
 SERVICE_NAME = "vllm_fleet.v1.Worker"
+# Trailing metadata of a Generate call refused with INVALID_ARGUMENT: the request field at
+# fault, as MuxEvent.status_param carries it on GenerateMany.
+PARAM_METADATA_KEY = "vllm-fleet-param"
 
 __all__ = [
+    "PARAM_METADATA_KEY",
     "SERVICE_NAME",
     "ChatMessage",
     "Chunk",

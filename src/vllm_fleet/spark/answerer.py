@@ -12,18 +12,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from vllm_fleet.errors import DeadlineExceededError, FleetError, InvalidRequestError
+from vllm_fleet.errors import DeadlineExceededError, DuplicateRequestError, FleetError, InvalidRequestError
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest
 from vllm_fleet.router import RoutedStream, Router
 from vllm_fleet.spark.config import SparkGenerateConfig
 from vllm_fleet.spark.rows import RowResult
 
 logger = logging.getLogger(__name__)
-
-# The worker refuses a request id it is already running (gRPC ALREADY_EXISTS, mapped to an
-# invalid request): a retried Spark task met its own first attempt. Wait for that one to end.
-_ALREADY_RUNNING = "already running"
-
 
 class Answerer:
     """Sends one row (or one micro-batch of rows) and turns the outcome into RowResults."""
@@ -54,7 +49,7 @@ class Answerer:
         deadline = loop.time() + self.config.request_timeout_s
         attempts, worker, backoff = 0, None, self.config.retry_backoff_s
         error: FleetError | None = None
-        resends = 0  # a new id per resend, except after ALREADY_EXISTS: the copy must wait, not run
+        resends = 0  # a new id per resend, except after a duplicate: the copy must wait, not run
         for round_ in range(self.config.row_attempts):
             rid = request_id if resends == 0 else f"{request_id}-r{resends}"
             request = GenerateRequest(request_id=rid, inputs=items, params=self.params, session_id=session_id)
@@ -65,13 +60,15 @@ class Answerer:
                 for result in results:
                     result.attempts, result.worker = attempts + stream.attempts, stream.worker
                 return results
-            except InvalidRequestError as exc:
-                if _ALREADY_RUNNING not in str(exc):
-                    if split_invalid and len(items) > 1:
-                        return None
-                    return [RowResult.failed(f"invalid request: {exc}", attempts=attempts + _tries(stream),
-                                             worker=stream.worker if stream else None)]
+            except DuplicateRequestError as exc:
+                # The worker still runs this id: a retried Spark task met its own first attempt.
+                # Wait for that one to end, then send the same id again (rows.py derives ids).
                 error = exc
+            except InvalidRequestError as exc:
+                if split_invalid and len(items) > 1:
+                    return None
+                return [RowResult.failed(f"invalid request: {exc}", attempts=attempts + _tries(stream),
+                                         worker=stream.worker if stream else None)]
             except DeadlineExceededError as exc:
                 error = exc
                 break
@@ -79,7 +76,7 @@ class Answerer:
                 error = exc
                 if not exc.recoverable:
                     break
-            if _ALREADY_RUNNING not in str(error):
+            if not isinstance(error, DuplicateRequestError):
                 resends += 1
             attempts += _tries(stream)
             worker = (stream.worker if stream else None) or worker

@@ -2,7 +2,7 @@
 
 Request ids are derived from the row, never random: a Spark task that is retried sends the
 same ids again, so a worker that still runs the first attempt's request refuses the copy
-(ALREADY_EXISTS) instead of computing it twice.
+(DuplicateRequestError) instead of computing it twice; the answerer waits for the first.
 """
 
 from __future__ import annotations
