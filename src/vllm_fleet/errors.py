@@ -19,7 +19,9 @@ everything else goes straight back to the caller with its message.
     │   └── WorkerTimeoutError       a deadline passed, or the stream stalled
     │       └── DeadlineExceededError    fatal: the caller's own deadline passed (nothing left to retry in)
     ├── NoWorkerError          recoverable later: no serving worker can take the request now
-    └── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
+    ├── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
+    └── ProcessStartError      fatal    a process we started (worker, gateway) exited or was not ready in time;
+                                        the message ends with its log
 """
 
 from __future__ import annotations
@@ -126,3 +128,16 @@ class DuplicateRequestError(InvalidRequestError):
     and a copy elsewhere would compute the same answer twice. Spark's answerer derives ids from
     rows, so this means a retried task met its own first attempt: it waits, then sends again.
     """
+
+
+class ProcessStartError(FleetError):
+    """A process we started (a worker, a gateway) exited, or was not ready in time, while starting.
+
+    Fatal for that start: the message ends with the last lines of its log, which say why.
+    `returncode` is None when the process was still running (it was not ready in time).
+    """
+
+    def __init__(self, message: str, *, returncode: int | None, log_tail: str) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.log_tail = log_tail
