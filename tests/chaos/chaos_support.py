@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client import CollectorRegistry
 
+from vllm_fleet.client import WorkerClient
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
@@ -124,3 +126,26 @@ async def collect(stream, first: asyncio.Event | None = None) -> tuple[str, str 
         text += chunk.text
         finish = chunk.finish_reason or finish
     return text, finish
+
+
+async def engine_requests(addresses: list[str]) -> int:
+    """Requests the workers' engines are running or holding in their queue, from each one's Load."""
+    clients = [WorkerClient(address) for address in addresses]
+    try:
+        loads = await asyncio.gather(*(client.load() for client in clients))
+    finally:
+        await asyncio.gather(*(client.close() for client in clients))
+    return sum(load.running + load.waiting for load in loads)
+
+
+async def settled_count(measure: Callable[[], Awaitable[int]], *, timeout: float, interval: float = 0.05) -> int:
+    """Poll `measure` until it reads 0 or `timeout` seconds pass; the last reading (0 if it settled).
+
+    Like `wait_until`, but a test gets the count to print and assert instead of a timeout error.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        count = await measure()
+        if count == 0 or time.monotonic() > deadline:
+            return count
+        await asyncio.sleep(interval)

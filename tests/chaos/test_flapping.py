@@ -19,6 +19,7 @@ from vllm_fleet.router import RouterConfig
 pytestmark = pytest.mark.timeout(120)
 
 FLAPS = 3
+MAX_AMPLIFICATION = 1.2  # worker attempts per client request
 
 
 async def test_flapping_worker_breaker_opens_half_opens_and_closes(workers):
@@ -65,6 +66,12 @@ async def test_flapping_worker_breaker_opens_half_opens_and_closes(workers):
     assert all(o == "length" for o in outcomes), [o for o in outcomes if o != "length"]
     opened = sum(1 for a, b in zip(states, states[1:]) if a == "closed" and b != "closed")
     attempts = sum(s.attempts for s in streams)
+    amplification = attempts / len(streams)
     print(f"\n[figure] flapping worker ({FLAPS} kill/restart cycles): {len(streams)} client requests all ok, "
-          f"{attempts} worker attempts, retry amplification {attempts / len(streams):.3f}; breaker left 'closed' "
+          f"{attempts} worker attempts, retry amplification {amplification:.3f}; breaker left 'closed' "
           f"{opened} times as seen by clients (states seen: {sorted(set(states))})")
+    # Only requests sent to the flapper while it was dying (before its breaker opened and the
+    # health poll marked it down) need a second attempt: a few of ~1,000 (measured 1.004).
+    # Without breaker and health ejection every round-robin turn on the dead worker costs a
+    # retry (1.5 while it is down); retrying the same dead worker, or without a budget, costs more.
+    assert amplification <= MAX_AMPLIFICATION, f"retry amplification {amplification:.3f} > {MAX_AMPLIFICATION}"
