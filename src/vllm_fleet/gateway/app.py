@@ -10,6 +10,11 @@
     GET  /dashboard              status page: static HTML/JS (no auth; it holds no data)
     GET  /dashboard/state.json   the page's data (admin key when keys are configured)
 
+The path of one request: request id → route (404/405) → authenticate the route's need
+(401/403) → `handler(Call)` → Response or StreamResponse. Any exception a handler raises
+becomes its OpenAI error body in one place (`api_error.from_exception`); every handler has
+the same signature (see call.py).
+
 Without a keys file the gateway only listens on loopback (see GatewayConfig), and every route
 is open to local callers.
 """
@@ -24,23 +29,27 @@ from prometheus_client import CollectorRegistry
 from vllm_fleet.gateway.access_log import RequestRecord, request_id_from
 from vllm_fleet.gateway.api_error import ApiError, from_exception, unauthorized
 from vllm_fleet.gateway.asgi import ClientGone, HttpRequest, Response, until_disconnect
-from vllm_fleet.gateway.completions import CompletionHandler, worker_request_id
+from vllm_fleet.gateway.call import AuthNeed, Call, Route, worker_request_id
+from vllm_fleet.gateway.completions import CompletionHandler
 from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.dashboard import Dashboard
 from vllm_fleet.gateway.keys import KeyRecord, KeyStore
 from vllm_fleet.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from vllm_fleet.gateway.openapi import openapi_document
 from vllm_fleet.logs import request_id_var
+from vllm_fleet.registry import Registry
+from vllm_fleet.router import Router
 
 logger = logging.getLogger(__name__)
 
 # Status the client disconnect gets in logs and metrics (nginx's convention).
 CLIENT_CLOSED = 499
+MODEL_PREFIX = "/v1/models/"
 
 
 class GatewayApp:
-    def __init__(self, router, config: GatewayConfig, *, metrics_registry: CollectorRegistry,
-                 keys: KeyStore | None = None, registry=None) -> None:
+    def __init__(self, router: Router, config: GatewayConfig, *, metrics_registry: CollectorRegistry,
+                 keys: KeyStore | None = None, registry: Registry | None = None) -> None:
         self.router = router
         self.config = config
         self.keys = keys
@@ -48,18 +57,20 @@ class GatewayApp:
         self.completions = CompletionHandler(router, config, self.metrics)
         self.dashboard = Dashboard(router, registry, self.metrics.totals)
         self._openapi = Response.json(openapi_document(config))
-        self._routes = {
-            ("GET", "/health"): (None, self._health),
-            ("GET", "/ready"): (None, self._ready),
-            ("GET", "/openapi.json"): (None, self._openapi_json),
-            ("GET", "/v1/models"): ("key", self._models),
-            ("POST", "/v1/chat/completions"): ("key", self._chat),
-            ("POST", "/v1/completions"): ("key", self._completion),
-            ("GET", "/metrics"): ("admin", self._metrics),
-            ("GET", "/dashboard"): (None, self.dashboard.page),
-            ("GET", "/dashboard/app.js"): (None, self.dashboard.script),
-            ("GET", "/dashboard/state.json"): ("admin", self.dashboard.state),
+        self._routes: dict[tuple[str, str], Route] = {
+            ("GET", "/health"): Route("none", self._health),
+            ("GET", "/ready"): Route("none", self._ready),
+            ("GET", "/openapi.json"): Route("none", self._openapi_json),
+            ("GET", "/v1/models"): Route("key", self._models),
+            ("POST", "/v1/chat/completions"): Route("key", self.completions.chat),
+            ("POST", "/v1/completions"): Route("key", self.completions.completion),
+            ("GET", "/metrics"): Route("admin", self._metrics),
+            ("GET", "/dashboard"): Route("none", self.dashboard.page),
+            ("GET", "/dashboard/app.js"): Route("none", self.dashboard.script),
+            ("GET", "/dashboard/state.json"): Route("admin", self.dashboard.state),
         }
+        # GET /v1/models/{model}: the one route with a path parameter.
+        self._model_route = Route("key", self._model)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -74,8 +85,9 @@ class GatewayApp:
         extra = [(b"x-request-id", request_id.encode())]
         self.metrics.in_progress.inc()
         try:
-            await until_disconnect(http, self._serve(http, record, send, extra, from_client)) \
-                if http.method == "POST" else await self._serve(http, record, send, extra, from_client)
+            serve = self._serve(http, record, send, extra, worker_request_id(request_id, from_client))
+            # Only POST handlers read a body; the disconnect watcher may read receive() after it.
+            await until_disconnect(http, serve) if http.method == "POST" else await serve
         except ClientGone:
             record.status = record.status or CLIENT_CLOSED
             record.error = record.error or "client disconnected"
@@ -84,9 +96,12 @@ class GatewayApp:
             request_id_var.reset(token)
             self._account(record)
 
-    async def _serve(self, http: HttpRequest, record: RequestRecord, send, extra, from_client: bool) -> None:
+    async def _serve(self, http: HttpRequest, record: RequestRecord, send, extra, worker_rid: str) -> None:
         try:
-            response = await self._dispatch(http, record, from_client)
+            route = self._route(http)
+            key_id = self._authenticate(http, route.need)
+            record.key_id = key_id
+            response = await route.handler(Call(http, record, key_id, worker_rid))
         except (ClientGone, GeneratorExit):
             raise
         except Exception as exc:
@@ -99,28 +114,23 @@ class GatewayApp:
         record.status = response.status
         await response.send(send, extra)
 
-    async def _dispatch(self, http: HttpRequest, record: RequestRecord, from_client: bool):
-        if http.method == "GET" and http.path.startswith("/v1/models/"):
-            record.key_id = self._authenticate(http, "key")
-            return self._model(http.path[len("/v1/models/"):])
+    def _route(self, http: HttpRequest) -> Route:
+        """The route for the request; 404, or 405 with Allow, when there is none."""
         route = self._routes.get((http.method, http.path))
-        if route is None:
-            allowed = sorted(method for method, path in self._routes if path == http.path)
-            if allowed:
-                error = ApiError(405, f"{http.method} is not allowed on {http.path}", code="method_not_allowed")
-                error.extra_headers = [(b"allow", ", ".join(allowed).encode())]
-                raise error
-            raise ApiError(404, f"no route {http.method} {http.path}; see /openapi.json", code="not_found")
-        need, handler = route
-        if need is not None:
-            record.key_id = self._authenticate(http, need)
-        if handler in (self._chat, self._completion):
-            return await handler(http, record, worker_request_id(record.request_id, from_client))
-        return await handler()
+        if route is not None:
+            return route
+        if http.method == "GET" and http.path.startswith(MODEL_PREFIX):
+            return self._model_route
+        allowed = sorted(method for method, path in self._routes if path == http.path)
+        if allowed:
+            error = ApiError(405, f"{http.method} is not allowed on {http.path}", code="method_not_allowed")
+            error.extra_headers = [(b"allow", ", ".join(allowed).encode())]
+            raise error
+        raise ApiError(404, f"no route {http.method} {http.path}; see /openapi.json", code="not_found")
 
-    def _authenticate(self, http: HttpRequest, need: str) -> str | None:
-        """The key id, or None when keys are off; 401/403 otherwise."""
-        if self.keys is None:
+    def _authenticate(self, http: HttpRequest, need: AuthNeed) -> str | None:
+        """The key id, or None when keys are off or the route is open; 401/403 otherwise."""
+        if self.keys is None or need == "none":
             return None
         header = http.headers.get("authorization", "")
         scheme, _, presented = header.partition(" ")
@@ -155,22 +165,23 @@ class GatewayApp:
 
     # -- routes ---------------------------------------------------------------------------
 
-    async def _health(self) -> Response:
+    async def _health(self, call: Call) -> Response:
         return Response.json({"status": "ok"})
 
-    async def _ready(self) -> Response:
+    async def _ready(self, call: Call) -> Response:
         serving = sum(1 for w in self.router.snapshot() if w.state == "serving")
         ready = serving >= self.config.ready_workers
         return Response.json({"ready": ready, "serving_workers": serving, "models": self.router.models()},
                              status=200 if ready else 503)
 
-    async def _openapi_json(self) -> Response:
+    async def _openapi_json(self, call: Call) -> Response:
         return self._openapi
 
-    async def _models(self) -> Response:
+    async def _models(self, call: Call) -> Response:
         return Response.json({"object": "list", "data": [self._model_card(m) for m in self.router.models()]})
 
-    def _model(self, model: str) -> Response:
+    async def _model(self, call: Call) -> Response:
+        model = call.http.path[len(MODEL_PREFIX):]
         if self.router.model_info(model) is None:
             raise ApiError(404, f"model {model!r} is not served here", param="model", code="model_not_found")
         return Response.json(self._model_card(model))
@@ -182,13 +193,7 @@ class GatewayApp:
             card["max_model_len"] = info.max_model_len
         return card
 
-    async def _chat(self, http, record, worker_rid):
-        return await self.completions.handle("chat", http, record, worker_rid)
-
-    async def _completion(self, http, record, worker_rid):
-        return await self.completions.handle("completion", http, record, worker_rid)
-
-    async def _metrics(self) -> Response:
+    async def _metrics(self, call: Call) -> Response:
         return Response(200, self.metrics.render(), CONTENT_TYPE.encode())
 
 

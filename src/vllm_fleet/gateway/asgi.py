@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from vllm_fleet.gateway.api_error import ApiError
+from vllm_fleet.gateway.formats import DONE
 
 Headers = list[tuple[bytes, bytes]]
-SSE_END = b"data: [DONE]\n\n"  # the event that ends every OpenAI stream
 JSON_TYPE = b"application/json"
 SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -110,7 +110,7 @@ class StreamResponse:
         await send({"type": "http.response.start", "status": self.status, "headers": [*SSE_HEADERS, *extra]})
         try:
             async for event in self.events:
-                if event.endswith(SSE_END):
+                if event.endswith(DONE):
                     # The last event ends the body in the same write (one syscall less per stream).
                     await send({"type": "http.response.body", "body": event})
                     return

@@ -1,50 +1,63 @@
-"""POST /v1/chat/completions and /v1/completions: validate, route, and shape the answer."""
+"""POST /v1/chat/completions and /v1/completions: translate, route, and shape the answer.
+
+    body (413) → parse_body (400: HTTP shape) → chat_plan / completion_plan (400: this
+    gateway's limits, and the pre-routing context guard) → router.stream (404: unknown model,
+    from the router's UnknownModelError) → first chunk (429/503/504, and 400 from the worker's
+    exact engine checks) → 200, whole or streamed.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 
 from vllm_fleet.gateway import translate
 from vllm_fleet.gateway.access_log import RequestRecord
 from vllm_fleet.gateway.aggregate import Aggregate
-from vllm_fleet.gateway.api_error import ApiError, from_exception
-from vllm_fleet.gateway.asgi import HttpRequest, Response, StreamResponse
+from vllm_fleet.gateway.api_error import from_exception
+from vllm_fleet.gateway.asgi import Response, StreamResponse
+from vllm_fleet.gateway.call import Call
 from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.formats import UsageTally
 from vllm_fleet.gateway.metrics import GatewayMetrics
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from vllm_fleet.gateway.sse import StreamEncoder
+from vllm_fleet.gateway.translate import Plan
+from vllm_fleet.router import RoutedStream, Router
 
 logger = logging.getLogger(__name__)
 
 
 class CompletionHandler:
-    """Serves both generation endpoints; `kind` is "chat" or "completion"."""
+    """Serves both generation endpoints: `chat` and `completion` are route handlers."""
 
-    def __init__(self, router, config: GatewayConfig, metrics: GatewayMetrics) -> None:
+    def __init__(self, router: Router, config: GatewayConfig, metrics: GatewayMetrics) -> None:
         self.router = router
         self.config = config
         self.metrics = metrics
 
-    async def handle(self, kind: str, http: HttpRequest, record: RequestRecord, worker_request_id: str):
-        body = await http.read_body(self.config.max_body_bytes)
+    async def chat(self, call: Call) -> Response | StreamResponse:
+        return await self._handle("chat", call)
+
+    async def completion(self, call: Call) -> Response | StreamResponse:
+        return await self._handle("completion", call)
+
+    async def _handle(self, kind: str, call: Call) -> Response | StreamResponse:
+        record = call.record
+        body = await call.http.read_body(self.config.max_body_bytes)
         schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
         parsed = translate.parse_body(schema, body)
         record.model = parsed.model
         record.stream = bool(parsed.stream)
+        # Only for the pre-routing context guard; whether the model is served is the router's
+        # call (router.stream raises UnknownModelError → 404).
         info = self.router.model_info(parsed.model)
-        if info is None:
-            known = ", ".join(self.router.models()) or "none are serving now"
-            raise ApiError(404, f"model {parsed.model!r} is not served here; models: {known}",
-                           param="model", code="model_not_found")
         build = translate.chat_plan if kind == "chat" else translate.completion_plan
-        session_id = http.headers.get("x-session-id", "")
-        plan = build(parsed, request_id=worker_request_id, session_id=session_id, config=self.config,
-                     max_model_len=info.max_model_len)
+        plan = build(parsed, request_id=call.worker_request_id, session_id=call.http.headers.get("x-session-id", ""),
+                     config=self.config, max_model_len=info.max_model_len if info is not None else None)
         loop = asyncio.get_running_loop()
-        stream = self.router.stream(plan.request, model=plan.model, key=record.key_id,
+        stream = self.router.stream(plan.request, model=plan.model, key=call.key_id,
                                     deadline=loop.time() + self.config.request_timeout_s)
         response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + record.request_id
         created = int(time.time())
@@ -52,7 +65,7 @@ class CompletionHandler:
             return await self._streamed(plan, stream, record, response_id, created)
         return await self._whole(plan, stream, record, response_id, created)
 
-    async def _whole(self, plan, stream, record: RequestRecord, response_id: str, created: int) -> Response:
+    async def _whole(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str, created: int) -> Response:
         aggregate = Aggregate(plan, response_id, created)
         try:
             async for chunk in stream:
@@ -64,7 +77,7 @@ class CompletionHandler:
             self._settle(plan, stream, record, aggregate.usage)
         return Response.json(aggregate.body())
 
-    async def _streamed(self, plan, stream, record: RequestRecord, response_id: str, created: int) -> StreamResponse:
+    async def _streamed(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str, created: int) -> StreamResponse:
         encoder = StreamEncoder(plan, response_id, created)
         iterator = aiter(stream)
         try:
@@ -79,7 +92,7 @@ class CompletionHandler:
             raise
         return StreamResponse(self._events(plan, stream, iterator, first, encoder, record))
 
-    async def _events(self, plan, stream, iterator, first, encoder: StreamEncoder, record: RequestRecord):
+    async def _events(self, plan: Plan, stream: RoutedStream, iterator, first, encoder: StreamEncoder, record: RequestRecord):
         itl = self.metrics.child(self.metrics.itl, plan.model)
         try:
             if first is not None:
@@ -104,10 +117,10 @@ class CompletionHandler:
             await stream.aclose()
             self._settle(plan, stream, record, encoder.usage)
 
-    def _settle(self, plan, stream, record: RequestRecord, usage) -> None:
-        record.worker = getattr(stream, "worker", None)
-        record.attempts = getattr(stream, "attempts", 0)
-        record.migrations = getattr(stream, "migrations", 0)
+    def _settle(self, plan: Plan, stream: RoutedStream, record: RequestRecord, usage: UsageTally) -> None:
+        record.worker = stream.worker
+        record.attempts = stream.attempts
+        record.migrations = stream.migrations
         record.prompt_tokens = usage.prompt
         record.completion_tokens = usage.completion
         metrics = self.metrics
@@ -118,7 +131,3 @@ class CompletionHandler:
         if record.ttft_s is not None:
             metrics.child(metrics.ttft, plan.model).observe(record.ttft_s)
 
-
-def worker_request_id(request_id: str, from_client: bool) -> str:
-    """Ids from clients may repeat; the worker needs a unique one to abort the right request."""
-    return f"{request_id}-{secrets.token_hex(4)}" if from_client else request_id

@@ -12,12 +12,15 @@ import time
 from importlib import resources
 
 from vllm_fleet.gateway.asgi import Response
+from vllm_fleet.gateway.call import Call
+from vllm_fleet.registry import Registry
+from vllm_fleet.router import Router
 
 _STATIC = resources.files("vllm_fleet.gateway") / "static"
 
 
 class Dashboard:
-    def __init__(self, router, registry=None, totals: dict[str, int] | None = None) -> None:
+    def __init__(self, router: Router, registry: Registry | None = None, totals: dict[str, int] | None = None) -> None:
         self.router = router
         self.registry = registry
         self.totals = totals if totals is not None else {}
@@ -26,13 +29,13 @@ class Dashboard:
         self._script = Response(200, (_STATIC / "dashboard.js").read_bytes(), b"text/javascript; charset=utf-8",
                                 [(b"cache-control", b"no-cache")])
 
-    async def page(self) -> Response:
+    async def page(self, call: Call) -> Response:
         return self._page
 
-    async def script(self) -> Response:
+    async def script(self, call: Call) -> Response:
         return self._script
 
-    async def state(self) -> Response:
+    async def state(self, call: Call) -> Response:
         members = self.registry.members() if self.registry is not None else {}
         workers = []
         for view in self.router.snapshot():

@@ -1,8 +1,12 @@
-"""Pieces of OpenAI response bodies shared by streamed and whole answers: usage, logprobs."""
+"""Pieces of OpenAI response bodies shared by streamed and whole answers: usage, logprobs,
+and the event that ends every stream."""
 
 from __future__ import annotations
 
 from vllm_fleet.protocol.types import Chunk, TokenLogprob
+
+# The last event of every OpenAI stream; sse.py writes it, asgi.StreamResponse ends the body on it.
+DONE = b"data: [DONE]\n\n"
 
 
 class UsageTally:

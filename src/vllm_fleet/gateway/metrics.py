@@ -12,13 +12,15 @@ import asyncio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from vllm_fleet.router import Router
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class GatewayMetrics:
-    def __init__(self, router, registry: CollectorRegistry) -> None:
+    def __init__(self, router: Router, registry: CollectorRegistry) -> None:
         self.registry = registry
         r = registry
         self.requests = Counter("vllm_fleet_gateway_requests", "HTTP requests by endpoint and status",
@@ -64,7 +66,7 @@ class _LoadCollector:
     router's metrics, which live in the same registry.
     """
 
-    def __init__(self, router) -> None:
+    def __init__(self, router: Router) -> None:
         self.router = router
 
     def describe(self):

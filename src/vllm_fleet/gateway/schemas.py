@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI endpoints, as pydantic models.
 
 They do two jobs: validate what clients send (types and absolute bounds; limits that depend on
-configuration or on the model are checked in `translate.py`), and describe it in /openapi.json.
+configuration or on the model are checked in `translate.py`, the engine's own in the worker), and describe it in /openapi.json.
 Unknown fields are ignored, as OpenAI clients add new ones often; types are strict, so
 `"max_tokens": "10"` is a 400, not a guess.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from vllm_fleet.protocol.types import CHAT_ROLES
 
 
 def _whole_number(value):
@@ -42,7 +44,9 @@ class TextPart(_Body):
 
 
 class ChatMessageIn(_Body):
-    role: Literal["system", "user", "assistant", "tool", "developer"] = Field(description="Author of the message")
+    # One list of roles for the whole fleet (the worker's protocol); here it is HTTP shape, so a
+    # wrong role is a 400 naming messages.N.role and /openapi.json shows the enum.
+    role: Literal[CHAT_ROLES] = Field(description="Author of the message")
     content: str | list[TextPart] | None = Field(description="Text, or a list of text parts")
     name: str | None = Field(None, description="Optional author name (accepted, not used)")
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 
 from vllm_fleet.gateway.api_error import ApiError
-from vllm_fleet.gateway.formats import CompletionLogprobs, UsageTally, chat_logprobs
+from vllm_fleet.gateway.formats import DONE, CompletionLogprobs, UsageTally, chat_logprobs
 from vllm_fleet.gateway.translate import Plan
 from vllm_fleet.protocol.types import Chunk
 
-DONE = b"data: [DONE]\n\n"
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 

@@ -1,8 +1,13 @@
-"""From an OpenAI request body to a `GenerateRequest`, with every check that needs no worker.
+"""From an OpenAI request body to a `GenerateRequest`, with the gateway's own checks.
 
-Checks here run before the router is touched, so a bad request costs the fleet nothing:
-types and bounds (pydantic), the gateway's limits (n, max_tokens, prompts per request), and a
-cheap prompt-length check against the model's context. The worker still checks exactly.
+The gateway owns two kinds of rule, each checked here once, before the router is touched:
+HTTP shape (types and absolute bounds, in the pydantic schemas: `parse_body`) and this
+gateway's configured limits (--max-n, --max-prompts, --max-top-logprobs, --max-tokens-limit,
+unsupported OpenAI options). It also refuses, before routing, a request *certain* to overflow
+the model's context by a cheap lower bound (bytes per token), so that multi-megabyte prompts
+never cost a worker anything. Whether the model is served is the router's rule
+(UnknownModelError); the exact engine limits (tokenized prompt + max_tokens against the
+context, vocabulary, roles the engine takes) are the worker's.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ def _is_union_tag(part: object) -> bool:
 
 
 def chat_plan(body: ChatCompletionRequest, *, request_id: str, session_id: str, config: GatewayConfig,
-              max_model_len: int) -> Plan:
+              max_model_len: int | None) -> Plan:
+    """`max_model_len`: the model's context for the pre-routing guard; None skips it (unknown model)."""
     messages = [ChatMessage(role=m.role, content=_content_text(m.content)) for m in body.messages]
     logprobs = None
     if body.logprobs:
@@ -66,7 +72,7 @@ def chat_plan(body: ChatCompletionRequest, *, request_id: str, session_id: str, 
 
 
 def completion_plan(body: CompletionRequest, *, request_id: str, session_id: str, config: GatewayConfig,
-                    max_model_len: int) -> Plan:
+                    max_model_len: int | None) -> Plan:
     if body.echo:
         raise bad_request("echo is not supported; send echo: false", param="echo")
     if body.suffix:
@@ -92,7 +98,7 @@ def _prompt_inputs(prompt, config: GatewayConfig) -> tuple[list[GenerateInput], 
 
 def _plan(body, kind: str, inputs: list[GenerateInput], estimate: int, max_tokens: int | None,
           logprobs: int | None, *, request_id: str, session_id: str, config: GatewayConfig,
-          max_model_len: int) -> Plan:
+          max_model_len: int | None) -> Plan:
     n = body.n or 1
     if n > config.max_n:
         raise bad_request(f"n={n} is above this gateway's limit of {config.max_n}", param="n")
@@ -114,11 +120,17 @@ def _plan(body, kind: str, inputs: list[GenerateInput], estimate: int, max_token
                 n=n, logprobs=logprobs, prompt_tokens_estimate=estimate)
 
 
-def _check_lengths(estimate: int, max_tokens: int | None, config: GatewayConfig, max_model_len: int,
+def _check_lengths(estimate: int, max_tokens: int | None, config: GatewayConfig, max_model_len: int | None,
                    prompt_param: str) -> None:
-    limit = min(config.max_tokens_limit or max_model_len, max_model_len)
-    if max_tokens is not None and max_tokens > limit:
-        raise bad_request(f"max_tokens={max_tokens} is above the limit of {limit} for this model", param="max_tokens")
+    """--max-tokens-limit (capped by the context), then the context guard on the prompt estimate."""
+    limits = [x for x in (config.max_tokens_limit, max_model_len) if x is not None]
+    if max_tokens is not None and limits and max_tokens > min(limits):
+        raise bad_request(f"max_tokens={max_tokens} is above the limit of {min(limits)} for this model",
+                          param="max_tokens")
+    if max_model_len is None:
+        return
+    # `estimate` is a lower bound: what passes here may still be refused by the worker, which
+    # counts real tokens; what fails here would certainly be.
     if estimate >= max_model_len:
         raise bad_request(
             f"the prompt is too long: about {estimate} tokens or more, and the model's context is {max_model_len} "
