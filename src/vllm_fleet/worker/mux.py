@@ -32,12 +32,14 @@ class MuxOutbox:
     def add_chunk(self, stream: int, chunk: Chunk) -> None:
         fill_chunk_pb(self._event(stream).chunks.add(), chunk)
 
-    def end(self, stream: int, code: int = 0, message: str = "") -> None:
-        """The request's last event: status 0 when it finished, else a grpc.StatusCode value."""
+    def end(self, stream: int, code: int = 0, message: str = "", param: str = "") -> None:
+        """The request's last event: status 0 when it finished, else a grpc.StatusCode value;
+        `param` names the offending field of a refused request."""
         event = self._event(stream)
         event.done = True
         event.status_code = code
         event.status_message = message
+        event.status_param = param
 
     def close(self) -> None:
         """No more events will come: `take` returns what is left, then None."""

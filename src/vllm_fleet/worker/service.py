@@ -1,17 +1,17 @@
 """The gRPC service `vllm_fleet.v1.Worker` around one engine.
 
-Generate: validate → tokenize each input → one engine request per input (id
-`<request_id>-<index>`) → merge their deltas through the coalescer → stream chunks. When the
-call ends early (client gone, deadline, Abort), every engine request still running is aborted.
-GenerateMany does the same for many requests over one call, batching their chunks (mux.py).
+Generate: admit → validate → prepare each input (prepare.py) → one engine request per input
+(id `<request_id>-<index>`), each pumped by its own task into one queue of typed events →
+a RequestStream turns the events into chunks (request_stream.py). When the call ends early
+(client gone, deadline, Abort), every engine request still running is aborted. GenerateMany
+does the same for many requests over one call, batching their chunks (mux.py). Whatever a
+request fails with becomes its gRPC status in one place (status.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,44 +20,20 @@ import grpc
 
 from vllm_fleet import __version__
 from vllm_fleet.config import WorkerConfig
-from vllm_fleet.errors import InvalidRequestError
+from vllm_fleet.errors import DuplicateRequestError, InvalidRequestError, WorkerUnavailableError
 from vllm_fleet.logs import request_id_var
-from vllm_fleet.protocol import worker_pb2 as pb, worker_pb2_grpc
+from vllm_fleet.protocol import PARAM_METADATA_KEY, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import chunk_to_pb, info_to_pb, load_to_pb, request_from_pb
-from vllm_fleet.protocol.types import Chunk, GenerateRequest, SamplingParams, Usage, WorkerInfo
-from vllm_fleet.worker.coalescer import Coalescer
+from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerInfo
 from vllm_fleet.worker.engine import Engine, SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.mux import MuxOutbox
-from vllm_fleet.worker.resume import HeldTokens, held_tail_length
-from vllm_fleet.worker.validation import Limits, check_prompt_fits, validate_request
+from vllm_fleet.worker.prepare import PreparedInput, prepare_input
+from vllm_fleet.worker.request_stream import Deltas, Ended, Failed, RequestStream, StreamEvent
+from vllm_fleet.worker.status import RequestStatus, status_for
+from vllm_fleet.worker.validation import Limits, validate_request
 
 logger = logging.getLogger(__name__)
-
-_TOKEN_REPORT_S = 0.5  # how often a stream adds its streamed tokens to the output-token counter
-
-_DONE = object()       # an input's engine stream ended
-_ABORTED = object()    # an input's engine stream was aborted
-
-
-class RequestFailed(Exception):
-    """A request ends with this gRPC status: Generate aborts its call with it, GenerateMany
-    reports it in the request's last event."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass
-class _Prepared:
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    prompt_len: int
-    exhausted: bool = False  # resumed with no tokens left to generate
-    held: HeldTokens | None = None  # resumed mid-character: tokens to regenerate silently
-
 
 @dataclass
 class _Active:
@@ -86,8 +62,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             async for chunk in self._run(request_id, request):
                 yield chunk_to_pb(chunk)
-        except RequestFailed as failed:
-            await context.abort(failed.code, failed.message)
+        except Exception as exc:
+            status = self._status(exc)
+            metadata = ((PARAM_METADATA_KEY, status.param),) if status.param else ()
+            await context.abort(status.code, status.message, trailing_metadata=metadata)
         finally:
             request_id_var.reset(token)
 
@@ -103,8 +81,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     kind = message.WhichOneof("kind")
                     if kind == "start":
                         if message.stream in running:
-                            outbox.end(message.stream, grpc.StatusCode.ALREADY_EXISTS.value[0],
-                                       f"stream {message.stream} is already open on this call")
+                            error = DuplicateRequestError(f"stream {message.stream} is already open on this call")
+                            _end_with(outbox, message.stream, self._status(error))
                             continue
                         task = asyncio.create_task(self._run_muxed(message.stream, message.start, outbox))
                         running[message.stream] = task
@@ -137,174 +115,101 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             async for chunk in self._run(request_id, request):
                 outbox.add_chunk(stream, chunk)
             outbox.end(stream)
-        except RequestFailed as failed:
-            outbox.end(stream, failed.code.value[0], failed.message)
         except asyncio.CancelledError:
             return  # the client cancelled it (or the call ended): it no longer listens
         except Exception as exc:
-            logger.exception("request failed")
-            outbox.end(stream, grpc.StatusCode.INTERNAL.value[0], f"the worker failed this request: {exc}")
+            _end_with(outbox, stream, self._status(exc))
+
+    def _status(self, exc: Exception) -> RequestStatus:
+        return status_for(exc, engine_healthy=self.engine.healthy)
 
     async def _run(self, request_id: str, request: GenerateRequest) -> AsyncIterator[Chunk]:
-        """Admit, validate and stream one request; a refusal or failure raises RequestFailed."""
+        """Admit, validate and stream one request; a refusal or failure raises a typed error."""
         if self.draining:
-            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "worker is draining; send the request to another worker")
+            raise WorkerUnavailableError("worker is draining; send the request to another worker")
         if not self.engine.healthy:
-            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the engine is not running; try another worker")
+            raise WorkerUnavailableError("the engine is not running; try another worker")
         if request_id in self.active:
-            raise RequestFailed(grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} is already running on this worker")
+            raise DuplicateRequestError(f"request {request_id} is already running on this worker")
         try:
             validate_request(request, self.limits)
-            prepared = [await self._prepare(i, request) for i in range(len(request.inputs))]
+            prepared = [await prepare_input(self.engine, i, request) for i in range(len(request.inputs))]
         except InvalidRequestError as exc:
             self.metrics.requests.labels("invalid").inc()
             logger.info("rejected: %s", exc)
-            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            raise
         async for chunk in self._stream(request_id, request, prepared):
             yield chunk
 
-    async def _prepare(self, index: int, request: GenerateRequest) -> _Prepared:
-        item = request.inputs[index]
-        prompt_ids = await self.engine.tokenize(item)
-        if not prompt_ids:
-            raise InvalidRequestError(f"input {index}: the prompt tokenizes to nothing", param="prompt")
-        params = request.params
-        resume = item.resume_token_ids
-        check_prompt_fits(index, len(prompt_ids), len(resume), params.max_tokens, self.engine.max_model_len,
-                          self.engine.vocab_size, prompt_ids + resume if item.token_ids is not None or resume else [])
-        exhausted = False
-        held = None
-        if resume:
-            held_count = held_tail_length(self.engine.decode, resume)
-            if held_count:
-                held = HeldTokens(resume[-held_count:])
-                resume = resume[:-held_count]
-            # The tokens already sent count against the budget; the rest is generated here.
-            updates = {}
-            if params.max_tokens is not None:
-                updates["max_tokens"] = params.max_tokens - len(resume)
-                exhausted = updates["max_tokens"] < 1
-            if params.min_tokens:
-                updates["min_tokens"] = max(0, params.min_tokens - len(resume))
-            params = dataclasses.replace(params, **updates)
-        return _Prepared(prompt_token_ids=prompt_ids + list(resume), params=params,
-                         prompt_len=len(prompt_ids), exhausted=exhausted, held=held)
-
     async def _stream(self, request_id: str, request: GenerateRequest,
-                      prepared: list[_Prepared]) -> AsyncIterator[Chunk]:
+                      prepared: list[PreparedInput]) -> AsyncIterator[Chunk]:
         loop = asyncio.get_running_loop()
         started = loop.time()
         interval_ms = request.stream_interval_ms or self.config.default_stream_interval_ms
-        coalescer = Coalescer(interval_ms / 1000)
-        queue: asyncio.Queue = asyncio.Queue()
-        active = self.active[request_id] = _Active()
-        self.idle.clear()
-        self.metrics.in_flight.inc()
-        n = request.params.n or 1
-        generated: dict[tuple[int, int], int] = {}
-        finished: set[tuple[int, int]] = set()
-        first_token_at: float | None = None
-        last_chunk_at = reported_at = started
-        unreported_tokens = 0
+        stream = RequestStream(prepared, request.params.n or 1, interval_ms / 1000, self.metrics, started)
+        events: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        active = self._open(request_id)
         outcome = "error"
         try:
-            open_inputs = 0
-            for index, item in enumerate(prepared):
-                self.metrics.prompt_tokens.inc(item.prompt_len)
-                if item.exhausted:
-                    queue.put_nowait((index, [SampleDelta(0, "", [], finish_reason="length")]))
-                    queue.put_nowait((index, _DONE))
-                else:
-                    engine_id = f"{request_id}-{index}"
-                    active.engine_ids.append(engine_id)
-                    active.tasks.append(asyncio.create_task(self._pump(index, engine_id, item, request, queue)))
-                open_inputs += 1
-            while open_inputs:
-                deadline = coalescer.next_deadline()
-                if deadline is None:
-                    index, payload = await queue.get()
-                else:
-                    try:
-                        index, payload = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
-                    except TimeoutError:
-                        for chunk in coalescer.due(loop.time()):
-                            yield chunk
-                        continue
-                if payload is _DONE:
-                    open_inputs -= 1
-                    continue
-                if payload is _ABORTED:
-                    open_inputs -= 1
-                    for sample in range(n):
-                        if (index, sample) not in finished:
-                            finished.add((index, sample))
-                            yield Chunk(index=index, sample=sample, text="", token_ids=[], finish_reason="abort")
-                    continue
-                if isinstance(payload, BaseException):
-                    raise self._failure(payload)
-                now = loop.time()
-                held = prepared[index].held
-                for delta in payload:
-                    if held is not None:
-                        delta = held.strip(delta)
-                    key = (index, delta.sample)
-                    if delta.token_ids:
-                        if first_token_at is None:
-                            first_token_at = now
-                            self.metrics.ttft.observe(now - started)
-                        generated[key] = generated.get(key, 0) + len(delta.token_ids)
-                        unreported_tokens += len(delta.token_ids)
-                    usage = None
-                    if delta.finish_reason is not None:
-                        finished.add(key)
-                        usage = Usage(prepared[index].prompt_len, generated.get(key, 0), delta.cached_tokens)
-                    chunk = coalescer.add(index, delta, now, usage)
-                    if chunk is not None:
-                        if chunk.token_ids and first_token_at is not None and now > first_token_at:
-                            self.metrics.itl.observe((now - last_chunk_at) / len(chunk.token_ids))
-                        last_chunk_at = now
-                        yield chunk
-                if now - reported_at >= _TOKEN_REPORT_S:
-                    # Prometheus counters take a lock per call: add the step's tokens at most
-                    # this often per stream, not once per token.
-                    self.metrics.output_tokens.inc(unreported_tokens)
-                    unreported_tokens, reported_at = 0, now
+            self._start_inputs(request_id, request, prepared, active, events)
+            while stream.open_inputs:
+                match await _next_event(events, stream.next_deadline(), loop):
+                    case Deltas(index, deltas):
+                        chunks = stream.on_deltas(index, deltas, loop.time())
+                    case Ended(index, aborted):
+                        chunks = stream.on_end(index, aborted)
+                    case Failed(_, error):
+                        raise error
+                    case None:  # a coalesced chunk fell due
+                        chunks = stream.on_deadline(loop.time())
+                for chunk in chunks:
+                    yield chunk
             outcome = "aborted" if active.aborted else "ok"
         except (asyncio.CancelledError, GeneratorExit):
             # A client that goes away closes this generator (GeneratorExit) or cancels the call.
             outcome = "cancelled"
             raise
         finally:
-            if unreported_tokens:
-                self.metrics.output_tokens.inc(unreported_tokens)
+            stream.close()
             self.metrics.requests.labels(outcome).inc()
             self.metrics.e2e.observe(loop.time() - started)
-            self.metrics.in_flight.dec()
-            await self._finish(request_id, active, all_done=(outcome == "ok"))
+            await self._close(request_id, active, all_done=(outcome == "ok"))
 
-    async def _pump(self, index: int, engine_id: str, item: _Prepared, request: GenerateRequest,
-                    queue: asyncio.Queue) -> None:
+    def _start_inputs(self, request_id: str, request: GenerateRequest, prepared: list[PreparedInput],
+                      active: _Active, events: asyncio.Queue[StreamEvent]) -> None:
+        for index, item in enumerate(prepared):
+            self.metrics.prompt_tokens.inc(item.prompt_len)
+            if item.exhausted:  # a resume that used up max_tokens already: it ends at once
+                events.put_nowait(Deltas(index, [SampleDelta(0, "", [], finish_reason="length")]))
+                events.put_nowait(Ended(index, aborted=False))
+                continue
+            engine_id = f"{request_id}-{index}"
+            active.engine_ids.append(engine_id)
+            active.tasks.append(asyncio.create_task(self._pump(index, engine_id, item, request.priority, events)))
+
+    async def _pump(self, index: int, engine_id: str, item: PreparedInput, priority: int,
+                    events: asyncio.Queue[StreamEvent]) -> None:
+        """Relay one engine request's output as events; cancelling the task aborts the request."""
         try:
             async for deltas in self.engine.generate(engine_id, item.prompt_token_ids, item.params,
-                                                     priority=request.priority):
-                queue.put_nowait((index, deltas))
-            queue.put_nowait((index, _DONE))
+                                                     priority=priority):
+                events.put_nowait(Deltas(index, deltas))
+            events.put_nowait(Ended(index, aborted=False))
         except asyncio.CancelledError:
-            queue.put_nowait((index, _ABORTED))
+            events.put_nowait(Ended(index, aborted=True))
             raise
-        except Exception as exc:  # handed to the stream, which maps it to a status
-            queue.put_nowait((index, exc))
+        except Exception as exc:  # the stream raises it, and status.py maps it
+            events.put_nowait(Failed(index, exc))
 
-    def _failure(self, exc: BaseException) -> RequestFailed:
-        if not self.engine.healthy:
-            logger.error("engine died during a request: %s", exc)
-            return RequestFailed(grpc.StatusCode.UNAVAILABLE, f"the engine died: {exc}")
-        if isinstance(exc, (ValueError, TypeError, InvalidRequestError)):
-            return RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        logger.exception("engine failed a request", exc_info=exc)
-        return RequestFailed(grpc.StatusCode.INTERNAL, f"the engine failed this request: {exc}")
+    def _open(self, request_id: str) -> _Active:
+        active = self.active[request_id] = _Active()
+        self.idle.clear()
+        self.metrics.in_flight.inc()
+        return active
 
-    async def _finish(self, request_id: str, active: _Active, *, all_done: bool) -> None:
+    async def _close(self, request_id: str, active: _Active, *, all_done: bool) -> None:
+        """Stop the pumps and, unless every input finished, abort what is left in the engine."""
+        self.metrics.in_flight.dec()
         for task in active.tasks:
             task.cancel()
         if active.tasks:
@@ -344,3 +249,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         load.in_flight = len(self.active)
         load.draining = self.draining
         return load_to_pb(load)
+
+
+async def _next_event(events: asyncio.Queue[StreamEvent], deadline: float | None,
+                      loop: asyncio.AbstractEventLoop) -> StreamEvent | None:
+    """The next event of a request's inputs, or None once the coalescing deadline has passed."""
+    if deadline is None:
+        return await events.get()
+    try:
+        return await asyncio.wait_for(events.get(), max(0.0, deadline - loop.time()))
+    except TimeoutError:
+        return None
+
+
+def _end_with(outbox: MuxOutbox, stream: int, status: RequestStatus) -> None:
+    outbox.end(stream, status.code_value, status.message, status.param or "")

@@ -1,0 +1,124 @@
+"""One request's stream: engine events in, chunks out.
+
+Each input of a request runs as its own engine request in a pump task, which reports what
+happens as typed events (`Deltas`, `Ended`, `Failed`). A `RequestStream` turns those into the
+chunks the client gets, and owns the per-request state that takes: per-(input, sample) token
+counts and finished set, the held tokens of a resumed input, usage on each final chunk,
+coalescing, and the request's latency metrics (TTFT, ITL) and batched output-token count.
+It does no I/O and never waits, so its behaviour is testable without an engine or a loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_fleet.protocol.types import Chunk, Usage
+from vllm_fleet.worker.coalescer import Coalescer
+from vllm_fleet.worker.engine import SampleDelta
+from vllm_fleet.worker.metrics import WorkerMetrics
+from vllm_fleet.worker.prepare import PreparedInput
+
+TOKEN_REPORT_S = 0.5  # how often a stream adds its streamed tokens to the output-token counter
+
+
+@dataclass(slots=True)
+class Deltas:
+    """One engine step's output for input `index`."""
+
+    index: int
+    deltas: list[SampleDelta]
+
+
+@dataclass(slots=True)
+class Ended:
+    """Input `index`'s engine request is over: it finished, or it was aborted (cancel, Abort RPC)."""
+
+    index: int
+    aborted: bool
+
+
+@dataclass(slots=True)
+class Failed:
+    """Input `index`'s engine request raised; the whole request fails with it."""
+
+    index: int
+    error: Exception
+
+
+StreamEvent = Deltas | Ended | Failed
+
+
+class RequestStream:
+    def __init__(self, inputs: list[PreparedInput], n: int, interval_s: float, metrics: WorkerMetrics,
+                 started: float) -> None:
+        self._prompt_lens = [item.prompt_len for item in inputs]
+        self._held = [item.held for item in inputs]
+        self._n = n
+        self._coalescer = Coalescer(interval_s)
+        self._metrics = metrics
+        self._started = started
+        self._generated: dict[tuple[int, int], int] = {}
+        self._finished: set[tuple[int, int]] = set()
+        self._first_token_at: float | None = None
+        self._last_chunk_at = self._reported_at = started
+        self._unreported_tokens = 0
+        self.open_inputs = len(inputs)
+
+    def on_deltas(self, index: int, deltas: list[SampleDelta], now: float) -> list[Chunk]:
+        """The chunks due now after one engine step of input `index`."""
+        chunks = []
+        held = self._held[index]
+        for delta in deltas:
+            if held is not None:
+                delta = held.strip(delta)  # the client has these ids already
+            key = (index, delta.sample)
+            if delta.token_ids:
+                if self._first_token_at is None:
+                    self._first_token_at = now
+                    self._metrics.ttft.observe(now - self._started)
+                self._generated[key] = self._generated.get(key, 0) + len(delta.token_ids)
+                self._unreported_tokens += len(delta.token_ids)
+            usage = None
+            if delta.finish_reason is not None:
+                self._finished.add(key)
+                usage = Usage(self._prompt_lens[index], self._generated.get(key, 0), delta.cached_tokens)
+            chunk = self._coalescer.add(index, delta, now, usage)
+            if chunk is not None:
+                if chunk.token_ids and self._first_token_at is not None and now > self._first_token_at:
+                    self._metrics.itl.observe((now - self._last_chunk_at) / len(chunk.token_ids))
+                self._last_chunk_at = now
+                chunks.append(chunk)
+        if now - self._reported_at >= TOKEN_REPORT_S:
+            self._report_tokens(now)
+        return chunks
+
+    def on_end(self, index: int, aborted: bool) -> list[Chunk]:
+        """Input `index` is over; an aborted one ends each of its unfinished samples with "abort"."""
+        self.open_inputs -= 1
+        if not aborted:
+            return []
+        chunks = []
+        for sample in range(self._n):
+            if (index, sample) not in self._finished:
+                self._finished.add((index, sample))
+                chunks.append(Chunk(index=index, sample=sample, text="", token_ids=[], finish_reason="abort"))
+        return chunks
+
+    def next_deadline(self) -> float | None:
+        """When the earliest held-back (coalesced) chunk falls due; None if none is held back."""
+        return self._coalescer.next_deadline()
+
+    def on_deadline(self, now: float) -> list[Chunk]:
+        """The held-back chunks due by `now`."""
+        return self._coalescer.due(now)
+
+    def close(self) -> None:
+        """The stream is over, however it ended: count the tokens not yet reported."""
+        self._report_tokens(self._reported_at)
+
+    def _report_tokens(self, now: float) -> None:
+        # Prometheus counters take a lock per call: a stream adds its tokens at most every
+        # TOKEN_REPORT_S, not once per token.
+        if self._unreported_tokens:
+            self._metrics.output_tokens.inc(self._unreported_tokens)
+        self._unreported_tokens, self._reported_at = 0, now
