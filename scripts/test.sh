@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The test command: installs what is needed, starts the services the tests need, runs pytest.
+# The test command: checks (as root: installs) the system packages the tests need, installs the
+# venv, runs pytest.
 #   bash scripts/test.sh [pytest args]
 set -euo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# First, so a missing package is named before the venv's ~10-minute install, not after it.
+bash "$repo_root/scripts/services.sh" tests
 source "$repo_root/scripts/bootstrap.sh"
-source "$repo_root/scripts/services.sh"
 cd "$repo_root"
 export PYSPARK_PYTHON="$PY" PYSPARK_DRIVER_PYTHON="$PY"
 set +e

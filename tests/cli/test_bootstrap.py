@@ -99,3 +99,16 @@ def test_unsupported_python_is_refused_with_what_to_install(tmp_path):
     result = print_pip(tmp_path, PYTHON=str(fake))
     assert result.returncode != 0
     assert "3.11 or 3.12" in result.stderr and "pip install" not in result.stdout
+
+
+def test_missing_system_packages_are_named_with_the_apt_line(tmp_path):
+    # An empty PATH: no java, chromium or openssl. --print never installs, even as root.
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = subprocess.run(["/bin/bash", str(REPO / "scripts" / "services.sh"), "tests", "--print"],
+                            env={"PATH": str(empty)}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    apt_line = result.stderr.strip().splitlines()[-1]
+    assert "sudo apt-get install -y openjdk-17-jre-headless" in apt_line
+    assert {"chromium", "openssl"} <= set(apt_line.split()) and "nginx" not in apt_line
+    assert "tests/gateway/test_dashboard.py" in result.stderr  # says what needs each one
