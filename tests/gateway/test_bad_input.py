@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from gateway_support import CONTEXT, MODEL_A
+from gateway_support import CONTEXT, MODEL_A, MODEL_B
 
 GOOD = {"model": MODEL_A, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -121,3 +121,13 @@ async def test_openapi_describes_the_request_schemas(http):
     n = chat["properties"]["n"]["anyOf"][0]
     assert (n["type"], n["minimum"]) == ("integer", 1)  # JSON Schema keywords, not pydantic's
     assert "security" not in doc["paths"]["/v1/completions"]["post"]  # no keys file: open (on loopback)
+
+
+async def test_unknown_model_names_the_served_ones(http):
+    """The router's UnknownModelError reaches the client as OpenAI's 404, listing what is served."""
+    error = error_of(await http.post("/v1/completions", json={"model": "gpt-17", "prompt": "x"}), 404)
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "model_not_found", "model")
+    assert "gpt-17" in error["message"] and MODEL_A in error["message"] and MODEL_B in error["message"]
+    streamed = await http.post("/v1/chat/completions", json={**GOOD, "model": "gpt-17", "stream": True})
+    assert error_of(streamed, 404)["code"] == "model_not_found"  # refused before any SSE byte
+    await still_serves(http)

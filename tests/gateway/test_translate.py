@@ -118,3 +118,20 @@ def test_whole_floats_are_integers_strings_are_not():
 def test_unknown_fields_are_ignored():
     plan = chat({"messages": MSG, "some_future_option": {"x": 1}})
     assert plan.request.params.n == 1
+
+
+def test_unknown_context_skips_only_the_context_guard():
+    """With no context length (the model is not served: the router answers 404), the gateway's
+    own limits still hold and nothing is refused for length."""
+    parsed = parse_body(CompletionRequest, json.dumps({"model": "m", "prompt": "x" * 100_000, "max_tokens": 9000}).encode())
+    plan = completion_plan(parsed, request_id="r", session_id="", config=CONFIG, max_model_len=None)
+    assert plan.request.params.max_tokens == 9000
+    parsed = parse_body(CompletionRequest, json.dumps({"model": "m", "prompt": ["a"] * 4}).encode())
+    with pytest.raises(ApiError) as info:
+        completion_plan(parsed, request_id="r", session_id="", config=CONFIG, max_model_len=None)
+    assert info.value.param == "prompt"
+    capped = GatewayConfig(max_tokens_limit=100)
+    parsed = parse_body(CompletionRequest, json.dumps({"model": "m", "prompt": "x", "max_tokens": 101}).encode())
+    with pytest.raises(ApiError) as info:
+        completion_plan(parsed, request_id="r", session_id="", config=capped, max_model_len=None)
+    assert info.value.param == "max_tokens"

@@ -65,7 +65,8 @@ class CompletionHandler:
             return await self._streamed(plan, stream, record, response_id, created)
         return await self._whole(plan, stream, record, response_id, created)
 
-    async def _whole(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str, created: int) -> Response:
+    async def _whole(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str,
+                     created: int) -> Response:
         aggregate = Aggregate(plan, response_id, created)
         try:
             async for chunk in stream:
@@ -77,7 +78,8 @@ class CompletionHandler:
             self._settle(plan, stream, record, aggregate.usage)
         return Response.json(aggregate.body())
 
-    async def _streamed(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str, created: int) -> StreamResponse:
+    async def _streamed(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str,
+                        created: int) -> StreamResponse:
         encoder = StreamEncoder(plan, response_id, created)
         iterator = aiter(stream)
         try:
@@ -92,7 +94,8 @@ class CompletionHandler:
             raise
         return StreamResponse(self._events(plan, stream, iterator, first, encoder, record))
 
-    async def _events(self, plan: Plan, stream: RoutedStream, iterator, first, encoder: StreamEncoder, record: RequestRecord):
+    async def _events(self, plan: Plan, stream: RoutedStream, iterator, first, encoder: StreamEncoder,
+                      record: RequestRecord):
         itl = self.metrics.child(self.metrics.itl, plan.model)
         try:
             if first is not None:

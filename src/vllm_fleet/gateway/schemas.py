@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI endpoints, as pydantic models.
 
-They do two jobs: validate what clients send (types and absolute bounds; limits that depend on
-configuration or on the model are checked in `translate.py`, the engine's own in the worker), and describe it in /openapi.json.
+They do two jobs: validate what clients send (HTTP shape: types and absolute bounds; limits
+that depend on configuration or on the model are checked in `translate.py`, the engine's own
+in the worker), and describe it in /openapi.json.
 Unknown fields are ignored, as OpenAI clients add new ones often; types are strict, so
 `"max_tokens": "10"` is a 400, not a guess.
 """
