@@ -58,7 +58,10 @@ class EngineConfig(FleetModel):
     )
     served_model_name: str | None = Field(None, description="Name clients use for this model (default: derived from --model)")
     tokenizer: str | None = Field(None, description="Tokenizer id or folder, if not the model's own")
-    dtype: str = Field("auto", description="Weight dtype: auto, bfloat16, float16, float32")
+    dtype: str = Field(
+        "auto", description="Weight dtype: auto, bfloat16, float16, float32. auto: the fastest the device runs "
+                            "(GPU: the model's; CPU: float32 unless it has native bf16, AVX512-BF16/AMX, then the model's)"
+    )
     max_model_len: int | None = Field(None, ge=16, description="Context length (prompt + output tokens)")
     max_num_seqs: int | None = Field(None, ge=1, description="Most sequences the engine runs at once")
     max_num_batched_tokens: int | None = Field(None, ge=16, description="Token budget of one engine step")

@@ -21,6 +21,7 @@ from vllm_fleet.config import EngineConfig
 from vllm_fleet.errors import ConfigError, InvalidRequestError, ModelError
 from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.types import CHAT_ROLES, GenerateInput, SamplingParams, TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.worker.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
 from vllm_fleet.worker.engine import Engine, SampleDelta
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class VllmEngine(Engine):
         self._served_name = ""
         self._max_model_len = 0
         self._priority_scheduling = False
+        self._dtype_choice: DtypeChoice | None = None
 
     async def start(self) -> None:
         # The engine core is a child process: it reads these when it starts.
@@ -135,6 +137,11 @@ class VllmEngine(Engine):
         resolved = resolve_model(self.config.model, self.config.served_model_name)
         self._served_name = resolved.served_name
         kwargs = engine_kwargs(self.config, resolved.path, resolved.served_name)
+        on_cpu = _on_cpu()
+        self._dtype_choice = choose_dtype(kwargs.get("dtype"), on_cpu=on_cpu,
+                                          cpu_flags=read_cpu_flags() if on_cpu else ())
+        kwargs["dtype"] = self._dtype_choice.dtype
+        logger.info("weight dtype %s (%s)", self._dtype_choice.dtype, self._dtype_choice.reason)
         logger.info("starting vLLM engine: %s", kwargs)
         try:
             args = AsyncEngineArgs(**kwargs)
@@ -159,7 +166,8 @@ class VllmEngine(Engine):
 
         cfg = self._llm.vllm_config
         settings = {
-            "dtype": str(cfg.model_config.dtype),
+            "dtype": str(cfg.model_config.dtype).removeprefix("torch."),
+            "dtype_reason": self._dtype_choice.reason if self._dtype_choice else "",
             "max_num_seqs": str(cfg.scheduler_config.max_num_seqs),
             "block_size": str(cfg.cache_config.block_size),
             "num_kv_blocks": str(cfg.cache_config.num_gpu_blocks or 0),
