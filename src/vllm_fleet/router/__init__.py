@@ -3,11 +3,13 @@
     from vllm_fleet.router import Router, RouterConfig, AdmissionConfig, KeyLimits, RoutedStream
 
     router = Router(registry, RouterConfig(policy="least_outstanding"), pool=None)  # pool: ClientPool
+    # connect=fn: fn(address) -> the client streams go through (default pool.get; tests pass a fake)
     await router.start()                   # start the registry; Info, health and Load of each worker
     await router.wait_ready(timeout=30.0)  # some worker SERVING, else NoWorkerError
     router.models()                        # models of serving workers
     router.model_info(model)               # WorkerInfo (max_model_len, ...) or None
     router.snapshot()                      # PoolSnapshot: per worker state, breaker, load, in flight
+    router.queue_depths()                  # requests waiting for a slot, per workload class
 
     stream = router.stream(request, model="m", key="api-key", deadline=loop.time() + 30)
     await stream.admit()                   # optional: raise RateLimitedError before committing to a reply
@@ -17,7 +19,8 @@
     await router.close()
 
 Errors (all from vllm_fleet.errors):
-    router.stream(...)        UnknownModelError (404) for a model no worker serves;
+    router.stream(...)        UnknownModelError (404) for a model no known worker has (while no
+                              worker has answered yet, the first __anext__ raises NoWorkerError);
                               InvalidRequestError when several models are served and none is named.
     first __anext__/admit()   RateLimitedError(retry_after, reason) from admission (key budgets,
                               class queue full or timed out); NoWorkerError(retry_after) when no
@@ -34,7 +37,13 @@ OpenAI `user` there when no session is given).
 Modules: config (settings + CLI options), snapshot (immutable pool view), features (request
 estimates), policies (pure ranking functions), breaker, ejection (outliers), budget (retries),
 admission (buckets, queues), pool (membership and polling), stream (failover and migration),
-watchdog (stall detection), metrics (Prometheus), router (the facade).
+context (the frozen bundle a stream gets instead of the router), watchdog (stall detection),
+metrics (Prometheus), router (the facade).
+
+The request path: router.stream() resolves the model and estimates the request, then hands a
+RoutedStream the router's StreamContext; the stream admits, ranks workers, leases one, streams
+through `connect(address)`, reports the outcome to the pool, and fails over or migrates.
+Imports run one way: router -> stream -> context -> (pool, policies, admission, budget, ...).
 
 Migration of n>1 requests: each unfinished sample is re-sent as its own input with n=1 and
 its tokens so far as `resume_token_ids`; chunks are mapped back to the original (index, sample).

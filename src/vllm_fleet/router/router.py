@@ -1,4 +1,11 @@
-"""The Router: pool state + policy + breakers + retry budget + admission, behind one object."""
+"""The Router: pool state + policy + breakers + retry budget + admission, behind one object.
+
+The request path: `Router.stream(request)` checks the model and estimates the request
+(features.py), then returns a RoutedStream (stream.py) holding the router's StreamContext
+(context.py), one frozen bundle of the parts a stream uses. The stream admits, ranks, leases a
+worker, streams through `connect(address)` and reports its verdict to the pool; it never sees
+the Router, and stream.py does not import this module.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from vllm_fleet.registry import Registry
 from vllm_fleet.router.admission import Admission
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.config import RouterConfig
+from vllm_fleet.router.context import Connect, StreamContext
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import make_policy
@@ -32,11 +40,13 @@ class Router:
     `pool` is the ClientPool to reach workers through (one is created, and closed with the
     router, if None). The router starts and closes the registry unless `own_registry=False`.
     Metrics go to `metrics_registry` (default: prometheus_client's global registry).
+    `connect(address)` gives the client each stream attempt goes through (default: the
+    ClientPool's `get`); health, Info and Load polling always use the ClientPool.
     """
 
     def __init__(self, registry: Registry, config: RouterConfig | None = None, pool: ClientPool | None = None, *,
                  own_registry: bool = True, metrics_registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, connect: Connect | None = None) -> None:
         self.registry = registry
         self.config = config or RouterConfig()
         self.clients = pool or ClientPool()
@@ -49,6 +59,10 @@ class Router:
         self._admission = Admission(self.config.admission, clock=clock)
         self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock)
         self._tickets = itertools.count()
+        self._context = StreamContext(
+            policy=self._policy, pool=self._pool, budget=self._budget, admission=self._admission,
+            metrics=self._metrics, config=self.config, connect=connect or self.clients.get,
+        )
         for name, queue in self._admission.queues.items():
             self._metrics.watch_queue(name, lambda q=queue: q.depth)
 
@@ -102,14 +116,23 @@ class Router:
             found = found or worker.info
         return found
 
+    def queue_depths(self) -> dict[str, int]:
+        """Requests waiting for a slot now, per workload class."""
+        return {name: queue.depth for name, queue in self._admission.queues.items()}
+
     # --- requests -----------------------------------------------------------------------
 
     def stream(self, request: GenerateRequest, *, model: str | None = None, key: str | None = None,
                deadline: float | None = None) -> RoutedStream:
         """A RoutedStream for `request` on a worker of `model`; `key` is the API key admission
-        charges; `deadline` an absolute `loop.time()`. Raises UnknownModelError (or
-        InvalidRequestError when several models are served and none is named) right away;
-        every other refusal comes from the stream's first `__anext__` (or `admit()`)."""
+        charges; `deadline` an absolute `loop.time()`.
+
+        Raises right away: InvalidRequestError for a request with no inputs, or when `model` is
+        None and workers of several models are known; UnknownModelError when `model` is not the
+        model of any worker whose Info is known (serving or not). While no worker's Info is
+        known yet (none has answered), any model is let through, and the stream's first
+        `__anext__` raises NoWorkerError instead. Every other refusal comes from the first
+        `__anext__` (or `admit()`)."""
         if not request.inputs:
             raise InvalidRequestError("the request has no inputs", param="prompt")
         admission = self.config.admission
@@ -118,7 +141,7 @@ class Router:
             default_max_tokens=self.config.default_max_tokens, long_prompt_tokens=admission.long_prompt_tokens,
             long_max_tokens=admission.long_max_tokens, class_pools=admission.class_pools, ticket=next(self._tickets),
         )
-        return RoutedStream(self, request, features, key=key, deadline=deadline)
+        return RoutedStream(self._context, request, features, key=key, deadline=deadline)
 
     def _resolve_model(self, model: str | None) -> str | None:
         known = self._pool.snapshot().known_models()

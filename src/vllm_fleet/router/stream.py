@@ -17,6 +17,9 @@ the task iterating it) cancels the worker call, which aborts the engine request.
 
 Usage on a final chunk is for the whole stream: prompt and cached tokens as the last worker
 reports them (it counts the original prompt only), completion tokens = every token delivered.
+
+A stream sees the router only through the StreamContext it is given (context.py): policy,
+pool, budget, admission, metrics, config and `connect(address)`, the client of one attempt.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from vllm_fleet.errors import (
     DeadlineExceededError,
@@ -40,12 +42,10 @@ from vllm_fleet.errors import (
 )
 from vllm_fleet.protocol.types import Chunk, GenerateRequest, Usage
 from vllm_fleet.router.admission import Ticket
+from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
+from vllm_fleet.router.pool import Lease
 from vllm_fleet.router.watchdog import StallWatchdog
-
-if TYPE_CHECKING:
-    from vllm_fleet.router.pool import Lease
-    from vllm_fleet.router.router import Router
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +67,10 @@ class RoutedStream:
     `worker`, `attempts` and `migrations` describe what happened so far; errors that stop the
     request before its first chunk (RateLimitedError, NoWorkerError, InvalidRequestError, or
     failover exhausted) are raised from the first `__anext__`, or earlier from `admit()`.
+    Made by `Router.stream`, which hands it the router's StreamContext.
     """
 
-    def __init__(self, router: Router, request: GenerateRequest, features: RequestFeatures, *,
+    def __init__(self, context: StreamContext, request: GenerateRequest, features: RequestFeatures, *,
                  key: str | None, deadline: float | None) -> None:
         self.request = request
         self.features = features
@@ -78,7 +79,7 @@ class RoutedStream:
         self.worker: str | None = None
         self.attempts = 0
         self.migrations = 0
-        self._router = router
+        self._context = context
         self._ticket: Ticket | None = None
         self._gen: AsyncIterator[Chunk] | None = None
         self._samples: dict[tuple[int, int], _Sample] = {}
@@ -101,13 +102,13 @@ class RoutedStream:
         if self._closed:
             raise RuntimeError("stream is closed")
         try:
-            self._ticket = await self._router._admission.admit(
+            self._ticket = await self._context.admission.admit(
                 key=self.key, workload_class=self.features.workload_class,
                 tokens=self.features.cost_tokens, timeout=self._remaining(),
             )
         except RateLimitedError as exc:
-            self._router._metrics.rejections.labels(exc.reason).inc()
-            self._router._metrics.requests.labels(self.features.model or "", "rejected").inc()
+            self._context.metrics.rejections.labels(exc.reason).inc()
+            self._context.metrics.requests.labels(self.features.model or "", "rejected").inc()
             raise
 
     def __aiter__(self) -> RoutedStream:
@@ -138,11 +139,11 @@ class RoutedStream:
 
     async def _run(self) -> AsyncIterator[Chunk]:
         await self.admit()
-        router = self._router
+        ctx = self._context
         n = max(1, self.request.params.n or 1)
         self._samples = {(i, s): _Sample() for i in range(len(self.request.inputs)) for s in range(n)}
         outcome = "error"
-        router._budget.record_request()
+        ctx.budget.record_request()
         tried: set[str] = set()
         try:
             while True:
@@ -174,7 +175,7 @@ class RoutedStream:
                     self._before_retry(exc, address)
                 finally:
                     lease.release()
-                    router._pool.report(address, verdict)
+                    ctx.pool.report(address, verdict)
             outcome = "ok"
         except (asyncio.CancelledError, GeneratorExit):
             outcome = "cancelled"
@@ -183,56 +184,56 @@ class RoutedStream:
             used = self._used_tokens()
             if self._ticket is not None:
                 self._ticket.finish(used)
-            router._metrics.requests.labels(self.features.model or "", outcome).inc()
+            ctx.metrics.requests.labels(self.features.model or "", outcome).inc()
 
     def _pick(self, tried: set[str]) -> tuple[str, Lease]:
         """The best-ranked worker not tried yet whose breaker lets this request through."""
-        router = self._router
-        ranked = router._policy.rank(self.features, router._pool.snapshot())
+        ctx = self._context
+        ranked = ctx.policy.rank(self.features, ctx.pool.snapshot())
         for address in [a for a in ranked if a not in tried] + [a for a in ranked if a in tried]:
-            lease = router._pool.try_acquire(address, self._remaining_cost())
+            lease = ctx.pool.try_acquire(address, self._remaining_cost())
             if lease is not None:
                 return address, lease
-        router._metrics.rejections.labels("no_worker").inc()
+        ctx.metrics.rejections.labels("no_worker").inc()
         model = f" for model {self.features.model!r}" if self.features.model else ""
-        raise NoWorkerError(f"no serving worker{model} can take the request now", retry_after=router._pool.retry_after())
+        raise NoWorkerError(f"no serving worker{model} can take the request now", retry_after=ctx.pool.retry_after())
 
     def _before_retry(self, exc: WorkerError, address: str) -> None:
         """Log the failure and decide whether another attempt may follow; re-raise if not."""
-        router = self._router
+        ctx = self._context
         rid = self.request.request_id
-        router._metrics.worker_failures.labels(address, type(exc).__name__).inc()
+        ctx.metrics.worker_failures.labels(address, type(exc).__name__).inc()
         logger.warning("attempt %d on %s failed: %s", self.attempts, address, exc, extra={"request_id": rid})
         if isinstance(exc, DeadlineExceededError):
             raise exc
-        if self.attempts >= router.config.max_attempts:
+        if self.attempts >= ctx.config.max_attempts:
             raise exc
-        if not router._budget.try_spend():
-            router._metrics.rejections.labels("retry_budget").inc()
+        if not ctx.budget.try_spend():
+            ctx.metrics.rejections.labels("retry_budget").inc()
             logger.warning("retry budget exhausted; not retrying", extra={"request_id": rid})
             raise exc
         if self._delivered:
             self.migrations += 1
-            router._metrics.migrations.inc()
+            ctx.metrics.migrations.inc()
         else:
-            router._metrics.failovers.inc()
-        router._metrics.retries.labels(type(exc).__name__).inc()
+            ctx.metrics.failovers.inc()
+        ctx.metrics.retries.labels(type(exc).__name__).inc()
 
     async def _attempt(self, address: str, lease: Lease) -> AsyncIterator[Chunk]:
         """Stream one attempt's chunks, mapped to the caller's (index, sample)."""
-        router = self._router
+        ctx = self._context
         request, mapping = self._attempt_request()
         timeout = self._remaining()
         if self._deadline_passed():
             raise DeadlineExceededError(f"request {self.request.request_id}: deadline passed", worker=address)
-        client = router._pool.clients.get(address)
-        watchdog = StallWatchdog(lambda: router._pool.progressing(address))
+        client = ctx.connect(address)
+        watchdog = StallWatchdog(lambda: ctx.pool.progressing(address))
         first = True
         try:
             async with contextlib.aclosing(client.generate(request, timeout=timeout)) as chunks:
                 iterator = chunks.__aiter__()
                 while True:
-                    limit = router.config.first_chunk_timeout_s if first else router.config.stall_timeout_s
+                    limit = ctx.config.first_chunk_timeout_s if first else ctx.config.stall_timeout_s
                     chunk = await self._next_chunk(iterator, watchdog, limit, address, first)
                     if chunk is None:
                         break
