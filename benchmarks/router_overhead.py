@@ -11,7 +11,8 @@ WorkerClient and a Router (policy least_outstanding) over that worker, as a gate
    tokens/s, one chunk per token (no coalescing), direct then routed: chunks/s and the
    routed/direct ratio (1.0 = the router keeps up with everything the worker sends).
 3. The router's own CPU per chunk: a stand-in client that yields chunks at no cost, iterated
-   directly and through router.stream() (the machine-noise-free figure behind 2).
+   directly and through router.stream() of a second Router over the same worker whose
+   `connect` returns the stand-in (the machine-noise-free figure behind 2).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sys
 import time
 
 import numpy as np
+from prometheus_client import CollectorRegistry
 
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.processes import free_port
@@ -86,13 +88,17 @@ class InstantClient:
                         usage=Usage(3, self.tokens, 0) if last else None)
 
 
-async def router_us_per_chunk(router: Router, address: str, tokens: int = 20_000, rounds: int = 5) -> tuple[float, float]:
+async def router_us_per_chunk(address: str, tokens: int = 20_000, rounds: int = 5) -> tuple[float, float]:
     """Microseconds per chunk iterating the stand-in directly, and through router.stream()."""
     fake = InstantClient(tokens)
-    real_get = router.clients.get
-    router.clients.get = lambda a: fake  # only this measurement sees the stand-in
+    # Its own Router, so only this measurement sees the stand-in; health and Load still come
+    # from the real worker, which keeps it in rotation.
+    router = Router(StaticRegistry.from_spec(address), RouterConfig(), metrics_registry=CollectorRegistry(),
+                    connect=lambda a: fake)
     bare, routed = [], []
     try:
+        await router.start()
+        await router.wait_ready(timeout=30)
         for i in range(rounds):
             started = time.perf_counter()
             async for _ in fake.generate(request(f"bare{i}", tokens)):
@@ -103,7 +109,7 @@ async def router_us_per_chunk(router: Router, address: str, tokens: int = 20_000
                 pass
             routed.append((time.perf_counter() - started) / tokens * 1e6)
     finally:
-        router.clients.get = real_get
+        await router.close()
     return float(np.median(bare)), float(np.median(routed))
 
 
@@ -135,7 +141,7 @@ async def main(args: argparse.Namespace) -> None:
             d_rates.append(await chunks_per_s(direct, args.streams, args.tokens, f"sd{round_}"))
             r_rates.append(await chunks_per_s(routed, args.streams, args.tokens, f"sr{round_}"))
         d_rate, r_rate = float(np.median(d_rates)), float(np.median(r_rates))
-        bare_us, routed_us = await router_us_per_chunk(router, address)
+        bare_us, routed_us = await router_us_per_chunk(address)
     finally:
         await router.close()
         await client.close()

@@ -10,11 +10,14 @@ demand, so the client's stream is made to break right after the worker's last ch
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from chaos_support import collect, router_for, text_request
+from chaos_support import collect, text_request
 from support import wait_until
+from vllm_fleet.client import ClientPool
 from vllm_fleet.errors import WorkerUnavailableError
-from vllm_fleet.router import RouterConfig
+from vllm_fleet.registry import StaticRegistry
+from vllm_fleet.router import Router, RouterConfig
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,22 +25,36 @@ pytestmark = pytest.mark.timeout(120)
 async def test_a_stream_broken_after_its_last_chunk_is_a_whole_answer(workers):
     pool = await workers(2, mock_tokens_per_s=500, mock_ttft_ms=2)
     config = RouterConfig(policy="round_robin", retry_budget_min_per_s=100)
-    async with router_for([w.address for w in pool], config) as router:
-        await wait_until(lambda: sum(v.state == "serving" for v in router.snapshot()) == 2, timeout=20,
-                         message="both workers serving")
-        reference = await collect(router.stream(text_request("reference", "last words", 12)))
-        for worker in pool:
-            client = router._pool.clients.get(worker.address)
-            client.generate = _dies_after_last_chunk(client.generate, worker.address)
-        stream = router.stream(text_request("broken", "last words", 12))
-        text, finish = await collect(stream)
+    clients = ClientPool()
+    broken = False
+
+    def connect(address: str):
+        client = clients.get(address)
+        return DiesAfterLastChunk(client, address) if broken else client
+
+    registry = StaticRegistry.from_spec(",".join(w.address for w in pool))
+    try:
+        async with Router(registry, config, clients, metrics_registry=CollectorRegistry(), connect=connect) as router:
+            await wait_until(lambda: sum(v.state == "serving" for v in router.snapshot()) == 2, timeout=20,
+                             message="both workers serving")
+            reference = await collect(router.stream(text_request("reference", "last words", 12)))
+            broken = True
+            stream = router.stream(text_request("broken", "last words", 12))
+            text, finish = await collect(stream)
+    finally:
+        await clients.close()
     assert (text, finish) == reference
     assert stream.attempts == 1, "a finished request was sent again"
 
 
-def _dies_after_last_chunk(generate, address: str):
-    async def broken(request, **options):
-        async for chunk in generate(request, **options):
+class DiesAfterLastChunk:
+    """A worker's client whose stream breaks right after the worker's last chunk."""
+
+    def __init__(self, client, address: str) -> None:
+        self.client = client
+        self.address = address
+
+    async def generate(self, request, **options):
+        async for chunk in self.client.generate(request, **options):
             yield chunk
-        raise WorkerUnavailableError(f"worker {address} unavailable: Socket closed", worker=address)
-    return broken
+        raise WorkerUnavailableError(f"worker {self.address} unavailable: Socket closed", worker=self.address)

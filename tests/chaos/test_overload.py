@@ -34,12 +34,11 @@ async def test_abusive_key_is_limited_and_polite_key_is_served(workers, start_ga
     abusive_body = {"model": "chaos", "prompt": "abusive", "max_tokens": 40, "ignore_eos": True}
     polite = {"Authorization": "Bearer sk-polite"}
     abusive = {"Authorization": "Bearer sk-abusive"}
-    queue = server.router._admission.queues["short"]
     depths: list[int] = []
 
     async def sample_depth() -> None:
         while True:
-            depths.append(queue.depth)
+            depths.append(server.router.queue_depths()["short"])
             await asyncio.sleep(0.01)  # a sampling period, not synchronisation
 
     async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=128)) as http:

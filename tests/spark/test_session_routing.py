@@ -13,9 +13,10 @@ from prometheus_client import CollectorRegistry
 from support import wait_until
 from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
 from vllm_fleet.registry import StaticRegistry
-from vllm_fleet.router import Router
 from vllm_fleet.router.features import RequestFeatures
+from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import make_policy, ring_order
+from vllm_fleet.router.pool import Pool
 from vllm_fleet.router.snapshot import DOWN, SERVING, PoolSnapshot, WorkerView
 from vllm_fleet.spark.config import SparkGenerateConfig
 
@@ -53,14 +54,14 @@ def test_a_session_moves_only_while_its_worker_is_down_and_comes_back():
 class ScriptedClient:
     """Answers health from a script (then SERVING), noting the worker's state at each check."""
 
-    def __init__(self, address: str, router: list) -> None:
+    def __init__(self, address: str, pool: list) -> None:
         self.address = address
         self.script: list[str] = []
         self.states: list[str] = []   # the router's view of this worker when each check began
-        self._router = router
+        self._pool = pool
 
     async def health(self, *, timeout: float) -> str:
-        view = self._router[0].snapshot().get(self.address) if self._router else None
+        view = self._pool[0].snapshot().get(self.address) if self._pool else None
         self.states.append(view.state if view else "")
         return self.script.pop(0) if self.script else "SERVING"
 
@@ -74,10 +75,10 @@ class ScriptedClient:
 class ScriptedClients:
     def __init__(self) -> None:
         self.clients: dict[str, ScriptedClient] = {}
-        self.router: list[Router] = []
+        self.pool: list[Pool] = []
 
     def get(self, address: str) -> ScriptedClient:
-        return self.clients.setdefault(address, ScriptedClient(address, self.router))
+        return self.clients.setdefault(address, ScriptedClient(address, self.pool))
 
     async def close(self) -> None:
         pass
@@ -86,12 +87,13 @@ class ScriptedClients:
 async def test_one_late_health_answer_does_not_take_a_worker_out_of_rotation():
     clients = ScriptedClients()
     config = SparkGenerateConfig(workers=WORKERS[:2], prompt_col="text", session_col="chat", turn_col="turn")
-    router = Router(StaticRegistry.from_spec(WORKERS[:2]), config.router_config().model_copy(
-        update={"health_poll_interval_s": 0.05}), pool=clients, metrics_registry=CollectorRegistry())
-    clients.router.append(router)
-    await router.start()
+    # The router's worker pool on its own: the test reports a failed request to it directly.
+    worker_pool = Pool(StaticRegistry.from_spec(WORKERS[:2]), clients, config.router_config().model_copy(
+        update={"health_poll_interval_s": 0.05}), RouterMetrics.for_registry(CollectorRegistry()))
+    clients.pool.append(worker_pool)
+    await worker_pool.start()
     try:
-        await wait_until(lambda: len(router.snapshot().eligible()) == 2, timeout=10, message="both serving")
+        await wait_until(lambda: len(worker_pool.snapshot().eligible()) == 2, timeout=10, message="both serving")
         starved, dead = (clients.get(a) for a in WORKERS[:2])
 
         # One miss, then an answer: the worker never leaves rotation.
@@ -105,13 +107,13 @@ async def test_one_late_health_answer_does_not_take_a_worker_out_of_rotation():
         dead.script = ["UNREACHABLE"] * 2
         await wait_until(lambda: DOWN in dead.states[seen:], timeout=10, message="dead worker down")
         assert dead.states[seen:seen + 2] == [SERVING, SERVING]
-        await wait_until(lambda: router.snapshot().get(dead.address).state == SERVING, timeout=10, message="back")
+        await wait_until(lambda: worker_pool.snapshot().get(dead.address).state == SERVING, timeout=10, message="back")
 
         # After a failed request, one miss is enough.
         seen = len(starved.states)
         starved.script = ["UNREACHABLE", "SERVING"]
-        router._pool.report(starved.address, ok=False)
+        worker_pool.report(starved.address, ok=False)
         await wait_until(lambda: len(starved.states) >= seen + 2, timeout=10, message="starved worker re-checked")
         assert starved.states[seen + 1] == DOWN
     finally:
-        await router.close()
+        await worker_pool.close()
