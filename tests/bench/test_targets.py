@@ -7,7 +7,7 @@ import pytest
 from vllm_fleet.bench.config import BenchConfig
 from vllm_fleet.bench.record import RequestRecord
 from vllm_fleet.bench.targets import make_target
-from vllm_fleet.bench.targets.http import HttpTarget, _has_output, _settle_token_counts
+from vllm_fleet.bench.targets.http import HttpTarget, has_output, settle_token_counts
 from vllm_fleet.bench.targets.worker import fit_token_ids, generate_request
 from vllm_fleet.bench.workloads import BenchItem
 from vllm_fleet.errors import ConfigError
@@ -19,14 +19,14 @@ def record_with_chunks(n: int) -> RequestRecord:
 
 def test_usage_wins_over_chunk_count_and_is_spread_over_coalesced_chunks():
     record = record_with_chunks(3)
-    _settle_token_counts(record, 8)
+    settle_token_counts(record, 8)
     assert record.output_tokens == 8
     assert record.chunk_tokens == [3, 3, 2]
 
 
 def test_chunk_count_when_the_server_reports_no_usage():
     record = record_with_chunks(5)
-    _settle_token_counts(record, None)
+    settle_token_counts(record, None)
     assert record.output_tokens == 5
 
 
@@ -37,7 +37,7 @@ def test_chunk_count_when_the_server_reports_no_usage():
     ({"choices": [], "usage": {"completion_tokens": 3}}, False),
 ])
 def test_only_chunks_with_text_count_as_output(event, has):
-    assert _has_output(event) is has
+    assert has_output(event) is has
 
 
 def test_http_body_carries_session_usage_request_and_ignore_eos():

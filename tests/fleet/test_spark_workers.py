@@ -39,7 +39,7 @@ async def test_one_worker_per_task_registered_then_stopped_with_the_job(spark, z
             assert await _serving(address)
     finally:
         await loop.run_in_executor(None, handle.stop, 60)
-    assert "error" not in handle._outcome and sorted(handle._outcome["result"]) == addresses
+    assert sorted(handle.result()) == addresses
     assert handle.addresses() == []
     for address in addresses:
         await wait_until(lambda: _unreachable(address), timeout=15, message=f"{address} stopped with the job")

@@ -59,8 +59,7 @@ class SparkWorkers:
         """Until all `num_workers` are registered; raises TimeoutError (or the job's error)."""
         deadline = time.monotonic() + timeout
         while True:
-            if "error" in self._outcome:
-                raise RuntimeError(f"Spark worker job failed: {self._outcome['error']}")
+            self._raise_if_failed()
             found = self.addresses()
             if len(found) >= self.num_workers:
                 return found
@@ -75,6 +74,18 @@ class SparkWorkers:
         if self._thread.is_alive():
             raise TimeoutError(f"Spark worker job {self.job_id} did not end within {timeout:.0f}s")
         _clear_job(self.registry, self.job_id)
+
+    def result(self) -> list[str]:
+        """The address each task's worker served on, once the job ended (after `stop`);
+        raises RuntimeError if the job failed or is still running."""
+        self._raise_if_failed()
+        if "result" not in self._outcome:
+            raise RuntimeError(f"Spark worker job {self.job_id} is still running: call stop() first")
+        return list(self._outcome["result"])
+
+    def _raise_if_failed(self) -> None:
+        if "error" in self._outcome:
+            raise RuntimeError(f"Spark worker job failed: {self._outcome['error']}")
 
 
 def start_spark_workers(spark, *, registry: str, num_workers: int, engine: EngineConfig,

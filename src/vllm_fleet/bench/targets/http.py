@@ -93,7 +93,7 @@ class HttpTarget(Target):
                 text = (await response.read()).decode("utf-8", "replace")[:300]
                 raise TargetError(f"http_{response.status}", text)
             usage_tokens = await self._read_events(response, record, clock)
-        _settle_token_counts(record, usage_tokens)
+        settle_token_counts(record, usage_tokens)
 
     async def _read_events(self, response: aiohttp.ClientResponse, record: RequestRecord,
                            clock: Clock) -> int | None:
@@ -112,7 +112,7 @@ class HttpTarget(Target):
             if "error" in event:
                 error = event["error"]
                 raise TargetError("stream_error", str(error.get("message") if isinstance(error, dict) else error))
-            if _has_output(event):
+            if has_output(event):
                 record.chunk_times.append(now)
                 record.chunk_tokens.append(1)
             usage = event.get("usage")
@@ -122,7 +122,7 @@ class HttpTarget(Target):
         return usage_tokens
 
 
-def _has_output(event: dict) -> bool:
+def has_output(event: dict) -> bool:
     for choice in event.get("choices") or ():
         delta = choice.get("delta")
         if choice.get("text") or (isinstance(delta, dict) and delta.get("content")):
@@ -130,7 +130,7 @@ def _has_output(event: dict) -> bool:
     return False
 
 
-def _settle_token_counts(record: RequestRecord, usage_tokens: int | None) -> None:
+def settle_token_counts(record: RequestRecord, usage_tokens: int | None) -> None:
     """Output tokens = usage when given, else chunks. When usage says more tokens than chunks
     arrived (the server coalesced), spread them over the chunks so ITL stays per token."""
     chunks = len(record.chunk_times)
