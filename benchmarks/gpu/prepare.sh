@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Builds, on a machine with PyPI, the parts benchmarks/gpu/stage.sh installs on the GPU machine:
-#   .gpu/vllm.part00, .gpu/vllm.part01, .gpu/deps/, .gpu/third_party.tgz  (vLLM 0.26.0, pruned;
-#       the recipe of ../shared/gpu/prepare-vllm.sh, verified on an H200 on 2026-11-30)
+#   .gpu/vllm.part00, .gpu/vllm.part01, .gpu/deps/, .gpu/third_party.tgz  (vLLM 0.26.0, pruned:
+#       benchmarks/gpu/pack_vllm.sh, verified on an H200 on 2026-11-30)
 #   .gpu/fleet/   grpcio, protobuf and grpcio-health-checking at the versions our generated code needs,
 #                 nvidia-ml-py (GPU discovery through NVML) and aiohttp (the bench's HTTP client)
-#   .gpu/srv/     what vLLM's OpenAI server imports beyond the engine's path (the recipe covered
+#   .gpu/srv/     what vLLM's OpenAI server imports beyond the engine's path (pack_vllm.sh covers
 #                 only the offline engine): watchfiles, model-hosting-container-standards, ...
 #   .gpu/nginx.deb  Debian's nginx, for the round-robin baseline (unpacked with dpkg -x there)
 # .gpu/ must stay out of git: echo /.gpu/ >> .git/info/exclude
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=.gpu
-RECIPE=${RECIPE:-../shared/gpu/prepare-vllm.sh}
-[[ -f $OUT/vllm.part01 ]] || bash "$RECIPE" "$OUT"
-PY=${PY:-$HOME/.cache/vllm-fleet/venv-py311/bin/python}
+[[ -f $OUT/vllm.part01 ]] || bash benchmarks/gpu/pack_vllm.sh "$OUT"
+# The versions below are the ones our venv runs with: $PY, else the project venv (bootstrap.sh
+# creates or reuses it and sets PY).
+[[ -n ${PY:-} ]] || source scripts/bootstrap.sh
 version() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))"; }
 mkdir -p "$OUT/fleet"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -24,7 +24,7 @@ VLLM_PY=${VLLM_PY:-python3}
 FLEET_PY=${FLEET_PY:-python3}
 MODEL=${MODEL:?set MODEL to a model folder}
 NAME=${NAME:-qwen3.5-9b}
-RESULTS=${RESULTS:-/tmp/gpu-results}
+RESULTS=${RESULTS:-${TMPDIR:-/tmp}/gpu-results}
 RATES=${RATES:-4,8,16,inf}
 NUM=${NUM:-192}                      # measured requests per rate (inf: all at once)
 INF_NUM=${INF_NUM:-512}
@@ -160,7 +160,7 @@ vllm_server() {  # vllm_server NAME GPU PORT [extra]
     local name=$1 gpu=$2 port=$3; shift 3
     # Its own compile cache by default: it may start beside our worker, and two first compilations
     # must not write one cache folder at once. STOCK_CACHE_ROOT shares one already warm instead.
-    start "$name" "$gpu" env VLLM_CACHE_ROOT=${STOCK_CACHE_ROOT:-/tmp/vllm-cache-$name} $VLLM_PY -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$NAME" \
+    start "$name" "$gpu" env VLLM_CACHE_ROOT=${STOCK_CACHE_ROOT:-${TMPDIR:-/tmp}/vllm-cache-$name} $VLLM_PY -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$NAME" \
         --host 127.0.0.1 --port "$port" $ENGINE_OPTS $VLLM_EXTRA --disable-uvicorn-access-log "$@"
 }
 

@@ -17,20 +17,23 @@
 # and a fresh one needs all three staging runs and cold engine starts (~3.5 min each) again.
 # `install` installs whichever parts this run carried, so each run's step is the same command.
 #
-# vLLM and its missing dependencies go to /tmp/site (PYTHONPATH of stock vLLM); the versions of
-# grpcio/protobuf our generated code needs go to /tmp/fleet-site, first on our processes' path
-# only, so the stock server runs exactly as it would without us.
+# Everything staged lives under $GPU_STAGE_ROOT (default /tmp, the paths above), outside the
+# repo folder that each run lays anew. vLLM and its missing dependencies go to ROOT/site
+# (PYTHONPATH of stock vLLM); the versions of grpcio/protobuf our generated code needs go to
+# ROOT/fleet-site, first on our processes' path only, so the stock server runs exactly as it
+# would without us.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SITE=/tmp/site FLEET_SITE=/tmp/fleet-site MODEL_DIR=/tmp/models/qwen3.5-9b
+ROOT=${GPU_STAGE_ROOT:-/tmp}
+SITE=$ROOT/site FLEET_SITE=$ROOT/fleet-site MODEL_DIR=$ROOT/models/qwen3.5-9b
 
 case ${1:?usage: stage.sh part FILE | install} in
 part)
-    mkdir -p /tmp/stage && cp "${2:?part file}" /tmp/stage/
-    ls -la /tmp/stage ;;
+    mkdir -p "$ROOT/stage" && cp "${2:?part file}" "$ROOT/stage/"
+    ls -la "$ROOT/stage" ;;
 install)
     if [[ -f .gpu/nginx.deb ]]; then
-        dpkg -x .gpu/nginx.deb /tmp/nginx && /tmp/nginx/usr/sbin/nginx -v
+        dpkg -x .gpu/nginx.deb "$ROOT/nginx" && "$ROOT/nginx/usr/sbin/nginx" -v
     fi
     if [[ -d .gpu/fleet ]]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$FLEET_SITE" .gpu/fleet/*.whl
@@ -38,7 +41,7 @@ install)
     fi
     if [[ -d .gpu/deps ]]; then
         mkdir -p "$SITE"
-        cat /tmp/stage/vllm.part* | xz -dc -T0 | tar -x -C "$SITE"
+        cat "$ROOT"/stage/vllm.part* | xz -dc -T0 | tar -x -C "$SITE"
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/deps/*.whl
         tar -xzf .gpu/third_party.tgz -C "$SITE"
     fi
@@ -47,13 +50,13 @@ install)
         echo "vLLM: $(du -sh $SITE | cut -f1) in $SITE"
     fi
     [[ -f $MODEL_DIR/tokenizer.json ]] || python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3.5-9b "$MODEL_DIR"
-    cat >/tmp/gpu-env.sh <<ENV
+    cat >"$ROOT/gpu-env.sh" <<ENV
 export VLLM_PY="env PYTHONPATH=$SITE python3"
 export FLEET_PY="env PYTHONPATH=$FLEET_SITE:$PWD/src:$SITE python3"
-export MODEL=$MODEL_DIR NGINX=/tmp/nginx/usr/sbin/nginx
+export MODEL=$MODEL_DIR NGINX=$ROOT/nginx/usr/sbin/nginx
 export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ENV
-    echo "env in /tmp/gpu-env.sh" ;;
+    echo "env in $ROOT/gpu-env.sh" ;;
 *)
     echo "usage: stage.sh part FILE | install" >&2; exit 2 ;;
 esac

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vllm_fleet.fleet.capacity import (
@@ -9,7 +11,9 @@ from vllm_fleet.fleet.capacity import (
 )
 from vllm_fleet.fleet.model_shape import load_shape, shape_from_config
 
-CONFIGS = "/work/shared/gpu/configs"
+REPO = Path(__file__).resolve().parents[2]
+QWEN35_CONFIG = REPO / "benchmarks" / "gpu" / "configs" / "qwen3.5-9b"   # the one the GPU benchmark loads
+QWEN3_CONFIG = REPO / "tests" / "fleet" / "fixtures" / "qwen3-8b"
 KiB, MiB = 1024, 1024**2
 
 
@@ -44,7 +48,7 @@ def test_hybrid_qwen35_gated_deltanet_state_per_sequence():
 
 
 def test_local_config_folder_matches_builtin_table():
-    local = load_shape(f"{CONFIGS}/qwen3.5-9b")
+    local = load_shape(str(QWEN35_CONFIG))
     builtin = qwen35()
     assert kv_bytes_per_token(local) == kv_bytes_per_token(builtin)
     assert state_bytes_per_sequence(local) == state_bytes_per_sequence(builtin)
@@ -54,7 +58,7 @@ def test_local_config_folder_matches_builtin_table():
 def test_weights_from_parameter_count():
     # Qwen3-8B: embed+lm_head 2×151,936×4,096 + 36 × (MLP 3×4,096×12,288 + attn 4,096×(4,096+2×1,024) + 4,096²)
     expected = 2 * 151936 * 4096 + 36 * (3 * 4096 * 12288 + 4096 * (4096 + 2 * 1024) + 4096 * 4096)
-    shape = load_shape(f"{CONFIGS}/qwen3-8b")
+    shape = load_shape(str(QWEN3_CONFIG))
     assert shape.parameter_count() == expected
     assert shape.weight_bytes() == expected * 2
 
