@@ -1,4 +1,8 @@
-"""Plain dataclasses for everything that crosses the worker protocol."""
+"""Plain dataclasses for everything that crosses the worker protocol.
+
+Each crosses the wire unchanged (tests/protocol checks the round trip), within what the wire
+holds: floats as 32 bits, integers within their proto widths, and the canonical forms below.
+"""
 
 from __future__ import annotations
 
@@ -82,7 +86,11 @@ class TokenLogprob:
 
 @dataclass(slots=True)
 class Chunk:
-    """A delta of one (input index, sample) stream. `usage` is set on its final chunk."""
+    """A delta of one (input index, sample) stream. `usage` is set on its final chunk.
+
+    `finish_reason`, `stop_reason` and `logprobs` are None when absent, never empty: the wire
+    cannot tell an empty value from an absent one, and reads both back as None.
+    """
 
     index: int
     sample: int
