@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from support import WorkerProcess, free_port, vllm_worker_args, worker_env
+from support import WorkerProcess, vllm_worker_args, worker_env
 
 VLLM_START_TIMEOUT_S = 600.0
 
@@ -32,7 +32,7 @@ def mock_worker_factory():
                     args.append(flag)
                 elif value is not False and value is not None:
                     args += [flag, str(value)]
-            worker = WorkerProcess(args=args, env=worker_env(), port=free_port()).start()
+            worker = WorkerProcess(args, worker_env()).start()
             started.append(worker)
             await worker.wait_serving(timeout)
             return worker
@@ -44,8 +44,7 @@ def mock_worker_factory():
 
 def _start_vllm(cores: str) -> WorkerProcess:
     args, env = vllm_worker_args(cores)
-    worker = WorkerProcess(args=args, env=env, port=free_port()).start()
-    return worker
+    return WorkerProcess(args, env).start()
 
 
 @pytest.fixture(scope="session")

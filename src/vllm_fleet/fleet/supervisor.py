@@ -1,9 +1,9 @@
 """The node supervisor: start the planned workers, register them, keep them alive, drain them.
 
-Each worker is a subprocess (`python -m vllm_fleet.cli worker ...`) in its own process group,
-so stopping it also stops the vLLM engine-core process it spawned. The kernel kills it if the
-supervisor dies (PR_SET_PDEATHSIG), so even a SIGKILLed supervisor leaves no orphan serving
-stale weights on a GPU.
+Each worker is a `WorkerProcess` (`python -m vllm_fleet.cli worker ...` in its own process
+group, so stopping it also stops the vLLM engine-core process it spawned). The kernel kills it
+if the supervisor dies (PR_SET_PDEATHSIG), so even a SIGKILLed supervisor leaves no orphan
+serving stale weights on a GPU.
 
 A crashed worker is deregistered at once and restarted after a backoff that doubles with
 each restart in the window; one that crashes `max_restarts` times within `restart_window_s`
@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import logging
-import os
 import signal
 import socket
 import tempfile
@@ -24,27 +22,15 @@ import time
 from pathlib import Path
 
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.errors import WorkerError
+from vllm_fleet.errors import ProcessStartError, WorkerError
 from vllm_fleet.fleet.config import SupervisorConfig
 from vllm_fleet.fleet.plan import Plan, WorkerSpec
+from vllm_fleet.fleet.worker_process import WorkerProcess
 from vllm_fleet.registry.base import Registry, WorkerRecord
 
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 UNHEALTHY_CHECKS = 3     # consecutive failed health checks before a live worker is deregistered
-
-
-def die_with_parent(parent_pid: int):
-    """preexec_fn: SIGKILL this child when the parent dies (Linux), even by SIGKILL."""
-    def preexec() -> None:
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:  # not Linux: the process group kill on stop still applies
-            return
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-    return preexec
 
 
 class ManagedWorker:
@@ -57,19 +43,20 @@ class ManagedWorker:
         self.log_path = log_dir / f"worker-{spec.worker_id}.log"
         self.state = "new"            # starting, serving, unhealthy, backoff, failed, stopped
         self.restarts: collections.deque[float] = collections.deque()
-        self.process: asyncio.subprocess.Process | None = None
+        self.process = WorkerProcess(command=spec.argv(), env=spec.env, host=spec.host, port=spec.port,
+                                     log_path=self.log_path, die_with_parent=True)
         self.serving = asyncio.Event()
         self._stopping = False
         self._registered = False
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if self.process else None
+        return self.process.pid
 
     async def run(self) -> None:
         """Start, watch and restart until stopped or given up."""
         while not self._stopping:
-            await self._spawn()
+            self._spawn()
             await self._serve_until_exit()
             await self._deregister()
             if self._stopping:
@@ -78,8 +65,9 @@ class ManagedWorker:
             if not self._may_restart():
                 self.state = "failed"
                 logger.error("worker %s (%s) exited with %s and restarted %d times in %.0fs: flapping, given up; "
-                             "see %s", self.spec.worker_id, self.spec.device, code, len(self.restarts),
-                             self.config.restart_window_s, self.log_path)
+                             "the end of its log (%s):\n%s", self.spec.worker_id, self.spec.device, code,
+                             len(self.restarts), self.config.restart_window_s, self.log_path,
+                             self.process.log_tail(20))
                 return
             delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (len(self.restarts) - 1))
             self.state = "backoff"
@@ -97,40 +85,29 @@ class ManagedWorker:
         self.restarts.append(now)
         return True
 
-    async def _spawn(self) -> None:
+    def _spawn(self) -> None:
         self.state = "starting"
         self.serving.clear()
-        env = {**os.environ, **self.spec.env}
-        with open(self.log_path, "ab") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                *self.spec.argv(), env=env, stdin=asyncio.subprocess.DEVNULL, stdout=log,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
-            )
+        self.process.start()
         logger.info("worker %s (%s) started: pid %s, %s", self.spec.worker_id, self.spec.device, self.process.pid,
                     self.spec.address)
 
     async def _serve_until_exit(self) -> None:
         """Wait for SERVING (or exit), register, then health-check until the process exits."""
-        exited = asyncio.ensure_future(self.process.wait())
-        client = WorkerClient(self.spec.address)
         try:
-            ready = asyncio.ensure_future(client.wait_serving(timeout=self.config.startup_timeout_s))
-            await asyncio.wait({exited, ready}, return_when=asyncio.FIRST_COMPLETED)
-            if not ready.done():
-                ready.cancel()
-                return
-            if ready.exception() is not None:
-                logger.error("worker %s: %s; killing it", self.spec.worker_id, ready.exception())
-                self._kill_group(signal.SIGKILL)
-                await exited
-                return
+            await self.process.wait_serving(self.config.startup_timeout_s)
+        except ProcessStartError as exc:
+            if exc.returncode is None:  # alive but not serving in time: a hung start
+                logger.error("worker %s not SERVING after %.0fs; killing it (log %s)", self.spec.worker_id,
+                             self.config.startup_timeout_s, self.log_path)
+                self.process.kill()
+            return
+        async with WorkerClient(self.spec.address) as client:
             await self._register(client)
             self.state = "serving"
             self.serving.set()
             logger.info("worker %s (%s) SERVING at %s", self.spec.worker_id, self.spec.device, self.spec.address)
-            await self._watch_health(client, exited)
-        finally:
-            await client.close()
+            await self._watch_health(client, asyncio.ensure_future(self.process.wait_exit()))
 
     async def _watch_health(self, client: WorkerClient, exited: asyncio.Future) -> None:
         failures = 0
@@ -178,28 +155,10 @@ class ManagedWorker:
             logger.warning("worker %s: could not deregister", self.spec.worker_id, exc_info=True)
 
     async def stop(self, grace_s: float) -> None:
-        """Drain: deregister, SIGTERM the worker's group, SIGKILL whatever is left after `grace_s`."""
+        """Drain: deregister, SIGTERM the worker, SIGKILL whatever is left of its group after `grace_s`."""
         self._stopping = True
         await self._deregister()
-        process = self.process
-        if process is None or process.returncode is not None:
-            self._kill_group(signal.SIGKILL)  # the engine core may outlive its worker
-            return
-        self._kill_group(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), grace_s)
-        except asyncio.TimeoutError:
-            logger.warning("worker %s did not drain in %.0fs: killing it", self.spec.worker_id, grace_s)
-        self._kill_group(signal.SIGKILL)
-        await process.wait()
-
-    def _kill_group(self, sig: int) -> None:
-        if self.process is None:
-            return
-        try:
-            os.killpg(self.process.pid, sig)  # the worker leads its own group (start_new_session)
-        except (ProcessLookupError, PermissionError):
-            pass
+        await self.process.astop(grace_s)
 
 
 def _advertised(spec: WorkerSpec) -> str:
