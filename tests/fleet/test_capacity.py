@@ -13,7 +13,7 @@ from vllm_fleet.fleet.model_shape import load_shape, shape_from_config
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN35_CONFIG = REPO / "benchmarks" / "gpu" / "configs" / "qwen3.5-9b"   # the one the GPU benchmark loads
-QWEN3_CONFIG = REPO / "tests" / "fleet" / "fixtures" / "qwen3-8b"
+QWEN3_CONFIG = Path(__file__).parent / "fixtures" / "qwen3-8b"
 KiB, MiB = 1024, 1024**2
 
 
