@@ -7,9 +7,15 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vllm_fleet.config import add_options, from_args
 from vllm_fleet.errors import ConfigError
+
+if TYPE_CHECKING:  # the CLI imports the heavy parts only for the command that runs
+    from vllm_fleet.gateway.config import GatewayConfig
+    from vllm_fleet.registry import Registry
+    from vllm_fleet.router import RouterConfig
 
 
 def register(subparsers) -> None:
@@ -53,7 +59,7 @@ def _run(coro) -> int:
         return asyncio.run(coro)
 
 
-async def _serve_async(config, router_config, registry) -> int:
+async def _serve_async(config: GatewayConfig, router_config: RouterConfig, registry: Registry) -> int:
     from vllm_fleet.gateway.server import GatewayServer
 
     server = GatewayServer(config, router_config, registry)
