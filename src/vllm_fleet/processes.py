@@ -136,7 +136,7 @@ class ServiceProcess:
                 self.command, env={**os.environ, **(self.env or {})}, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec,
             )
-        logger.info("%s started: pid %s, log %s", self.name, self.process.pid, self.log_path)
+        logger.debug("%s started: pid %s, log %s", self.name, self.process.pid, self.log_path)
         return self
 
     def signal(self, sig: int) -> None:

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
-import tempfile
 import time
 
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.processes import free_port, stop_process_group
+from vllm_fleet.errors import ProcessStartError
+from vllm_fleet.fleet.worker_process import WorkerProcess
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 
 DEMO_PROMPTS = [
@@ -41,46 +40,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="vllm-fleet-demo-worker-", suffix=".log", delete=False)
-    command = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--port", str(port), "--engine", args.engine,
-               "--enforce-eager", "--max-model-len", "2048", *args.worker_arg]
+    options = ["--engine", args.engine, "--enforce-eager", "--max-model-len", "2048", *args.worker_arg]
     if args.model:
-        command += ["--model", args.model]
-    print(f"Starting a {args.engine} worker on 127.0.0.1:{port} (log: {log.name}); "
+        options += ["--model", args.model]
+    worker = WorkerProcess(options)
+    print(f"Starting a {args.engine} worker on {worker.address} (log: {worker.log_path}); "
           f"the first start converts the default model and takes a minute or two...", flush=True)
-    worker = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    worker.start()
     try:
-        return asyncio.run(_demo(f"127.0.0.1:{port}", worker, args, log.name))
+        return asyncio.run(_demo(worker, args))
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
     finally:
-        stop_process_group(worker)  # drain, then reap the group (vLLM's engine core included)
+        worker.stop()  # drain, then reap the group (vLLM's engine core included)
         print("Worker stopped; no process left behind.", flush=True)
 
 
-async def _demo(address: str, worker: subprocess.Popen, args: argparse.Namespace, log_path: str) -> int:
-    client = WorkerClient(address)
+async def _demo(worker: WorkerProcess, args: argparse.Namespace) -> int:
+    started = time.monotonic()
     try:
-        started = time.monotonic()
-        while await client.health(timeout=1.0) != "SERVING":
-            if worker.poll() is not None:
-                print(f"The worker exited with code {worker.returncode}. Last lines of its log:\n"
-                      + _tail(log_path), file=sys.stderr)
-                return 1
-            if time.monotonic() - started > args.start_timeout:
-                print(f"The worker did not start within {args.start_timeout:.0f}s; see {log_path}", file=sys.stderr)
-                return 1
-            await asyncio.sleep(0.5)
+        await worker.wait_serving(args.start_timeout)
+    except ProcessStartError as exc:
+        print(f"The worker did not start: {exc}", file=sys.stderr)
+        return 1
+    async with WorkerClient(worker.address) as client:
         info = await client.info()
         print(f"Worker ready in {time.monotonic() - started:.0f}s: model {info.model} "
               f"(engine {info.engine} {info.engine_version}, context {info.max_model_len} tokens)\n")
         for number, prompt in enumerate(args.prompt or DEMO_PROMPTS, 1):
             await _ask(client, f"demo-{number}", prompt, args.max_tokens)
-        return 0
-    finally:
-        await client.close()
+    return 0
 
 
 async def _ask(client: WorkerClient, request_id: str, prompt: str, max_tokens: int) -> None:
@@ -101,7 +91,3 @@ async def _ask(client: WorkerClient, request_id: str, prompt: str, max_tokens: i
     rate = (tokens - 1) / (done - first) if first and tokens > 1 and done > first else 0.0
     print(f"\n\033[2m[TTFT {ttft * 1000:.0f} ms · {tokens} tokens · {rate:.1f} tokens/s]\033[0m\n", flush=True)
 
-
-def _tail(path: str, lines: int = 30) -> str:
-    with open(path, errors="replace") as handle:
-        return "".join(handle.readlines()[-lines:])
