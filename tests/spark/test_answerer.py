@@ -1,4 +1,5 @@
-"""Row-level retries on a mock worker, without Spark: a copy of a running request waits for it."""
+"""Row-level retries, without Spark: a copy of a running request waits for it (on a mock worker),
+and the answerer tells a duplicate from other failures by the error's type (a scripted router)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import asyncio
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.errors import DuplicateRequestError, InvalidRequestError, WorkerUnavailableError
+from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, SamplingParams, Usage
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router
 from vllm_fleet.spark.answerer import Answerer
@@ -37,3 +39,64 @@ async def test_a_retried_task_waits_for_its_first_attempt_instead_of_failing_the
     assert result.error is None, result.error
     assert result.attempts > 1, "the worker refused the copy while the first attempt ran"
     assert result.output == head.text + "".join(c.text for c in rest), "then it ran, with the same answer"
+
+
+class _ScriptedStream:
+    """What Router.stream returns, reduced to what the answerer reads: one outcome per send."""
+
+    attempts = 1
+    worker = "10.0.0.1:50051"
+
+    def __init__(self, outcome: str | Exception) -> None:
+        self._outcome = outcome
+
+    def __aiter__(self):
+        return self._chunks()
+
+    async def _chunks(self):
+        if isinstance(self._outcome, Exception):
+            raise self._outcome
+        yield Chunk(index=0, sample=0, text=self._outcome, token_ids=[1], finish_reason="stop", usage=Usage(3, 1))
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _ScriptedRouter:
+    def __init__(self, *outcomes: str | Exception) -> None:
+        self._outcomes = list(outcomes)
+        self.sent_ids: list[str] = []
+
+    def stream(self, request: GenerateRequest, *, model: str | None, deadline: float) -> _ScriptedStream:
+        self.sent_ids.append(request.request_id)
+        return _ScriptedStream(self._outcomes.pop(0))
+
+
+async def _answer(router: _ScriptedRouter):
+    config = build_config(prompt_col="p", workers=["10.0.0.1:50051"], retry_backoff_s=0.01, row_attempts=4)
+
+    async def no_wait(_: float) -> None:
+        pass
+
+    return await Answerer(router, config, sleep=no_wait).answer(GenerateInput(text="a row"), "spk-row")
+
+
+async def test_a_duplicate_is_sent_again_under_the_same_id_once_the_first_may_have_ended():
+    router = _ScriptedRouter(DuplicateRequestError("request spk-row is still running"), "the answer")
+    result = await _answer(router)
+    assert (result.output, result.error) == ("the answer", None)
+    assert router.sent_ids == ["spk-row", "spk-row"], "a new id would compute the row a second time"
+
+
+async def test_other_recoverable_failures_are_resent_under_a_new_id():
+    router = _ScriptedRouter(WorkerUnavailableError("worker restarted"), "the answer")
+    result = await _answer(router)
+    assert result.output == "the answer"
+    assert router.sent_ids == ["spk-row", "spk-row-r1"]
+
+
+async def test_an_invalid_request_fails_the_row_at_once_whatever_its_message_says():
+    router = _ScriptedRouter(InvalidRequestError("prompt spk-row is already running too long", param="prompt"))
+    result = await _answer(router)
+    assert result.error is not None and result.error.startswith("invalid request")
+    assert router.sent_ids == ["spk-row"], "only the error's type says it is a duplicate, never its text"
