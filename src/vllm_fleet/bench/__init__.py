@@ -8,8 +8,8 @@ Targets: any OpenAI-compatible HTTP server, workers over gRPC, or the router in-
 
 from vllm_fleet.bench.arrivals import ArrivalProcess
 from vllm_fleet.bench.config import BenchConfig
-from vllm_fleet.bench.metrics import Slo, summarize
+from vllm_fleet.bench.metrics import Slo, percentile, summarize
 from vllm_fleet.bench.record import RequestRecord
 from vllm_fleet.bench.run import run_bench
 
-__all__ = ["ArrivalProcess", "BenchConfig", "RequestRecord", "Slo", "run_bench", "summarize"]
+__all__ = ["ArrivalProcess", "BenchConfig", "RequestRecord", "Slo", "percentile", "run_bench", "summarize"]

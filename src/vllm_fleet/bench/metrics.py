@@ -61,6 +61,13 @@ class Slo:
                 if v is not None}
 
 
+def percentile(values: Iterable[float], q: float) -> float:
+    """The `q`-th percentile (0-100) of `values`, in their unit, interpolated linearly between
+    ranks (numpy's default, as in `distribution`); NaN when there are none."""
+    data = np.asarray(list(values), dtype=float)
+    return float(np.percentile(data, q)) if data.size else float("nan")
+
+
 def distribution(values_s: Iterable[float]) -> dict[str, float | None]:
     """mean and percentiles of `values_s` (seconds), in milliseconds; None when there are none."""
     data = np.asarray(list(values_s), dtype=float)
