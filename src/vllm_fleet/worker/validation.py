@@ -1,7 +1,7 @@
 """Request checks that need no engine, and the prompt-length check that needs only its numbers.
 
-Every message names the field and says what to change; the service turns InvalidRequestError
-into gRPC INVALID_ARGUMENT.
+Every message names the field and says what to change, and `param` carries the field's name;
+status.py turns InvalidRequestError into gRPC INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
