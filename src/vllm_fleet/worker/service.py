@@ -35,6 +35,7 @@ from vllm_fleet.worker.validation import Limits, validate_request
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass
 class _Active:
     tasks: list[asyncio.Task] = field(default_factory=list)
@@ -121,6 +122,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             _end_with(outbox, stream, self._status(exc))
 
     def _status(self, exc: Exception) -> RequestStatus:
+        """The status a failed request ends with, on either transport."""
         return status_for(exc, engine_healthy=self.engine.healthy)
 
     async def _run(self, request_id: str, request: GenerateRequest) -> AsyncIterator[Chunk]:
