@@ -12,6 +12,7 @@ RUSAGE_CHILDREN) by the events it received (one per token: the mock sends one to
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import resource
@@ -22,26 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from vllm_fleet.processes import exit_on_sigterm, free_port  # noqa: E402
+from vllm_fleet.fleet.worker_process import WorkerProcess
+from vllm_fleet.processes import GatewayProcess, exit_on_sigterm
 
 HERE = Path(__file__).resolve().parents[1]
 
 
-def wait_http(url: str, timeout: float) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=2) as reply:
-                if b'"id"' in reply.read():
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {timeout:.0f} s")
+async def ready(worker: WorkerProcess, gateway: GatewayProcess) -> None:
+    await worker.wait_serving(60)
+    await gateway.wait_ready(60)
 
 
 def children_cpu() -> float:
@@ -63,30 +53,21 @@ def one_round(src: str, url: str, args: argparse.Namespace, out: Path) -> tuple[
 
 
 def main(args: argparse.Namespace) -> None:
-    worker_port, gateway_port = free_port(), free_port()
-    env = {**os.environ, "PYTHONPATH": str(HERE / "src")}
-    worker = subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "worker", "--engine", "mock", "--port",
-                               str(worker_port), "--mock-tokens-per-s", str(args.tokens_per_s), "--mock-ttft-ms", "1"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    gateway = subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "gateway", "--workers",
-                                f"127.0.0.1:{worker_port}", "--port", str(gateway_port), "--no-access-log"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{gateway_port}"
+    # The worker and gateway run this checkout's code; only the bench's code varies by --src.
+    env = {"PYTHONPATH": str(HERE / "src")}
+    worker = WorkerProcess(["--engine", "mock", "--mock-tokens-per-s", str(args.tokens_per_s), "--mock-ttft-ms", "1"],
+                           env)
+    gateway = GatewayProcess(["--workers", worker.address, "--no-access-log"], env)
     results: dict[str, list[tuple[float, float]]] = {src: [] for src in args.src}
-    try:
-        wait_http(url, 60)
+    with worker, gateway:
+        asyncio.run(ready(worker, gateway))
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(args.rounds):
                 for src in (args.src if r % 2 == 0 else args.src[::-1]):
-                    used, events, elapsed = one_round(src, url, args, Path(tmp) / "report.json")
+                    used, events, elapsed = one_round(src, gateway.url, args, Path(tmp) / "report.json")
                     results[src].append((used / events * 1e6, events / elapsed))
                     print(f"round {r} {src}: {events} events in {elapsed:.1f} s, bench CPU {used:.1f} s = "
                           f"{used / events * 1e6:.1f} µs/event  (load {os.getloadavg()[0]:.1f})", flush=True)
-    finally:
-        for process in (gateway, worker):
-            process.terminate()
-        for process in (gateway, worker):
-            process.wait(timeout=30)
     print("\n| bench code | bench CPU µs per event (median) | events/s (median) |\n|---|---|---|")
     for src, rows in results.items():
         print(f"| {src} | {statistics.median(r[0] for r in rows):.1f} | {statistics.median(r[1] for r in rows):,.0f} |")

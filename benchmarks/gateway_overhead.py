@@ -22,55 +22,28 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 
-import numpy as np
-
-from vllm_fleet.bench.arrivals import ArrivalProcess
+from vllm_fleet.bench import ArrivalProcess, percentile
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.processes import free_port
+from vllm_fleet.fleet.worker_process import WorkerProcess
+from vllm_fleet.processes import GatewayProcess
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
 
-PY = sys.executable
 MODEL = "mock-bench"
 PROMPT = "tell me about the river and the mountain"
 ERRORS: dict[str, int] = {}
+QUIET = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}  # the worker's and gateway's own logging is not what we measure
 
 
-def spawn(args: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, VLLM_FLEET_LOG_LEVEL="WARNING")
-    return subprocess.Popen([PY, "-m", "vllm_fleet.cli", *args], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+def mock_worker(ttft_ms: int, tokens_per_s: int, *extra: str) -> WorkerProcess:
+    return WorkerProcess(["--engine", "mock", "--served-model-name", MODEL, "--mock-ttft-ms", str(ttft_ms),
+                          "--mock-tokens-per-s", str(tokens_per_s), *extra], QUIET, stop_grace_s=15)
 
 
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-async def wait_http(port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            conn = HttpConnection("127.0.0.1", port)
-            await conn.open()
-            status, body = await conn.get("/ready")
-            conn.close()
-            if status == 200:
-                return
-        except OSError:
-            pass
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"gateway on port {port} not ready after {timeout:.0f}s")
+def gateway_for(worker: WorkerProcess, *extra: str) -> GatewayProcess:
+    return GatewayProcess(["--workers", worker.address, "--no-access-log", *extra], QUIET, stop_grace_s=15)
 
 
 class HttpConnection:
@@ -100,11 +73,6 @@ class HttpConnection:
                 k, v = line.split(b":", 1)
                 headers[k.strip().lower()] = v.strip()
         return status, headers
-
-    async def get(self, path: str) -> tuple[int, bytes]:
-        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        status, headers = await self._head()
-        return status, await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
 
     async def stream(self, path: str, body: bytes, started: float) -> tuple[float | None, int]:
         """POST a streaming request; (time to first content event, completion tokens from usage)."""
@@ -231,7 +199,7 @@ async def ttft_pair(rate: float, duration: float, pool: HttpPool, worker: Worker
     cpu_before = cpu_seconds(gateway_pid)
     g_ttft, g_err, g_rate = await open_loop(rate, duration, via_gateway)
     gateway_cpu_us = (cpu_seconds(gateway_pid) - cpu_before) / max(1, len(g_ttft) + g_err) * 1e6
-    pct = lambda xs, q: float(np.percentile(xs, q)) * 1000 if xs else float("nan")  # noqa: E731
+    pct = lambda xs, q: percentile(xs, q) * 1000  # noqa: E731
     return {
         "rate": rate, "achieved_rate": min(d_rate, g_rate), "errors": d_err + g_err, "requests": len(g_ttft),
         "direct_p50_ms": pct(d_ttft, 50), "direct_p99_ms": pct(d_ttft, 99),
@@ -255,65 +223,49 @@ async def throughput(port: int, streams: int, max_tokens: int, gateway_pid: int)
     return tokens / elapsed, tokens, cpu
 
 
-def start_gateway(worker_port: int, *extra: str) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    process = spawn(["--log-level", "WARNING", "gateway", "--workers", f"127.0.0.1:{worker_port}", "--port", str(port),
-                     "--no-access-log", *extra])
-    return process, port
-
-
 async def main(args: argparse.Namespace) -> dict:
     duration = 4.0 if args.quick else 10.0
-    worker_port = free_port()
-    worker = spawn(["--log-level", "WARNING", "worker", "--engine", "mock", "--port", str(worker_port),
-                    "--served-model-name", MODEL, "--mock-ttft-ms", "5", "--mock-tokens-per-s", "2000"])
-    gateway, gw_port = start_gateway(worker_port)
-    processes = [worker, gateway]
-    client = WorkerClient(f"127.0.0.1:{worker_port}")
     results: dict = {}
-    try:
-        await client.wait_serving(timeout=60)
-        await wait_http(gw_port)
-        pool = HttpPool(gw_port)
-        await ttft_pair(50, 1.0, pool, client, gateway.pid)  # warm-up: connections, caches
-        results["at_200"] = await ttft_pair(200, duration, pool, client, gateway.pid)
-        print(json.dumps(results["at_200"]), flush=True)
-        sweep = []
-        for rate in ([400, 800, 1200] if args.quick else [300, 400, 500, 600, 800, 1000, 1200, 1500]):
-            point = await ttft_pair(rate, duration / 2, pool, client, gateway.pid)
-            print(json.dumps(point), flush=True)
-            if ERRORS:
-                print("errors:", ERRORS, flush=True)
-            sweep.append(point)
-            if point["added_p99_ms"] > 10 or point["errors"] or point["achieved_rate"] < 0.95 * rate:
-                break
-        results["sweep"] = sweep
-        ok = [p["rate"] for p in [results["at_200"], *sweep]
-              if p["added_p99_ms"] <= 10 and not p["errors"] and p["achieved_rate"] >= 0.95 * p["rate"]]
-        results["max_rate_p99_added_le_10ms"] = max(ok) if ok else None
-        pool.close()
-        stop(gateway)
-        stop(worker)
-        # Throughput: a fast worker, long outputs, worker-side coalescing every 20 ms.
-        worker_port = free_port()
-        worker = spawn(["--log-level", "WARNING", "worker", "--engine", "mock", "--port", str(worker_port),
-                        "--served-model-name", MODEL, "--mock-ttft-ms", "1", "--mock-tokens-per-s", "20000",
-                        "--mock-max-model-len", "65536"])
-        gateway, gw_port = start_gateway(worker_port, "--stream-interval-ms", "20")
-        processes += [worker, gateway]
-        await WorkerClient(f"127.0.0.1:{worker_port}").wait_serving(timeout=60)
-        await wait_http(gw_port)
-        await throughput(gw_port, 4, 2000, gateway.pid)  # warm-up
-        tps, tokens, cpu = await throughput(gw_port, 64, 8000 if args.quick else 20000, gateway.pid)
-        results["tokens_per_s"] = tps
-        results["tokens"] = tokens
-        results["tokens_per_gateway_cpu_s"] = tokens / max(cpu, 1e-9)
-        print(json.dumps({"tokens_per_s": round(tps), "tokens": tokens, "gateway_cpu_s": cpu}), flush=True)
-    finally:
-        await client.close()
-        for process in processes:
-            stop(process)
+    worker = mock_worker(5, 2000)
+    async with worker, gateway_for(worker) as gateway, WorkerClient(worker.address) as client:
+        await worker.wait_serving(60)
+        await gateway.wait_ready(60)
+        await latency_figures(args, duration, gateway, client, results)
+    # Throughput: a fast worker, long outputs, worker-side coalescing every 20 ms.
+    worker = mock_worker(1, 20000, "--mock-max-model-len", "65536")
+    async with worker, gateway_for(worker, "--stream-interval-ms", "20") as gateway:
+        await worker.wait_serving(60)
+        await gateway.wait_ready(60)
+        await throughput(gateway.port, 4, 2000, gateway.pid)  # warm-up
+        tps, tokens, cpu = await throughput(gateway.port, 64, 8000 if args.quick else 20000, gateway.pid)
+    results["tokens_per_s"] = tps
+    results["tokens"] = tokens
+    results["tokens_per_gateway_cpu_s"] = tokens / max(cpu, 1e-9)
+    print(json.dumps({"tokens_per_s": round(tps), "tokens": tokens, "gateway_cpu_s": cpu}), flush=True)
     return results
+
+
+async def latency_figures(args: argparse.Namespace, duration: float, gateway: GatewayProcess, client: WorkerClient,
+                          results: dict) -> None:
+    """Added TTFT at 200 req/s, then the rate sweep up to P99 added TTFT > 10 ms."""
+    pool = HttpPool(gateway.port)
+    await ttft_pair(50, 1.0, pool, client, gateway.pid)  # warm-up: connections, caches
+    results["at_200"] = await ttft_pair(200, duration, pool, client, gateway.pid)
+    print(json.dumps(results["at_200"]), flush=True)
+    sweep = []
+    for rate in ([400, 800, 1200] if args.quick else [300, 400, 500, 600, 800, 1000, 1200, 1500]):
+        point = await ttft_pair(rate, duration / 2, pool, client, gateway.pid)
+        print(json.dumps(point), flush=True)
+        if ERRORS:
+            print("errors:", ERRORS, flush=True)
+        sweep.append(point)
+        if point["added_p99_ms"] > 10 or point["errors"] or point["achieved_rate"] < 0.95 * rate:
+            break
+    results["sweep"] = sweep
+    ok = [p["rate"] for p in [results["at_200"], *sweep]
+          if p["added_p99_ms"] <= 10 and not p["errors"] and p["achieved_rate"] >= 0.95 * p["rate"]]
+    results["max_rate_p99_added_le_10ms"] = max(ok) if ok else None
+    pool.close()
 
 
 def report(results: dict) -> str:

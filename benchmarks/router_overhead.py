@@ -19,27 +19,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from vllm_fleet.bench import percentile
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.processes import free_port
+from vllm_fleet.fleet.worker_process import WorkerProcess
 from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, SamplingParams, Usage
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
 
 
-def start_mock(port: int) -> subprocess.Popen:
-    args = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--engine", "mock", "--port", str(port),
-            "--mock-ttft-ms", "0", "--mock-tokens-per-s", "100"]
-    env = dict(os.environ, VLLM_FLEET_LOG_LEVEL="WARNING")
-    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+def mock_worker() -> WorkerProcess:
+    return WorkerProcess(["--engine", "mock", "--mock-ttft-ms", "0", "--mock-tokens-per-s", "100"],
+                         {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, stop_grace_s=15)
 
 
 def request(rid: str, max_tokens: int) -> GenerateRequest:
@@ -114,17 +109,16 @@ async def router_us_per_chunk(address: str, tokens: int = 20_000, rounds: int = 
 
 
 def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) * 1000
+    return percentile(values, q) * 1000
 
 
 async def main(args: argparse.Namespace) -> None:
-    port = free_port()
-    worker = start_mock(port)
-    address = f"127.0.0.1:{port}"
+    worker = mock_worker().start()
+    address = worker.address
     client = WorkerClient(address)
     router = Router(StaticRegistry.from_spec(address), RouterConfig())
     try:
-        await client.wait_serving(timeout=60)
+        await worker.wait_serving(60)
         await router.start()
         await router.wait_ready(timeout=30)
         direct = lambda r: client.generate(r, timeout=60)  # noqa: E731
@@ -145,11 +139,7 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await router.close()
         await client.close()
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
+        await worker.astop()
     diff = [r - d for r, d in zip(r_ttft, d_ttft)]
     print(f"TTFT over {args.requests} sequential requests (mock worker, TTFT 0 ms):")
     print(f"  direct  P50 {pct(d_ttft, 50):.2f} ms  P99 {pct(d_ttft, 99):.2f} ms")

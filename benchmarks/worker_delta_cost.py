@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import resource
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from vllm_fleet.client import ClientOptions, WorkerClient  # noqa: E402
-from vllm_fleet.processes import exit_on_sigterm, free_port  # noqa: E402
-from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams  # noqa: E402
+from vllm_fleet.client import ClientOptions, WorkerClient
+from vllm_fleet.fleet.worker_process import WorkerProcess
+from vllm_fleet.processes import exit_on_sigterm
+from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams
 
 
 def cpu_seconds(pid: int) -> float:
@@ -43,7 +41,7 @@ def own_cpu_seconds() -> float:
 
 async def one_round(address: str, streams: int, tokens: int, tag: str, multiplex: bool) -> tuple[int, float]:
     client = WorkerClient(address, ClientOptions(multiplex=multiplex))
-    await client.wait_serving(timeout=60)
+    await client.wait_serving(timeout=60)  # connected before the clock starts
     chunks = 0
 
     async def stream(i: int) -> None:
@@ -60,35 +58,28 @@ async def one_round(address: str, streams: int, tokens: int, tag: str, multiplex
     return chunks, elapsed
 
 
-def start_worker(src: str, port: int, tokens_per_s: float) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": src}
-    return subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "worker", "--engine", "mock", "--port", str(port),
-                             "--mock-tokens-per-s", str(tokens_per_s), "--mock-ttft-ms", "1"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+def worker_for(src: str, tokens_per_s: float) -> WorkerProcess:
+    """A mock worker running the code under `src` (its PYTHONPATH, not this script's imports)."""
+    return WorkerProcess(["--engine", "mock", "--mock-tokens-per-s", str(tokens_per_s), "--mock-ttft-ms", "1"],
+                         {"PYTHONPATH": src})
 
 
 async def main(args: argparse.Namespace) -> None:
-    workers = []
-    for src in args.src:
-        port = free_port()
-        workers.append((src, f"127.0.0.1:{port}", start_worker(src, port, args.tokens_per_s)))
     results: dict[str, list[tuple[float, float]]] = {src: [] for src in args.src}
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        workers = [(src, await stack.enter_async_context(worker_for(src, args.tokens_per_s))) for src in args.src]
+        for _, worker in workers:
+            await worker.wait_serving(60)
         for r in range(args.rounds):
             order = workers if r % 2 == 0 else workers[::-1]
-            for src, address, process in order:
-                before, client_before = cpu_seconds(process.pid), own_cpu_seconds()
-                chunks, elapsed = await one_round(address, args.streams, args.tokens, f"r{r}", args.multiplex)
-                used, client_used = cpu_seconds(process.pid) - before, own_cpu_seconds() - client_before
+            for src, worker in order:
+                before, client_before = cpu_seconds(worker.pid), own_cpu_seconds()
+                chunks, elapsed = await one_round(worker.address, args.streams, args.tokens, f"r{r}", args.multiplex)
+                used, client_used = cpu_seconds(worker.pid) - before, own_cpu_seconds() - client_before
                 results[src].append((used / chunks * 1e6, chunks / elapsed, client_used / chunks * 1e6))
                 print(f"round {r} {src}: {chunks} deltas in {elapsed:.1f} s ({chunks / elapsed:,.0f}/s), "
                       f"worker CPU {used:.2f} s = {used / chunks * 1e6:.1f} µs/delta, "
                       f"client {client_used / chunks * 1e6:.1f} µs/delta  (load {os.getloadavg()[0]:.1f})", flush=True)
-    finally:
-        for _, _, process in workers:
-            process.terminate()
-        for _, _, process in workers:
-            process.wait(timeout=30)
     print("\n| worker code | worker CPU µs per delta (median) | client CPU µs per delta | deltas/s (median) |\n|---|---|---|---|")
     for src, rows in results.items():
         print(f"| {src} | {statistics.median(r[0] for r in rows):.1f} | {statistics.median(r[2] for r in rows):.1f} "
