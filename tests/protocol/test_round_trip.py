@@ -25,10 +25,13 @@ from vllm_fleet.protocol.types import (
     CHAT_ROLES,
     ChatMessage,
     Chunk,
+    Constraint,
     GenerateInput,
     GenerateRequest,
+    OpenAIOptions,
     SamplingParams,
     TokenLogprob,
+    ToolCallDelta,
     Usage,
     WorkerInfo,
     WorkerLoad,
@@ -53,9 +56,19 @@ sampling_params = st.builds(
     temperature=_maybe(f32), top_p=_maybe(f32), top_k=_maybe(i32), max_tokens=_maybe(i32),
     min_tokens=_maybe(i32), stop=st.lists(text, max_size=3), stop_token_ids=ids, seed=_maybe(i64),
     n=_maybe(i32), logprobs=_maybe(i32), ignore_eos=st.booleans(), presence_penalty=_maybe(f32),
-    frequency_penalty=_maybe(f32), repetition_penalty=_maybe(f32),
+    frequency_penalty=_maybe(f32), repetition_penalty=_maybe(f32), min_p=_maybe(f32),
+    logit_bias=st.dictionaries(i32, f32, max_size=3), bad_words=st.lists(text, max_size=3),
+    allowed_token_ids=ids, include_stop_str_in_output=st.booleans(), skip_special_tokens=st.none() | st.booleans(),
+    truncate_prompt_tokens=_maybe(i32),
+    # Exactly one kind per constraint (what the type promises), each possibly empty.
+    constraint=st.none() | st.one_of(
+        st.builds(Constraint, json_schema=text), st.builds(Constraint, json_object=st.just(True)),
+        st.builds(Constraint, regex=text), st.builds(Constraint, choice=st.lists(text, max_size=3)),
+        st.builds(Constraint, grammar=text), st.builds(Constraint, structural_tag=text),
+    ),
 )
-messages = st.lists(st.builds(ChatMessage, role=st.sampled_from(CHAT_ROLES) | text, content=text), max_size=4)
+messages = st.lists(st.builds(ChatMessage, role=st.sampled_from(CHAT_ROLES) | text, content=text, name=text,
+                              tool_call_id=text, tool_calls_json=text, reasoning=text), max_size=4)
 # Exactly one kind per input, including the empty one of each (an empty prompt stays a prompt).
 inputs = st.one_of(
     st.builds(GenerateInput, text=text, resume_token_ids=ids),
@@ -65,6 +78,9 @@ inputs = st.one_of(
 requests = st.builds(
     GenerateRequest, request_id=text, inputs=st.lists(inputs, max_size=4), params=sampling_params,
     session_id=text, priority=i32, stream_interval_ms=u32,
+    openai=st.none() | st.builds(OpenAIOptions, endpoint=st.sampled_from(["chat", "completion"]),
+                                 body_json=st.binary(max_size=40)),
+    constrained=st.booleans(),
 )
 
 # A chunk's canonical form: finish/stop reasons are None or non-empty, logprobs None or non-empty
@@ -77,6 +93,10 @@ chunks = st.builds(
     usage=st.none() | st.builds(Usage, u32, u32, u32),
     logprobs=st.none() | st.lists(token_logprobs, min_size=1, max_size=4),
     stop_reason=st.none() | text.filter(bool),
+    reasoning=text,
+    tool_calls=st.none() | st.lists(st.builds(ToolCallDelta, index=u32, id=text, name=text, arguments=text),
+                                    min_size=1, max_size=3),
+    prompt_text=st.none() | text,
 )
 infos = st.builds(
     WorkerInfo, model=text, max_model_len=u32, engine=text, version=text, engine_version=text,
@@ -129,5 +149,6 @@ def test_unset_and_zero_sampling_params_stay_apart():
 
 def test_non_canonical_chunk_fields_read_back_canonical():
     # Empty reasons and an empty logprobs list mean "none" on the wire, as in types.Chunk.
-    chunk = Chunk(index=0, sample=0, text="", token_ids=[], finish_reason="", logprobs=[], stop_reason="")
+    chunk = Chunk(index=0, sample=0, text="", token_ids=[], finish_reason="", logprobs=[], stop_reason="",
+                  tool_calls=[])
     assert chunk_from_pb(_over_the_wire(chunk_to_pb(chunk))) == Chunk(index=0, sample=0, text="", token_ids=[])

@@ -6,10 +6,13 @@ from vllm_fleet.protocol import worker_pb2 as pb
 from vllm_fleet.protocol.types import (
     ChatMessage,
     Chunk,
+    Constraint,
     GenerateInput,
     GenerateRequest,
+    OpenAIOptions,
     SamplingParams,
     TokenLogprob,
+    ToolCallDelta,
     Usage,
     WorkerInfo,
     WorkerLoad,
@@ -17,35 +20,78 @@ from vllm_fleet.protocol.types import (
 
 _OPTIONAL_PARAMS = (
     "temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "n", "logprobs",
-    "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "skip_special_tokens",
+    "truncate_prompt_tokens",
 )
+_CONSTRAINT_TEXT = ("json_schema", "regex", "grammar", "structural_tag")
 
 
 def params_to_pb(params: SamplingParams) -> pb.SamplingParams:
     msg = pb.SamplingParams(
-        stop=params.stop, stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos
+        stop=params.stop, stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
+        logit_bias=params.logit_bias, bad_words=params.bad_words, allowed_token_ids=params.allowed_token_ids,
+        include_stop_str_in_output=params.include_stop_str_in_output,
     )
     for name in _OPTIONAL_PARAMS:
         value = getattr(params, name)
         if value is not None:
             setattr(msg, name, value)
+    if params.constraint is not None:
+        constraint_to_pb(msg.constraint, params.constraint)
     return msg
 
 
 def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
     params = SamplingParams(
-        stop=list(msg.stop), stop_token_ids=list(msg.stop_token_ids), ignore_eos=msg.ignore_eos
+        stop=list(msg.stop), stop_token_ids=list(msg.stop_token_ids), ignore_eos=msg.ignore_eos,
+        logit_bias=dict(msg.logit_bias), bad_words=list(msg.bad_words),
+        allowed_token_ids=list(msg.allowed_token_ids), include_stop_str_in_output=msg.include_stop_str_in_output,
     )
     for name in _OPTIONAL_PARAMS:
         if msg.HasField(name):
             setattr(params, name, getattr(msg, name))
+    if msg.HasField("constraint"):
+        params.constraint = constraint_from_pb(msg.constraint)
     return params
+
+
+def constraint_to_pb(msg: pb.Constraint, constraint: Constraint) -> None:
+    kind = constraint.kind
+    if kind in _CONSTRAINT_TEXT:
+        setattr(msg, kind, getattr(constraint, kind))
+    elif kind == "choice":
+        msg.choice.choices.extend(constraint.choice or [])
+        msg.choice.SetInParent()
+    elif kind == "json_object":
+        msg.json_object = True
+    else:
+        msg.SetInParent()  # an empty constraint stays one (the worker refuses it by name)
+
+
+def constraint_from_pb(msg: pb.Constraint) -> Constraint:
+    kind = msg.WhichOneof("kind")
+    if kind in _CONSTRAINT_TEXT:
+        return Constraint(**{kind: getattr(msg, kind)})
+    if kind == "choice":
+        return Constraint(choice=list(msg.choice.choices))
+    return Constraint(json_object=kind == "json_object" and msg.json_object)
+
+
+def message_to_pb(message: ChatMessage) -> pb.ChatMessage:
+    return pb.ChatMessage(role=message.role, content=message.content, name=message.name,
+                          tool_call_id=message.tool_call_id, tool_calls_json=message.tool_calls_json,
+                          reasoning=message.reasoning)
+
+
+def message_from_pb(msg: pb.ChatMessage) -> ChatMessage:
+    return ChatMessage(role=msg.role, content=msg.content, name=msg.name, tool_call_id=msg.tool_call_id,
+                       tool_calls_json=msg.tool_calls_json, reasoning=msg.reasoning)
 
 
 def input_to_pb(item: GenerateInput) -> pb.GenerateInput:
     msg = pb.GenerateInput(resume_token_ids=item.resume_token_ids)
     if item.messages is not None:
-        msg.chat.messages.extend(pb.ChatMessage(role=m.role, content=m.content) for m in item.messages)
+        msg.chat.messages.extend(message_to_pb(m) for m in item.messages)
         if not item.messages:
             msg.chat.SetInParent()
     elif item.token_ids is not None:
@@ -62,7 +108,7 @@ def input_from_pb(msg: pb.GenerateInput) -> GenerateInput:
     resume = list(msg.resume_token_ids)
     if kind == "chat":
         return GenerateInput(
-            messages=[ChatMessage(role=m.role, content=m.content) for m in msg.chat.messages],
+            messages=[message_from_pb(m) for m in msg.chat.messages],
             resume_token_ids=resume,
         )
     if kind == "token_ids":
@@ -71,17 +117,25 @@ def input_from_pb(msg: pb.GenerateInput) -> GenerateInput:
 
 
 def request_to_pb(request: GenerateRequest) -> pb.GenerateRequest:
-    return pb.GenerateRequest(
+    msg = pb.GenerateRequest(
         request_id=request.request_id,
         inputs=[input_to_pb(i) for i in request.inputs],
         params=params_to_pb(request.params),
         session_id=request.session_id,
         priority=request.priority,
         stream_interval_ms=request.stream_interval_ms,
+        constrained=request.constrained,
     )
+    if request.openai is not None:
+        msg.openai.endpoint = request.openai.endpoint
+        msg.openai.body_json = request.openai.body_json
+    return msg
 
 
 def request_from_pb(msg: pb.GenerateRequest) -> GenerateRequest:
+    openai = None
+    if msg.HasField("openai"):
+        openai = OpenAIOptions(endpoint=msg.openai.endpoint, body_json=msg.openai.body_json)
     return GenerateRequest(
         request_id=msg.request_id,
         inputs=[input_from_pb(i) for i in msg.inputs],
@@ -89,6 +143,8 @@ def request_from_pb(msg: pb.GenerateRequest) -> GenerateRequest:
         session_id=msg.session_id,
         priority=msg.priority,
         stream_interval_ms=msg.stream_interval_ms,
+        openai=openai,
+        constrained=msg.constrained,
     )
 
 
@@ -122,6 +178,15 @@ def fill_chunk_pb(msg: pb.GenerateChunk, chunk: Chunk) -> None:
             )
             for lp in chunk.logprobs
         )
+    if chunk.reasoning:
+        msg.reasoning = chunk.reasoning
+    if chunk.tool_calls:
+        msg.tool_calls.extend(
+            pb.ToolCallDelta(index=call.index, id=call.id, name=call.name, arguments=call.arguments)
+            for call in chunk.tool_calls
+        )
+    if chunk.prompt_text is not None:
+        msg.prompt_text = chunk.prompt_text
 
 
 def chunk_from_pb(msg: pb.GenerateChunk) -> Chunk:
@@ -135,6 +200,9 @@ def chunk_from_pb(msg: pb.GenerateChunk) -> Chunk:
             TokenLogprob(lp.token_id, lp.token, lp.logprob, [(t.token_id, t.token, t.logprob) for t in lp.top])
             for lp in msg.logprobs
         ]
+    tool_calls = None
+    if msg.tool_calls:
+        tool_calls = [ToolCallDelta(c.index, c.id, c.name, c.arguments) for c in msg.tool_calls]
     return Chunk(
         index=msg.index,
         sample=msg.sample,
@@ -144,6 +212,9 @@ def chunk_from_pb(msg: pb.GenerateChunk) -> Chunk:
         usage=usage,
         logprobs=logprobs,
         stop_reason=msg.stop_reason or None,
+        reasoning=msg.reasoning,
+        tool_calls=tool_calls,
+        prompt_text=msg.prompt_text if msg.HasField("prompt_text") else None,
     )
 
 

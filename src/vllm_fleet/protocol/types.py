@@ -13,8 +13,33 @@ CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
 @dataclass(slots=True)
 class ChatMessage:
+    """One message of a conversation. The tool fields are empty unless the message has them."""
+
     role: str
     content: str
+    name: str = ""
+    tool_call_id: str = ""       # a tool message: the call it answers
+    tool_calls_json: str = ""    # an assistant message: its tool calls, as OpenAI's JSON list
+    reasoning: str = ""          # an assistant message: its reasoning, for templates that use it
+
+
+@dataclass(slots=True)
+class Constraint:
+    """A structured-output constraint (vLLM's StructuredOutputsParams); exactly one field is set."""
+
+    json_schema: str | None = None       # a JSON schema, as JSON text
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None           # EBNF
+    structural_tag: str | None = None    # as JSON text
+
+    @property
+    def kind(self) -> str | None:
+        for name in ("json_schema", "regex", "choice", "grammar", "structural_tag"):
+            if getattr(self, name) is not None:
+                return name
+        return "json_object" if self.json_object else None
 
 
 @dataclass(slots=True)
@@ -35,6 +60,23 @@ class SamplingParams:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    bad_words: list[str] = field(default_factory=list)
+    allowed_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool | None = None
+    truncate_prompt_tokens: int | None = None
+    constraint: Constraint | None = None
+
+
+@dataclass(slots=True)
+class OpenAIOptions:
+    """An OpenAI request's fields for vLLM's own request model on the worker (gateway/fields.py
+    says which); `endpoint` is "chat" or "completion". Messages and prompts travel as inputs."""
+
+    endpoint: str
+    body_json: bytes
 
 
 @dataclass(slots=True)
@@ -67,6 +109,14 @@ class GenerateRequest:
     session_id: str = ""
     priority: int = 0
     stream_interval_ms: int = 0
+    openai: OpenAIOptions | None = None
+    # Decoding follows a grammar (set by whoever builds an OpenAI request with one; a typed
+    # `params.constraint` implies it): such a stream cannot resume elsewhere after its first token.
+    constrained: bool = False
+
+    @property
+    def grammar_constrained(self) -> bool:
+        return self.constrained or self.params.constraint is not None
 
 
 @dataclass(slots=True)
@@ -85,11 +135,21 @@ class TokenLogprob:
 
 
 @dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of one tool call: `id` and `name` come on the call's first delta."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(slots=True)
 class Chunk:
     """A delta of one (input index, sample) stream. `usage` is set on its final chunk.
 
-    `finish_reason`, `stop_reason` and `logprobs` are None when absent, never empty: the wire
-    cannot tell an empty value from an absent one, and reads both back as None.
+    `finish_reason`, `stop_reason`, `logprobs` and `tool_calls` are None when absent, never
+    empty: the wire cannot tell an empty value from an absent one, and reads both back as None.
     """
 
     index: int
@@ -100,6 +160,9 @@ class Chunk:
     usage: Usage | None = None
     logprobs: list[TokenLogprob] | None = None
     stop_reason: str | None = None
+    reasoning: str = ""                          # reasoning delta; `text` is the content
+    tool_calls: list[ToolCallDelta] | None = None
+    prompt_text: str | None = None               # echo: the prompt, on a stream's first chunk
 
     @property
     def finished(self) -> bool:
