@@ -70,10 +70,11 @@ sampling_params = st.builds(
 messages = st.lists(st.builds(ChatMessage, role=st.sampled_from(CHAT_ROLES) | text, content=text, name=text,
                               tool_call_id=text, tool_calls_json=text, reasoning=text), max_size=4)
 # Exactly one kind per input, including the empty one of each (an empty prompt stays a prompt).
+delivered = st.none() | u32
 inputs = st.one_of(
-    st.builds(GenerateInput, text=text, resume_token_ids=ids),
-    st.builds(GenerateInput, messages=messages, resume_token_ids=ids),
-    st.builds(GenerateInput, token_ids=ids, resume_token_ids=ids),
+    st.builds(GenerateInput, text=text, resume_token_ids=ids, resume_delivered_chars=delivered),
+    st.builds(GenerateInput, messages=messages, resume_token_ids=ids, resume_delivered_chars=delivered),
+    st.builds(GenerateInput, token_ids=ids, resume_token_ids=ids, resume_delivered_chars=delivered),
 )
 requests = st.builds(
     GenerateRequest, request_id=text, inputs=st.lists(inputs, max_size=4), params=sampling_params,

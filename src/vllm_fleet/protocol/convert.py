@@ -90,6 +90,8 @@ def message_from_pb(msg: pb.ChatMessage) -> ChatMessage:
 
 def input_to_pb(item: GenerateInput) -> pb.GenerateInput:
     msg = pb.GenerateInput(resume_token_ids=item.resume_token_ids)
+    if item.resume_delivered_chars is not None:
+        msg.resume_delivered_chars = item.resume_delivered_chars
     if item.messages is not None:
         msg.chat.messages.extend(message_to_pb(m) for m in item.messages)
         if not item.messages:
@@ -106,14 +108,14 @@ def input_to_pb(item: GenerateInput) -> pb.GenerateInput:
 def input_from_pb(msg: pb.GenerateInput) -> GenerateInput:
     kind = msg.WhichOneof("kind")
     resume = list(msg.resume_token_ids)
+    delivered = msg.resume_delivered_chars if msg.HasField("resume_delivered_chars") else None
     if kind == "chat":
-        return GenerateInput(
-            messages=[message_from_pb(m) for m in msg.chat.messages],
-            resume_token_ids=resume,
-        )
+        return GenerateInput(messages=[message_from_pb(m) for m in msg.chat.messages],
+                             resume_token_ids=resume, resume_delivered_chars=delivered)
     if kind == "token_ids":
-        return GenerateInput(token_ids=list(msg.token_ids.ids), resume_token_ids=resume)
-    return GenerateInput(text=msg.text, resume_token_ids=resume)
+        return GenerateInput(token_ids=list(msg.token_ids.ids), resume_token_ids=resume,
+                             resume_delivered_chars=delivered)
+    return GenerateInput(text=msg.text, resume_token_ids=resume, resume_delivered_chars=delivered)
 
 
 def request_to_pb(request: GenerateRequest) -> pb.GenerateRequest:

@@ -91,6 +91,9 @@ class GenerateInput:
     messages: list[ChatMessage] | None = None
     token_ids: list[int] | None = None
     resume_token_ids: list[int] = field(default_factory=list)
+    # Characters of the resumed tokens' text the caller already has (None: all of it); the rest
+    # was held back as a possible stop string, and the worker sends or matches it.
+    resume_delivered_chars: int | None = None
 
     @property
     def kind(self) -> str:
