@@ -99,17 +99,14 @@ def _permutation_p(a: list[float], b: list[float], rounds: int = 2000) -> float:
 
 
 async def _fuzz(examples: int) -> str:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from support import WorkerProcess, free_port, worker_env
-
+    from vllm_fleet.fleet.worker_process import WorkerProcess
     from vllm_fleet.gateway.config import GatewayConfig
     from vllm_fleet.gateway.server import GatewayServer
     from vllm_fleet.registry import StaticRegistry
     from vllm_fleet.router import RouterConfig
 
-    worker = WorkerProcess(args=["--engine", "mock", "--served-model-name", "fuzz", "--mock-tokens-per-s", "2000",
-                                 "--mock-ttft-ms", "1"], env=worker_env(), port=free_port()).start()
-    try:
+    async with WorkerProcess(["--engine", "mock", "--served-model-name", "fuzz", "--mock-tokens-per-s", "2000",
+                              "--mock-ttft-ms", "1"]) as worker:
         await worker.wait_serving(30)
         server = GatewayServer(GatewayConfig(port=0, access_log=False), RouterConfig(),
                                StaticRegistry.from_spec(worker.address))
@@ -122,8 +119,6 @@ async def _fuzz(examples: int) -> str:
             output = (await run.communicate())[0].decode(errors="replace")
         finally:
             await server.stop()
-    finally:
-        worker.stop()
     import schemathesis
 
     summary = [line.strip() for line in output.splitlines() if "generated" in line or "failed" in line.lower()]
@@ -140,7 +135,6 @@ def main() -> int:
     parser.add_argument("--engine", action="store_true", help="Also run the real-vLLM scenario (8)")
     args = parser.parse_args()
     parts = args.only or ["chaos", "timing", "fuzz", "spark20k"]
-    sys.path.insert(0, str(ROOT / "src"))
     os.environ.setdefault("VLLM_FLEET_LOG_LEVEL", "WARNING")
     figures = []
     if "chaos" in parts:

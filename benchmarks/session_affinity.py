@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
-import sys
+import contextlib
+import signal
 import time
 import zlib
 
 import numpy as np
 
-from vllm_fleet.processes import free_port, stop_process_group
+from vllm_fleet.bench import percentile
 from vllm_fleet.client import WorkerClient
+from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
 from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
@@ -43,17 +43,9 @@ WORDS = ("describe compare explain history climate people animals plants travel 
          "ancient modern famous largest smallest oldest culture food music language map route").split()
 
 
-def start_worker(cores: str, port: int) -> subprocess.Popen:
-    args = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--engine", "vllm", "--port", str(port),
-            "--enforce-eager", "--max-model-len", "2048", "--kv-cache-space-gb", "1", "--enable-prefix-caching",
-            "--cpu-cores", cores]
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=cores, VLLM_CPU_KVCACHE_SPACE="1", VLLM_FLEET_LOG_LEVEL="WARNING")
-    log = open(f"/tmp/session-affinity-worker-{cores}.log", "ab")
-    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop_worker(process: subprocess.Popen) -> None:
-    stop_process_group(process)
+def vllm_worker(cores: str) -> WorkerProcess:
+    return WorkerProcess([*small_vllm_args(), "--enable-prefix-caching"], {"VLLM_FLEET_LOG_LEVEL": "WARNING"},
+                         cores=cores, log_path=f"/tmp/session-affinity-worker-{cores}.log")
 
 
 def user_turn(rng: np.random.Generator, salt: str, conversation: int, turn: int, words: int) -> str:
@@ -117,27 +109,27 @@ async def run_policy(policy: str, addresses: list[str], args: argparse.Namespace
     return {
         "policy": policy, "requests": len(ttfts), "wall_s": wall, "retried": retried[0],
         "cached_share": cached / prompt if prompt else 0.0, "prompt_tokens": prompt,
-        "ttft_p50_ms": float(np.percentile(ttfts, 50)) * 1000, "ttft_p99_ms": float(np.percentile(ttfts, 99)) * 1000,
+        "ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000,
         "hit_rate_before": before, "hit_rate_after": after,
     }
 
 
 async def main(args: argparse.Namespace) -> None:
-    # Stop cleanly on SIGTERM/SIGINT too (a background job ignores SIGINT): the finally below
+    # Stop cleanly on SIGTERM/SIGINT too (a background job ignores SIGINT): leaving the block below
     # must stop the workers, or two 3 GB engines outlive the benchmark.
     loop, task = asyncio.get_running_loop(), asyncio.current_task()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
-    ports = [free_port(), free_port()]
-    workers = [start_worker(str(core), port) for core, port in zip((0, 1), ports)]
-    addresses = [f"127.0.0.1:{p}" for p in ports]
-    try:
-        for address in addresses:
-            async with WorkerClient(address) as client:
-                await client.wait_serving(timeout=600)
+    async with contextlib.AsyncExitStack() as stack:
+        workers = [await stack.enter_async_context(vllm_worker(cores)) for cores in ("0", "1")]
+        addresses = [worker.address for worker in workers]
+        for worker in workers:
+            await worker.wait_serving(600)
+            async with WorkerClient(worker.address) as client:
                 info = await client.info()
                 # Warm-up: the first request of an engine pays one-off costs neither policy should.
-                warm = GenerateRequest(f"warm-{address}", [GenerateInput(messages=[ChatMessage("user", "Hello")])],
+                warm = GenerateRequest(f"warm-{worker.address}",
+                                       [GenerateInput(messages=[ChatMessage("user", "Hello")])],
                                        SamplingParams(max_tokens=8))
                 async for _ in client.generate(warm, timeout=120):
                     pass
@@ -146,9 +138,6 @@ async def main(args: argparse.Namespace) -> None:
         print(f"workload: {args.conversations} conversations x {args.turns} turns, all at once, "
               f"{args.user_words} words per user turn, max_tokens={args.max_tokens}, temperature 0")
         results = [await run_policy(policy, addresses, args) for policy in ("round_robin", "session_affinity")]
-    finally:
-        for worker in workers:
-            stop_worker(worker)
     print()
     print("| policy | requests | cached share of prompt tokens | worker hit rate before -> after | "
           "TTFT P50 | TTFT P99 | wall | retried |")

@@ -21,7 +21,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,13 +30,10 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from support import WorkerProcess, free_port, wait_until, worker_env  # noqa: E402
-
-from vllm_fleet.gateway.keys import KeyRecord, hash_key, write_keys  # noqa: E402
+from vllm_fleet.bench import percentile
+from vllm_fleet.fleet.worker_process import WorkerProcess
+from vllm_fleet.gateway.keys import KeyRecord, hash_key, write_keys
+from vllm_fleet.processes import GatewayProcess
 
 MODEL = "soak"
 RECOVERY_S = 5.0  # a request within this long after a fault ended is counted as that fault's
@@ -59,8 +55,7 @@ class Outcome:
 class Soak:
     args: argparse.Namespace
     workers: list[WorkerProcess] = field(default_factory=list)
-    gateway: subprocess.Popen | None = None
-    url: str = ""
+    gateway: GatewayProcess | None = None
     outcomes: list[Outcome] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
     faults_run: list[tuple[float, float, str]] = field(default_factory=list)  # start, end (monotonic), name
@@ -70,8 +65,7 @@ class Soak:
     async def start(self, tmp: Path) -> None:
         worker_args = ["--engine", "mock", "--served-model-name", MODEL, "--mock-tokens-per-s",
                        str(self.args.tokens_per_s), "--mock-ttft-ms", "20"]
-        env = worker_env(VLLM_FLEET_LOG_LEVEL="WARNING")
-        self.workers = [WorkerProcess(args=worker_args, env=env, port=free_port()).start()
+        self.workers = [WorkerProcess(worker_args, {"VLLM_FLEET_LOG_LEVEL": "WARNING"}).start()
                         for _ in range(self.args.workers)]
         for worker in self.workers:
             await worker.wait_serving(60)
@@ -79,40 +73,29 @@ class Soak:
         write_keys(keys, [KeyRecord("load", hash_key(KEYS["load"])),
                           KeyRecord("abusive", hash_key(KEYS["abusive"]), limits={"requests_per_min": 60}),
                           KeyRecord("admin", hash_key(KEYS["admin"]), admin=True)])
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        log = open(tmp / "gateway.log", "ab")
-        self.gateway = subprocess.Popen(
-            [sys.executable, "-m", "vllm_fleet.cli", "--log-level", "WARNING", "gateway", "--port", str(port),
-             "--workers", ",".join(w.address for w in self.workers), "--api-key-file", str(keys),
+        self.gateway = GatewayProcess(
+            ["--workers", ",".join(w.address for w in self.workers), "--api-key-file", str(keys),
              "--no-access-log", "--health-poll-interval-s", "0.5", "--stall-timeout-s", "3",
              "--retry-budget-min-per-s", "20", "--short-max-in-flight", "64", "--short-queue-size", "128"],
-            stdout=log, stderr=subprocess.STDOUT, env=worker_env(), start_new_session=True)
-        async with httpx.AsyncClient(base_url=self.url, timeout=2) as http:
-            async def ready() -> bool:
-                if self.gateway.poll() is not None:
-                    raise SystemExit(f"gateway exited with {self.gateway.returncode}; log: {tmp / 'gateway.log'}")
-                try:
-                    return (await http.get("/ready")).status_code == 200
-                except httpx.HTTPError:
-                    return False
-            await wait_until(ready, timeout=60, message="the gateway to be ready")
+            {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, log_path=tmp / "gateway.log").start()
+        await self.gateway.wait_ready(60)
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url if self.gateway else ""
 
     def stop(self) -> None:
         for worker in self.workers:
             worker.kill()
-        if self.gateway is not None and self.gateway.poll() is None:
-            self.gateway.send_signal(signal.SIGTERM)
-            try:
-                self.gateway.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.gateway.kill()
+        if self.gateway is not None:
+            self.gateway.stop(grace_s=30)
 
     async def restart(self, index: int) -> None:
-        old = self.workers[index]
-        old.kill()
-        self.workers[index] = WorkerProcess(args=old.args, env=old.env, port=old.port).start()
-        await self.workers[index].wait_serving(60)
+        """kill -9 and start again on the same port (a restarted process, as a supervisor would)."""
+        worker = self.workers[index]
+        worker.kill()
+        worker.start()
+        await worker.wait_serving(60)
 
     # ---- load --------------------------------------------------------------------------------
     async def request(self, http: httpx.AsyncClient, rng: random.Random, key: str = "load") -> None:
@@ -320,10 +303,7 @@ class Soak:
 
 
 def _p99_ms(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))] * 1000, 1)
+    return round(percentile(values, 99) * 1000, 1) if values else None
 
 
 def _slope(xs: list[float], ys: list[float]) -> float:

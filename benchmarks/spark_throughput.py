@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 
-import numpy as np
-
-from vllm_fleet.processes import exit_on_sigterm, free_port, stop_process_group
-from vllm_fleet.client import WorkerClient
+from vllm_fleet.bench import percentile
+from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
+from vllm_fleet.processes import exit_on_sigterm
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router
@@ -43,31 +42,14 @@ from vllm_fleet.router import Router
 TOPICS = ("rivers", "mountains", "cities", "bread", "music", "trains", "winter", "cats", "chess", "tea")
 
 
-def start_worker(engine: str, cores: str, dtype: str = "auto") -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    args = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--engine", engine, "--port", str(port)]
-    env = dict(os.environ, VLLM_FLEET_LOG_LEVEL="WARNING")
+def bench_worker(engine: str, cores: str, dtype: str = "auto") -> WorkerProcess:
+    """A small real vLLM worker bound to `cores`, or a mock one."""
     if engine == "vllm":
-        args += ["--enforce-eager", "--max-model-len", "2048", "--kv-cache-space-gb", "1", "--cpu-cores", cores,
-                 "--dtype", dtype]
-        env.update(VLLM_CPU_OMP_THREADS_BIND=cores, VLLM_CPU_KVCACHE_SPACE="1")
+        args, bind = [*small_vllm_args(), "--dtype", dtype], cores
     else:
-        args += ["--mock-tokens-per-s", "500", "--mock-ttft-ms", "10"]
-    log = open(f"/tmp/spark-bench-worker-{cores}.log", "ab")
-    process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return process, f"127.0.0.1:{port}"
-
-
-def stop_worker(process: subprocess.Popen) -> None:
-    stop_process_group(process)
-
-
-async def wait_serving(address: str, timeout: float) -> None:
-    client = WorkerClient(address)
-    try:
-        await client.wait_serving(timeout=timeout)
-    finally:
-        await client.close()
+        args, bind = ["--engine", "mock", "--mock-tokens-per-s", "500", "--mock-ttft-ms", "10"], None
+    return WorkerProcess(args, {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, cores=bind,
+                         log_path=f"/tmp/spark-bench-worker-{cores}.log")
 
 
 def prompts(count: int, salt: str) -> list[str]:
@@ -154,10 +136,6 @@ async def _timed(future: asyncio.Future, started: float) -> float:
     return time.perf_counter() - started
 
 
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) * 1000
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine", choices=["vllm", "mock"], default="vllm")
@@ -173,21 +151,13 @@ def main() -> int:
                         help="vLLM weight dtype; on a CPU without native bf16 (AVX2 only) float32 is several times faster")
     args = parser.parse_args()
 
-    processes = []
     if args.workers:
-        addresses = args.workers.split(",")
-    else:
-        for cores in ("0", "1"):
-            process, address = start_worker(args.engine, cores, args.dtype)
-            processes.append(process)
-        addresses = [f"127.0.0.1:{p.args[p.args.index('--port') + 1]}" for p in processes]
-    try:
-        for address in addresses:
-            asyncio.run(wait_serving(address, 300))
-        return measure(args, addresses)
-    finally:
-        for process in processes:
-            stop_worker(process)
+        return measure(args, args.workers.split(","))
+    with contextlib.ExitStack() as stack:
+        workers = [stack.enter_context(bench_worker(args.engine, cores, args.dtype)) for cores in ("0", "1")]
+        for worker in workers:
+            asyncio.run(worker.wait_serving(300))
+        return measure(args, [worker.address for worker in workers])
 
 
 def measure(args: argparse.Namespace, addresses: list[str]) -> int:
@@ -218,8 +188,8 @@ def measure(args: argparse.Namespace, addresses: list[str]) -> int:
     for window in (0.0, args.window_ms):
         latencies = asyncio.run(window_latency(addresses, params, rate=args.rate, rows=args.latency_rows,
                                                window_ms=window, seed=1))
-        figures[f"latency_window_{window:g}ms"] = {"p50_ms": percentile(latencies, 50),
-                                                   "p95_ms": percentile(latencies, 95)}
+        figures[f"latency_window_{window:g}ms"] = {"p50_ms": percentile(latencies, 50) * 1000,
+                                                   "p95_ms": percentile(latencies, 95) * 1000}
     print(json.dumps(figures, indent=2))
     print(f"\nclient: {client['rows_per_s']:.1f} rows/s, {client['tokens_per_s']:.1f} tok/s")
     for send_as in ("per_row", "one_request"):

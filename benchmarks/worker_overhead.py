@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 
+from vllm_fleet.bench import percentile
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.processes import exit_on_sigterm, free_port
+from vllm_fleet.fleet.worker_process import WorkerProcess
 from vllm_fleet.models import resolve_model
+from vllm_fleet.processes import exit_on_sigterm
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 
 TOPICS = ["rivers", "mountains", "the sea", "cities", "music", "trees", "bridges", "stars"]
@@ -97,20 +97,18 @@ async def main(args: argparse.Namespace) -> None:
     texts = prompts(args.prompts)
     print("starting AsyncLLM in-process...", file=sys.stderr, flush=True)
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(args), disable_log_stats=False))
-    port = free_port()
-    command = [sys.executable, "-m", "vllm_fleet.cli", "worker", "--port", str(port), "--enforce-eager",
-               "--max-model-len", "2048", "--max-num-seqs", str(args.prompts), "--seed", "0",
-               "--kv-cache-space-gb", os.environ["VLLM_CPU_KVCACHE_SPACE"], "--cpu-cores", args.cores,
-               "--dtype", args.dtype]
-    print("starting the gRPC worker...", file=sys.stderr, flush=True)
-    worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    client = WorkerClient(f"127.0.0.1:{port}")
+    worker = WorkerProcess(["--engine", "vllm", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs",
+                            str(args.prompts), "--seed", "0", "--kv-cache-space-gb",
+                            os.environ["VLLM_CPU_KVCACHE_SPACE"], "--dtype", args.dtype], cores=args.cores)
+    print(f"starting the gRPC worker (log {worker.log_path})...", file=sys.stderr, flush=True)
+    worker.start()
+    client = WorkerClient(worker.address)
     rates: dict[str, list[float]] = {"in-process": [], "worker": []}
     # TTFT of each request of a round, from the moment the whole batch is submitted (all
     # prompts arrive at once, so this includes queueing behind the batch's prefill).
     ttfts: dict[str, list[float]] = {"in-process": [], "worker": []}
     try:
-        await client.wait_serving(timeout=900)
+        await worker.wait_serving(900)
         await inprocess_round(llm, texts[:4], 8, "warm")
         await worker_round(client, texts[:4], 8, "warm")
         for r in range(args.rounds):
@@ -127,14 +125,7 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await client.close()
         llm.shutdown()
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=60)
-        finally:
-            try:
-                os.killpg(worker.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        await worker.astop()
     inproc = statistics.median(rates["in-process"])
     grpc_rate = statistics.median(rates["worker"])
     print(f"batch: {args.prompts} chat prompts x {args.max_tokens} output tokens (greedy, ignore_eos), "
@@ -143,24 +134,15 @@ async def main(args: argparse.Namespace) -> None:
     print(f"worker over gRPC    : {grpc_rate:8.1f} output tok/s  (rounds: {', '.join(f'{x:.0f}' for x in rates['worker'])})")
     print(f"ratio worker/in-process: {grpc_rate / inproc:.3f}  (target >= 0.97)")
     for side, label in (("in-process", "AsyncLLM in-process "), ("worker", "worker over gRPC    ")):
-        p50, p90 = _percentile(ttfts[side], 50), _percentile(ttfts[side], 90)
+        p50, p90 = percentile(ttfts[side], 50), percentile(ttfts[side], 90)
         print(f"TTFT {label}: P50 {p50 * 1000:7.1f} ms  P90 {p90 * 1000:7.1f} ms  ({len(ttfts[side])} requests)")
-    added = _percentile(ttfts["worker"], 50) - _percentile(ttfts["in-process"], 50)
+    added = percentile(ttfts["worker"], 50) - percentile(ttfts["in-process"], 50)
     print(f"TTFT P50 worker - in-process: {added * 1000:+.1f} ms   load average at the end: {_loadavg()}")
-
-
-def _percentile(values: list[float], pct: float) -> float:
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * pct / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def _loadavg() -> str:
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
-
 
 
 if __name__ == "__main__":
