@@ -97,9 +97,21 @@ wait_quiet() {  # until at most QUIET_RUNNABLE tasks are runnable for 5 s in a r
 bench() {  # bench LABEL URL
     wait_quiet
     log "bench $1 at rates $RATES, dtype $DTYPE (load: $(cat /proc/loadavg))"
+    # --ignore-eos: every system must generate max_tokens for every request, so all do the same
+    # work. The bench checks it got them: an answer with fewer tokens (a server that dropped
+    # the field) is counted in the "short" column, not as a success, and warned about here.
     "$PY" -m vllm_fleet.cli bench --target "$2" --label "$1" --workload mix --rate "$RATES" \
         --duration "$DURATION" --drain-timeout "$DRAIN" --warmup-requests 2 --slo "$SLO" --seed 0 \
-        --no-progress --output "$OUT/$1.json" >/dev/null
+        --ignore-eos --no-progress --output "$OUT/$1.json" >/dev/null
+    "$PY" - "$OUT/$1.json" <<'PYEOF' >&2
+import json, sys
+report = json.load(open(sys.argv[1]))
+for run in report["runs"]:
+    short = run["summary"]["requests"].get("short_answers", 0)
+    if short:
+        print(f"[compare] {report['label']} at {run['value']}: {short} answers shorter than max_tokens "
+              "although ignore_eos was set; not counted as completed")
+PYEOF
 }
 
 vllm_server() {  # vllm_server NAME PORT CORES

@@ -50,7 +50,7 @@ def test_summary_leaves_out_warmup_and_failed_requests_from_latency():
     records.append(RequestRecord("bad2", start=1.0, end=1.05, error="http_429"))
     records.append(RequestRecord("bad3", start=1.0, end=1.05, error="timeout"))
     summary = summarize(records)
-    assert summary["requests"] == {"sent": 7, "completed": 4, "failed": 3}
+    assert summary["requests"] == {"sent": 7, "completed": 4, "failed": 3, "short_answers": 0}
     assert summary["errors"] == {"http_429": 2, "timeout": 1}
     assert summary["ttft_ms"]["p99"] == pytest.approx(100.0)
     assert summary["tpot_ms"]["mean"] == pytest.approx(10.0)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from vllm_fleet.bench.report import fmt_ms, load_label, load_value, table
+from vllm_fleet.bench.report import fmt_ms, load_label, load_value, short_cell, table
 
-COMPARE_HEADER = ["system", "load", "ok/sent", "req/s", "out tok/s", "TTFT P50 ms", "TTFT P99 ms",
+COMPARE_HEADER = ["system", "load", "ok/sent", "short", "req/s", "out tok/s", "TTFT P50 ms", "TTFT P99 ms",
                   "TPOT P50 ms", "TPOT P99 ms", "E2E P99 ms", "goodput req/s", "errors"]
 
 
@@ -21,7 +21,7 @@ def compare_rows(reports: list[dict]) -> list[list[str]]:
             goodput = s.get("goodput")
             rows.append([
                 report["label"], load_label(run), f"{s['requests']['completed']}/{s['requests']['sent']}",
-                f"{s['request_throughput']:.2f}", f"{s['output_throughput']:.1f}",
+                short_cell(s), f"{s['request_throughput']:.2f}", f"{s['output_throughput']:.1f}",
                 fmt_ms(s["ttft_ms"], "p50"), fmt_ms(s["ttft_ms"], "p99"), fmt_ms(s["tpot_ms"], "p50"),
                 fmt_ms(s["tpot_ms"], "p99"), fmt_ms(s["e2e_ms"], "p99"),
                 "–" if goodput is None else f"{goodput['requests_per_s']:.2f}",

@@ -6,8 +6,11 @@
   (see `RequestRecord.inter_token_latencies` for chunks that carry several tokens).
 - E2E: time from sending to the last byte of the answer.
 Each is reported as mean / P50 / P90 / P99 in milliseconds, over successful, non-warm-up
-requests. Throughput divides by the measured window: from the first measured request sent to
-the last one finished. Goodput counts only requests that met every SLO bound
+requests. A request that asked for `ignore_eos` and got fewer tokens than its max_tokens is a
+short answer (`RequestRecord.short_answer`): counted under `requests.short_answers`, neither
+completed nor failed, and left out of every figure, since it did less work than was asked.
+Throughput divides by the measured window: from the first measured request sent to the last
+one finished. Goodput counts only requests that met every SLO bound
 (as in DistServe), per second of the same window.
 """
 
@@ -98,8 +101,10 @@ def summarize(records: Iterable[RequestRecord], slo: Slo | None = None) -> dict:
     window = measured_window(measured)
     per_s = (lambda x: x / window) if window > 0 else (lambda x: 0.0)
     output_tokens = sum(r.output_tokens for r in ok)
+    short = sum(1 for r in measured if r.short_answer)
     summary = {
-        "requests": {"sent": len(measured), "completed": len(ok), "failed": len(measured) - len(ok)},
+        "requests": {"sent": len(measured), "completed": len(ok), "failed": len(measured) - len(ok) - short,
+                     "short_answers": short},
         "duration_s": window,
         "request_throughput": per_s(len(ok)),
         "output_throughput": per_s(output_tokens),

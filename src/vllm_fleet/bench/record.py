@@ -26,13 +26,23 @@ class RequestRecord:
     prompt_tokens: int = 0               # as reported by the server (0 when it does not say)
     output_tokens: int = 0               # usage when reported, else the sum of chunk_tokens
     expected_output_tokens: int = 0      # what the workload asked for (max_tokens)
+    ignore_eos: bool = False             # whether the request asked for exactly that many tokens
     error: str | None = None             # kind of failure (e.g. "http_429", "WorkerUnavailableError")
     error_message: str | None = None
     warmup: bool = False
 
     @property
+    def short_answer(self) -> bool:
+        """Answered, but with fewer tokens than asked although `ignore_eos` was set: the server
+        stopped early (it dropped ignore_eos, or hit its context limit), so the answer is not the
+        work the bench asked for and must not be scored as if it were."""
+        return (self.error is None and self.ignore_eos and self.expected_output_tokens > 0
+                and self.output_tokens < self.expected_output_tokens)
+
+    @property
     def ok(self) -> bool:
-        return self.error is None
+        """A success: no error, and the whole answer that was asked for."""
+        return self.error is None and not self.short_answer
 
     @property
     def ttft(self) -> float | None:
@@ -68,6 +78,7 @@ class RequestRecord:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["ttft"], data["tpot"], data["e2e"] = self.ttft, self.tpot, self.e2e
+        data["short_answer"] = self.short_answer
         return data
 
     @classmethod

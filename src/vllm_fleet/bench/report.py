@@ -91,6 +91,7 @@ def summary_row(run: dict) -> list[str]:
     return [
         load_label(run),
         f"{s['requests']['completed']}/{s['requests']['sent']}",
+        short_cell(s),
         f"{s['request_throughput']:.2f}",
         f"{s['output_throughput']:.1f}",
         f"{fmt_ms(s['ttft_ms'], 'p50')} / {fmt_ms(s['ttft_ms'], 'p99')}",
@@ -102,7 +103,13 @@ def summary_row(run: dict) -> list[str]:
     ]
 
 
-SUMMARY_HEADER = ["load", "ok/sent", "req/s", "out tok/s", "TTFT P50/P99 ms", "TPOT P50/P99 ms",
+def short_cell(summary: dict) -> str:
+    """Short answers (ignore_eos set, fewer tokens than asked); reports from before the count: '–'."""
+    short = summary["requests"].get("short_answers")
+    return "–" if short is None else str(short)
+
+
+SUMMARY_HEADER = ["load", "ok/sent", "short", "req/s", "out tok/s", "TTFT P50/P99 ms", "TPOT P50/P99 ms",
                   "ITL P50/P99 ms", "E2E P50/P99 ms", "goodput req/s (share)", "errors"]
 
 

@@ -94,6 +94,11 @@ class Runner:
         logger.info("%s: %d requests, %.2f req/s, %.1f output tok/s, errors %s", run.load_label,
                     run.summary["requests"]["sent"], run.summary["request_throughput"],
                     run.summary["output_throughput"], run.summary["errors"] or "none")
+        short = run.summary["requests"]["short_answers"]
+        if short:
+            logger.warning("%s: %d answers had fewer tokens than max_tokens although ignore_eos was set "
+                           "(does the target honour ignore_eos?); they are not counted as completed",
+                           run.load_label, short)
         return run
 
     def _stop(self, index: int, elapsed_measured: float | None) -> bool:
@@ -152,6 +157,7 @@ class Runner:
     def _record(self, index: int, item: BenchItem, planned: float, tag: str) -> RequestRecord:
         return RequestRecord(request_id=f"bench-{tag}-{index}", kind=item.kind, session_id=item.session_id,
                              scheduled=planned, expected_output_tokens=item.max_tokens,
+                             ignore_eos=self.config.ignore_eos,
                              warmup=index < self.config.warmup_requests)
 
     async def _send(self, record: RequestRecord, item: BenchItem, clock: Clock, progress: Progress) -> None:
@@ -173,7 +179,7 @@ class Runner:
                 logger.debug("request failed: %s: %s", record.error, record.error_message,
                              extra={"request_id": record.request_id})
             if not record.warmup:
-                progress.update(failed=record.error is not None)
+                progress.update(failed=not record.ok)
 
     async def _drain(self, tasks: list[asyncio.Task], first_wait: float | None = 0.0) -> None:
         """Wait for `tasks`, at most `first_wait` (None: without bound) + drain_timeout seconds."""

@@ -4,7 +4,9 @@ Text prompts go to /v1/completions, chat messages to /v1/chat/completions, alway
 (SSE). With `--prompt-format tokens`, random prompts go as token-id arrays (OpenAI's `prompt`
 accepts them), for models whose tokenizer would not map the bench's words to distinct tokens.
 The session id travels as OpenAI's `user` field. Output tokens come from the final
-usage (`stream_options.include_usage`) when the server sends it, else from the chunk count.
+usage (`stream_options.include_usage`) when the server sends it, else from the chunk count
+(which undercounts a server that packs several tokens into one event: with `ignore_eos` such
+answers would be reported as short, so compare only servers that send usage).
 
 The client is aiohttp, whose HTTP parser is C: at ~10,000 SSE events/s (one H200 at
 saturation) a load generator built on httpx's pure-Python parser used a whole core and became
