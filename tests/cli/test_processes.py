@@ -28,8 +28,8 @@ import subprocess, sys, time
 from vllm_fleet.processes import exit_on_sigterm, stop_process_group
 exit_on_sigterm()
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-print(child.pid, flush=True)
 try:
+    print(child.pid, flush=True)  # inside `try`: the test's SIGTERM may come as soon as it reads this
     time.sleep(600)
 finally:
     stop_process_group(child, grace_s=5)
@@ -92,7 +92,7 @@ async def test_mock_worker_serves_at_its_address_and_stops_with_nothing_left_in_
         assert len(tokens) == 4
         pid = worker.pid
     assert worker.returncode == 0  # SIGTERM drained it; it exited on its own
-    assert group_members(pid) == []
+    await wait_until(lambda: group_members(pid) == [], timeout=10, message="the worker's group to be empty")
 
 
 @pytest.mark.parametrize("stop", ["sync", "async"])
@@ -146,4 +146,5 @@ async def test_gateway_process_is_ready_in_front_of_its_worker_and_stops():
                 models = (await http.get("/v1/models")).json()
             assert [m["id"] for m in models["data"]] == ["helper"]
             pid = gateway.pid
-        assert group_members(pid) == []
+        assert gateway.returncode is not None
+        await wait_until(lambda: group_members(pid) == [], timeout=10, message="the gateway's group to be empty")
