@@ -97,8 +97,8 @@ def die_with_parent(parent_pid: int) -> Callable[[], None]:
 class ServiceProcess:
     """A child process in a session of its own, its output appended to `log_path`.
 
-    `start()` (again after it exited, for a restart), `signal()`, `kill()`, `stop(grace_s)`
-    (blocking) or `await astop(grace_s)`, `log_tail()`. As a context manager, sync or async, it
+    `start()` (again after it exited, for a restart), `await wait_for(probe, timeout)`,
+    `signal()`, `kill()`, `stop(grace_s)` (blocking) or `await astop(grace_s)`, `log_tail()`. As a context manager, sync or async, it
     is started on entry and stopped on exit. `env` is added to this process's environment.
     With `die_with_parent`, the kernel kills it if its owner dies, even by SIGKILL.
     """
@@ -183,9 +183,9 @@ class ServiceProcess:
             await _exited(self.process)
         return self.process.wait()
 
-    async def wait_ready(self, probe: Callable[[], Awaitable[bool]], timeout: float) -> None:
-        """Until `probe()` is true. Raises ProcessStartError, carrying the end of the log, if
-        the process exits first or `timeout` seconds pass."""
+    async def wait_for(self, probe: Callable[[], Awaitable[bool]], timeout: float) -> None:
+        """Until `probe()` is true (e.g. the service answers). Raises ProcessStartError, carrying
+        the end of the log, if the process exits first or `timeout` seconds pass."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -241,9 +241,9 @@ class GatewayProcess(ServiceProcess):
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    async def wait_ready(self, timeout: float) -> None:  # type: ignore[override]
+    async def wait_ready(self, timeout: float) -> None:
         """Until GET /ready is 200; ProcessStartError (with the log tail) if it exits or times out."""
-        await super().wait_ready(lambda: _http_ok(self.host, self.port, "/ready"), timeout)
+        await self.wait_for(lambda: _http_ok(self.host, self.port, "/ready"), timeout)
 
 
 async def _http_ok(host: str, port: int, path: str, timeout: float = 2.0) -> bool:

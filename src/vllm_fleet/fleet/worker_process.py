@@ -34,8 +34,9 @@ class WorkerProcess(ServiceProcess):
     """`python -m vllm_fleet.cli worker --host HOST --port PORT [--cpu-cores CORES] ARGS`.
 
     `port` defaults to a free one; `cores` binds the engine to those CPU cores. `command`
-    replaces the whole command line (e.g. a plan's `WorkerSpec.argv()`), which must then serve
-    on host:port. To run another checkout's code, pass env={"PYTHONPATH": "/that/checkout/src"}.
+    replaces the whole command line, args and cores included (e.g. a plan's `WorkerSpec.argv()`),
+    and must then serve on host:port. To run another checkout's code, pass
+    env={"PYTHONPATH": "/that/checkout/src"}.
     """
 
     def __init__(self, args: Sequence[str] = (), env: Mapping[str, str] | None = None, *, port: int | None = None,
@@ -46,6 +47,8 @@ class WorkerProcess(ServiceProcess):
         self.host = host
         self.port = port or free_port(host)
         self.cores = cores
+        if command is not None and (self.args or cores is not None):
+            raise ValueError("WorkerProcess: give `command`, or `args` and `cores`, not both")
         if command is None:
             bind = ["--cpu-cores", cores] if cores is not None else []
             command = [python, "-m", "vllm_fleet.cli", "worker", "--host", host, "--port", str(self.port), *bind,
@@ -64,4 +67,4 @@ class WorkerProcess(ServiceProcess):
             async def serving() -> bool:
                 return await client.health(timeout=1.0) == "SERVING"
 
-            await self.wait_ready(serving, timeout)
+            await self.wait_for(serving, timeout)
