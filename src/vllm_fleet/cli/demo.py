@@ -66,8 +66,9 @@ async def _demo(worker: WorkerProcess, args: argparse.Namespace) -> int:
         return 1
     async with WorkerClient(worker.address) as client:
         info = await client.info()
+        dtype = f", dtype {info.settings['dtype']} ({info.settings['dtype_reason']})" if "dtype_reason" in info.settings else ""
         print(f"Worker ready in {time.monotonic() - started:.0f}s: model {info.model} "
-              f"(engine {info.engine} {info.engine_version}, context {info.max_model_len} tokens)\n")
+              f"(engine {info.engine} {info.engine_version}, context {info.max_model_len} tokens{dtype})\n")
         for number, prompt in enumerate(args.prompt or DEMO_PROMPTS, 1):
             await _ask(client, f"demo-{number}", prompt, args.max_tokens)
     return 0
