@@ -41,3 +41,28 @@ async def test_spark_run_refuses_a_missing_column(mock_pair, tmp_path):
     assert done.returncode == 2
     assert "prompt_col='prompt': no such column; the DataFrame has id, question" in done.stderr
     assert not (tmp_path / "out.parquet").exists()
+
+
+async def test_spark_run_output_schema_writes_typed_columns_and_counts_rows_that_do_not_read(mock_pair, tmp_path):
+    # The mock answers with words, not JSON: every row keeps its text and gets the row error.
+    source = tmp_path / "people.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "prompt": f"person {i}"}) + "\n" for i in range(5)))
+    output = tmp_path / "people.parquet"
+    done = await run_cli("--input", str(source), "--output", str(output), "--max-tokens", "4",
+                         "--workers", mock_pair[0].address, "--output-schema", "name STRING, age INT")
+
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "rows: 5  errors: 5" in done.stdout and "output is not valid JSON for the schema" in done.stdout
+    table = pq.read_table(output)
+    assert str(table.schema.field("name").type) == "string" and str(table.schema.field("age").type) == "int32"
+    assert table.column("age").null_count == 5 and all(table.column("output").to_pylist())
+
+
+async def test_spark_run_refuses_an_output_schema_without_a_json_form(mock_pair, tmp_path):
+    source = tmp_path / "prompts.jsonl"
+    source.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    done = await run_cli("--input", str(source), "--output", str(tmp_path / "out.parquet"),
+                         "--workers", mock_pair[0].address, "--output-schema", "photo BINARY")
+
+    assert done.returncode == 2
+    assert "output_schema field photo is binary, which has no JSON form" in done.stderr

@@ -8,6 +8,11 @@
 
 `out` has every input column plus `output`, `finish_reason`, `prompt_tokens`,
 `completion_tokens`, `error`, `attempts`, `worker`: exactly one output row per input row.
+
+Typed answers: `generate(df, ..., output_schema="name STRING, age INT")` (a DDL string or a
+StructType) decodes every answer under that schema's JSON schema and adds one typed column per
+field (`name`, `age`) after those above; a row whose text still does not read as that JSON has
+null fields and `error` saying why.
 A row whose request failed after retries and failover has `error` set (and no output); the
 job itself fails only for configuration errors, which `generate()` raises at once
 (ConfigError) after checking columns and reaching the workers from the driver.
@@ -20,6 +25,7 @@ Streaming: `generate()` also accepts a streaming DataFrame; write it with a file
 `foreach_batch_writer(path)` (see docs/spark.md for what a checkpointed restart guarantees).
 
 Modules: config (plain settings that travel to executors), rows (row ↔ request, ids),
+output_schema (DDL/StructType → JSON schema), typed_rows (answer JSON → typed columns),
 batcher (micro-batch window, in-flight bound), answerer (rows → router → results),
 partition and sessions (one partition's work), executor (per-process Router, the
 mapInArrow function), driver (checks and plan), streaming (idempotent micro-batch sink).
@@ -30,6 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
 
 from vllm_fleet.protocol.types import SamplingParams
 from vllm_fleet.spark.config import SparkGenerateConfig, build_config
@@ -44,7 +51,8 @@ def generate(df: DataFrame, *, prompt_col: str | None = None, messages_col: str 
              params: dict[str, Any] | SamplingParams | None = None, model: str | None = None,
              workers: list[str] | str | None = None, registry: str | None = None,
              batch_size: int = 32, batch_wait_ms: float = 20.0, max_in_flight: int = 64,
-             output_col: str = "output", id_col: str | None = None, send_as: str = "per_row",
+             output_col: str = "output", output_schema: str | StructType | None = None,
+             id_col: str | None = None, send_as: str = "per_row",
              router: dict[str, Any] | None = None, **options: Any) -> DataFrame:
     """Answer every row of `df` (batch or streaming) on the fleet; see the module docstring.
 
@@ -54,6 +62,7 @@ def generate(df: DataFrame, *, prompt_col: str | None = None, messages_col: str 
     workers / registry: where the fleet is: ["host:port", ...] or "zk://host:port/cluster".
     batch_size, batch_wait_ms: a micro-batch is sent when full or when its first row waited this long.
     max_in_flight: most rows out at once per executor Python process (so per executor: × its cores).
+    output_schema: typed answers, e.g. "name STRING, age INT" or a StructType: one column per field.
     id_col: a column with a stable row key for request ids (default: the row's task and position).
     send_as: "per_row" (default, measured faster: docs/spark.md) or "one_request" per micro-batch.
     router: RouterConfig fields, e.g. {"max_attempts": 3}; sessions default to session affinity.
@@ -62,7 +71,8 @@ def generate(df: DataFrame, *, prompt_col: str | None = None, messages_col: str 
     config = build_config(
         prompt_col=prompt_col, messages_col=messages_col, session_col=session_col, turn_col=turn_col,
         params=params, model=model, workers=workers, registry=registry, batch_size=batch_size,
-        batch_wait_ms=batch_wait_ms, max_in_flight=max_in_flight, output_col=output_col, id_col=id_col,
+        batch_wait_ms=batch_wait_ms, max_in_flight=max_in_flight, output_col=output_col,
+        output_schema=output_schema, id_col=id_col,
         send_as=send_as, router=router, **options,
     )
     return plan(df, config)

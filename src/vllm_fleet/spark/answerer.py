@@ -52,7 +52,8 @@ class Answerer:
         resends = 0  # a new id per resend, except after a duplicate: the copy must wait, not run
         for round_ in range(self.config.row_attempts):
             rid = request_id if resends == 0 else f"{request_id}-r{resends}"
-            request = GenerateRequest(request_id=rid, inputs=items, params=self.params, session_id=session_id)
+            request = GenerateRequest(request_id=rid, inputs=items, params=self.params, session_id=session_id,
+                                      constrained=self.params.constraint is not None)
             stream: RoutedStream | None = None
             try:
                 stream = self.router.stream(request, model=self.config.model, deadline=deadline)

@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from vllm_fleet.config import FleetModel, validated
 from vllm_fleet.errors import ConfigError
-from vllm_fleet.protocol.types import SamplingParams
+from vllm_fleet.protocol.types import Constraint, SamplingParams
 from vllm_fleet.router import RouterConfig
 
 SendAs = Literal["per_row", "one_request"]
@@ -34,6 +34,10 @@ class SparkGenerateConfig(FleetModel):
     turn_col: str | None = Field(None, description="Column with the turn number within a session")
     id_col: str | None = Field(None, description="Column with a stable row key for request ids (default: partition and position)")
     output_col: str = Field("output", description="Name of the column with the generated text")
+    output_schema: str | None = Field(
+        None, description="Typed answers: a Spark DDL schema, e.g. 'name STRING, age INT'; the model answers in JSON "
+                          "under that schema and each field becomes a column (see docs/spark.md)"
+    )
     batch_size: int = Field(32, ge=1, description="Rows per micro-batch: a batch is sent when it holds this many rows")
     batch_wait_ms: float = Field(
         20.0, ge=0, description="Longest a row waits for its micro-batch to fill before the batch is sent anyway"
@@ -71,7 +75,10 @@ class SparkGenerateConfig(FleetModel):
         return self.registry or ",".join(self.workers)
 
     def sampling_params(self) -> SamplingParams:
-        return SamplingParams(**self.params)
+        params = dict(self.params)
+        if isinstance(params.get("constraint"), dict):  # a Constraint, after a trip through plain data
+            params["constraint"] = Constraint(**params["constraint"])
+        return SamplingParams(**params)
 
     def router_config(self) -> RouterConfig:
         values = dict(self.router)
@@ -106,7 +113,12 @@ def build_config(**values: Any) -> SparkGenerateConfig:
         raise ConfigError(f"unknown sampling parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     if (params.get("n") or 1) != 1:
         raise ConfigError("params n must be 1: generate() writes one output per row")
+    if isinstance(params.get("constraint"), Constraint):
+        params["constraint"] = dataclasses.asdict(params["constraint"])
     values["params"] = params
+    output_schema = values.get("output_schema")
+    if output_schema is not None and not isinstance(output_schema, str):
+        values["output_schema"] = _struct_json(output_schema)
     workers = values.get("workers")
     if isinstance(workers, str):
         values["workers"] = [w.strip() for w in workers.split(",") if w.strip()]
@@ -115,6 +127,15 @@ def build_config(**values: Any) -> SparkGenerateConfig:
     except ValidationError as exc:
         problems = "; ".join(_describe(err) for err in exc.errors())
         raise ConfigError(f"vllm_fleet.spark.generate: {problems}") from None
+
+
+def _struct_json(value: Any) -> str:
+    """A StructType as Spark's JSON form: it travels as text and reads back without a session."""
+    from pyspark.sql.types import StructType
+
+    if not isinstance(value, StructType):
+        raise ConfigError(f"output_schema must be a DDL string or a StructType, not {type(value).__name__}")
+    return value.json()
 
 
 def _describe(err: dict[str, Any]) -> str:

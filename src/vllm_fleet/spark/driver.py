@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import json
 from typing import Any
@@ -20,17 +21,20 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from vllm_fleet.errors import ConfigError, NoWorkerError
+from vllm_fleet.protocol.types import Constraint
 from vllm_fleet.registry import open_registry
 from vllm_fleet.router import Router
 from vllm_fleet.spark.config import SparkGenerateConfig
 from vllm_fleet.spark.executor import answer_partition
+from vllm_fleet.spark.output_schema import json_schema, parse_output_schema
 
 METADATA_KEY = "vllm_fleet"
 
 
 def result_schema(config: SparkGenerateConfig) -> list[T.StructField]:
-    """The columns generate() adds. The output column carries the job's column names in its
-    metadata, so collect_sessions() can find the session and turn columns on its own."""
+    """The columns generate() adds, then the output_schema fields (nullable: a row that failed
+    has none). The output column carries the job's column names in its metadata, so
+    collect_sessions() can find the session and turn columns on its own."""
     metadata = {METADATA_KEY: json.dumps({"session_col": config.session_col, "turn_col": config.turn_col,
                                           "prompt_col": config.prompt_col, "messages_col": config.messages_col})}
     return [
@@ -41,11 +45,33 @@ def result_schema(config: SparkGenerateConfig) -> list[T.StructField]:
         T.StructField("error", T.StringType(), True),
         T.StructField("attempts", T.IntegerType(), True),
         T.StructField("worker", T.StringType(), True),
+        *(T.StructField(f.name, f.dataType, True, f.metadata) for f in output_fields(config)),
     ]
+
+
+def output_fields(config: SparkGenerateConfig) -> list[T.StructField]:
+    """The typed answer fields (empty without output_schema); `plan` stored them as Spark's JSON."""
+    if config.output_schema is None:
+        return []
+    return list(parse_output_schema(config.output_schema).fields)
+
+
+def with_output_schema(config: SparkGenerateConfig) -> SparkGenerateConfig:
+    """Parse output_schema (DDL needs the driver's session) and ask for answers under its JSON
+    schema: `params.constraint`, which the worker hands to vLLM's structured outputs."""
+    if config.output_schema is None:
+        return config
+    if config.params.get("constraint") is not None:
+        raise ConfigError("pass output_schema or a params constraint, not both: output_schema sets the constraint")
+    struct = parse_output_schema(config.output_schema)
+    constraint = dataclasses.asdict(Constraint(json_schema=json.dumps(json_schema(struct))))
+    return config.model_copy(update={"output_schema": struct.json(),
+                                     "params": {**config.params, "constraint": constraint}})
 
 
 def plan(df: DataFrame, config: SparkGenerateConfig, *, check_workers: bool = True) -> DataFrame:
     """Validate, resolve the model, and return the answered DataFrame (lazy, like any other)."""
+    config = with_output_schema(config)
     check_columns(df.schema, config)
     if check_workers:
         config = config.model_copy(update={"model": check_fleet(config)})
@@ -70,11 +96,16 @@ def check_columns(schema: T.StructType, config: SparkGenerateConfig) -> None:
     if config.messages_col and not _is_messages(fields[config.messages_col].dataType):
         raise ConfigError(f"messages_col={config.messages_col!r} is {fields[config.messages_col].dataType.simpleString()}; "
                           "expected array<struct<role:string,content:string>>, array<map<string,string>> or a JSON string")
-    added = set(n.name for n in result_schema(config))
-    clash = sorted(added & set(fields))
+    typed = [f.name for f in output_fields(config)]
+    added = [f.name for f in result_schema(config)]
+    clash = sorted(set(typed) & set(added[:len(added) - len(typed)]))
+    if clash:
+        raise ConfigError(f"output_schema field(s) {', '.join(clash)} would clash with the column(s) generate() "
+                          "adds; rename the field(s) (or pass output_col=... for the text column)")
+    clash = sorted(set(added) & set(fields))
     if clash:
         raise ConfigError(f"the DataFrame already has column(s) {', '.join(clash)} that generate() adds; "
-                          "rename them (or pass output_col=...)")
+                          "rename them (or pass output_col=..., or rename the output_schema fields)")
 
 
 def _is_messages(dtype: T.DataType) -> bool:

@@ -29,9 +29,11 @@ from vllm_fleet.router import Router
 from vllm_fleet.router.snapshot import DOWN
 from vllm_fleet.spark.answerer import Answerer
 from vllm_fleet.spark.config import SparkGenerateConfig
+from vllm_fleet.spark.output_schema import parse_output_schema
 from vllm_fleet.spark.partition import PartitionRun
 from vllm_fleet.spark.rows import RowResult, result_arrays, result_names
 from vllm_fleet.spark.sessions import answer_sessions, group_turns
+from vllm_fleet.spark.typed_rows import typed_arrays
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -130,11 +132,12 @@ def close_all() -> None:
 def answer_partition(batches: Iterator[pa.RecordBatch], config: dict[str, Any]) -> Iterator[pa.RecordBatch]:
     """The mapInArrow function: every input row comes out once, with the result columns added."""
     settings = SparkGenerateConfig(**config)
+    columns = ResultColumns(settings)
     router = router_for(settings)
     answerer = Answerer(router, settings)
     task_key = _task_key()
     if settings.sessions:
-        yield from _answer_sessions(batches, answerer, settings)
+        yield from _answer_sessions(batches, answerer, settings, columns)
         return
     run = PartitionRun(answerer, settings, task_key)
     loop = process_loop()
@@ -145,17 +148,17 @@ def answer_partition(batches: Iterator[pa.RecordBatch], config: dict[str, Any]) 
             keys = batch.column(settings.id_col).to_pylist() if settings.id_col else None
             pending.append((batch, loop.submit(run.answer_rows(values, keys))))
             if len(pending) >= PIPELINE_DEPTH:
-                yield _with_results(*_next(pending), settings.output_col)
+                yield columns.add(*_next(pending))
         while pending:
-            yield _with_results(*_next(pending), settings.output_col)
+            yield columns.add(*_next(pending))
     finally:
         for _, future in pending:
             future.cancel()
         loop.run(run.close(), timeout=30)
 
 
-def _answer_sessions(batches: Iterator[pa.RecordBatch], answerer: Answerer,
-                     settings: SparkGenerateConfig) -> Iterator[pa.RecordBatch]:
+def _answer_sessions(batches: Iterator[pa.RecordBatch], answerer: Answerer, settings: SparkGenerateConfig,
+                     columns: ResultColumns) -> Iterator[pa.RecordBatch]:
     # A session may span Arrow batches, so the partition is read whole before its turns run.
     table = pa.Table.from_batches(list(batches))
     if table.num_rows == 0:
@@ -166,7 +169,7 @@ def _answer_sessions(batches: Iterator[pa.RecordBatch], answerer: Answerer,
     results.update(process_loop().run(answer_sessions(answerer, settings, grouped)))
     ordered = [results.get(i) or RowResult.failed("internal error: no result") for i in range(table.num_rows)]
     for batch in table.combine_chunks().to_batches():
-        yield _with_results(batch, ordered[:batch.num_rows], settings.output_col)
+        yield columns.add(batch, ordered[:batch.num_rows])
         ordered = ordered[batch.num_rows:]
 
 
@@ -175,9 +178,18 @@ def _next(pending: collections.deque) -> tuple[pa.RecordBatch, list[RowResult]]:
     return batch, future.result()
 
 
-def _with_results(batch: pa.RecordBatch, results: list[RowResult], output_col: str) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([*batch.columns, *result_arrays(results)],
-                                      names=[*batch.schema.names, *result_names(output_col)])
+class ResultColumns:
+    """Builds the columns generate() adds to an Arrow batch: the result columns, then one per
+    output_schema field (whose decoding may set a row's error, so it runs first)."""
+
+    def __init__(self, settings: SparkGenerateConfig) -> None:
+        self.output_col = settings.output_col
+        self.struct = parse_output_schema(settings.output_schema) if settings.output_schema else None
+
+    def add(self, batch: pa.RecordBatch, results: list[RowResult]) -> pa.RecordBatch:
+        typed = typed_arrays(results, self.struct) if self.struct is not None else []
+        names = [*batch.schema.names, *result_names(self.output_col), *(self.struct.names if self.struct else [])]
+        return pa.RecordBatch.from_arrays([*batch.columns, *result_arrays(results), *typed], names=names)
 
 
 def _task_key() -> str:
