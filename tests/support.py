@@ -49,5 +49,11 @@ def worker_env(**extra: str) -> dict[str, str]:
 
 
 def vllm_worker_args(cores: str, *extra: str) -> tuple[list[str], dict[str, str]]:
-    """Arguments and environment for a small real vLLM worker on the default model, bound to `cores`."""
-    return [*small_vllm_args(), "--cpu-cores", cores, *extra], worker_env()
+    """Arguments and environment for a small real vLLM worker on the default model, bound to `cores`.
+
+    float32, not the worker's own choice: tests assert what the 135M model answers (greedy
+    "Paris"), and its greedy text changes with the bf16 kernels a CPU has. On this project's
+    AMX machine it answered "L'Étoile, la Marseillaise, ..." in bf16 and "The capital of France is
+    Paris." in float32 (2026-12-01). The dtype choice itself is tested in tests/worker/test_dtype_choice.py.
+    """
+    return [*small_vllm_args(), "--dtype", "float32", "--cpu-cores", cores, *extra], worker_env()
