@@ -52,3 +52,17 @@ async def test_sessions_see_their_history_on_one_worker(spark, vllm_worker, vllm
         turns = sorted((r for r in answered if r.chat == session), key=lambda r: r.turn)
         assert len({r.worker for r in turns}) == 1, "a session stays on one worker"
         assert turns[0].prompt_tokens < turns[1].prompt_tokens < turns[2].prompt_tokens
+
+
+async def test_output_schema_gives_typed_columns_from_the_real_engine(spark, vllm_worker):
+    people = [(0, "Alice is 30 years old."), (1, "Bob, aged 45, lives in Lyon."), (2, "Chen turned 27 today.")]
+    df = spark.createDataFrame([(i, f"Give the person's name and age as JSON. {text}") for i, text in people],
+                               "id long, prompt string")
+    out = generate(df, prompt_col="prompt", params={"max_tokens": 48, "temperature": 0.0},
+                   workers=[vllm_worker.address], output_schema="name STRING, age INT")
+    rows = await asyncio.to_thread(out.collect)
+
+    assert sorted(r.id for r in rows) == [0, 1, 2]
+    assert [r.error for r in rows if r.error] == []
+    assert all(isinstance(r.name, str) and r.name for r in rows), [r.output for r in rows]
+    assert all(isinstance(r.age, int) for r in rows), [r.output for r in rows]

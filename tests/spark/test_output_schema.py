@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import types as T
 
 from vllm_fleet.errors import ConfigError
-from vllm_fleet.spark.output_schema import json_schema, parse_output_schema
+from vllm_fleet.spark.output_schema import column_types, json_schema, parse_output_schema
 from vllm_fleet.spark.rows import RowResult
 from vllm_fleet.spark.typed_rows import OutputParseError, decode, typed_arrays
 
@@ -42,6 +42,13 @@ def test_every_supported_type_has_its_json_form(spark):
     assert properties["scores"] == {"type": "object", "additionalProperties": {"type": "number"}}
     assert properties["address"] == {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
                                      "required": ["city", "zip"], "additionalProperties": False}
+
+
+def test_a_varchar_bounds_the_answer_and_is_a_string_column(spark):
+    struct = parse_output_schema("code VARCHAR(3), tags ARRAY<CHAR(2)>")
+    assert json_schema(struct)["properties"]["code"] == {"type": "string", "maxLength": 3}
+    assert column_types(struct) == T.StructType([T.StructField("code", T.StringType()),
+                                                 T.StructField("tags", T.ArrayType(T.StringType()))])
 
 
 def test_a_struct_type_and_its_json_form_give_the_same_schema():

@@ -26,7 +26,7 @@ from vllm_fleet.registry import open_registry
 from vllm_fleet.router import Router
 from vllm_fleet.spark.config import SparkGenerateConfig
 from vllm_fleet.spark.executor import answer_partition
-from vllm_fleet.spark.output_schema import json_schema, parse_output_schema
+from vllm_fleet.spark.output_schema import column_types, json_schema, parse_output_schema
 
 METADATA_KEY = "vllm_fleet"
 
@@ -65,7 +65,7 @@ def with_output_schema(config: SparkGenerateConfig) -> SparkGenerateConfig:
         raise ConfigError("pass output_schema or a params constraint, not both: output_schema sets the constraint")
     struct = parse_output_schema(config.output_schema)
     constraint = dataclasses.asdict(Constraint(json_schema=json.dumps(json_schema(struct))))
-    return config.model_copy(update={"output_schema": struct.json(),
+    return config.model_copy(update={"output_schema": column_types(struct).json(),
                                      "params": {**config.params, "constraint": constraint}})
 
 

@@ -60,6 +60,21 @@ def _from_ddl(ddl: str) -> T.StructType:
     return parsed
 
 
+def column_types(dtype: T.DataType) -> T.DataType:
+    """`dtype` as the columns hold it: CHAR(n)/VARCHAR(n) become STRING (their length bounds the
+    answer through the JSON schema; Arrow and Spark's DataFrames carry them as strings)."""
+    if isinstance(dtype, (T.VarcharType, T.CharType)):
+        return T.StringType()
+    if isinstance(dtype, T.StructType):
+        return T.StructType([T.StructField(f.name, column_types(f.dataType), f.nullable, f.metadata)
+                             for f in dtype.fields])
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(column_types(dtype.elementType), dtype.containsNull)
+    if isinstance(dtype, T.MapType):
+        return T.MapType(dtype.keyType, column_types(dtype.valueType), dtype.valueContainsNull)
+    return dtype
+
+
 def json_schema(struct: T.StructType) -> dict[str, Any]:
     """The JSON schema of one answer: an object with every field of `struct`, nothing else."""
     return _object(struct, "")
@@ -88,7 +103,9 @@ def _schema(dtype: T.DataType, path: str) -> dict[str, Any]:
             raise ConfigError(f"output_schema field {path} is {dtype.simpleString()}: JSON object keys are "
                               "strings, so a map needs STRING keys (map<string, ...>)")
         return {"type": "object", "additionalProperties": _schema(dtype.valueType, f"{path}{{}}")}
-    if isinstance(dtype, T.StringType):  # CHAR(n)/VARCHAR(n) arrive as StringType in a schema
+    if isinstance(dtype, (T.VarcharType, T.CharType)):
+        return {"type": "string", "maxLength": dtype.length}
+    if isinstance(dtype, T.StringType):
         return {"type": "string"}
     if isinstance(dtype, T.BooleanType):
         return {"type": "boolean"}
