@@ -96,13 +96,14 @@ def _decimal(value: Any, dtype: T.DecimalType, path: str) -> decimal.Decimal:
 
 
 def _datetime(value: Any, dtype: T.DataType, path: str) -> dt.date | dt.datetime:
-    _expect(isinstance(value, str), value, "a date string" if isinstance(dtype, T.DateType) else "a date-time string", path)
+    what = "date" if isinstance(dtype, T.DateType) else "date-time"
+    _expect(isinstance(value, str), value, f"a {what} string", path)
     try:
         if isinstance(dtype, T.DateType):
             return dt.date.fromisoformat(value)
         moment = dt.datetime.fromisoformat(value)
     except ValueError:
-        raise OutputParseError(f"{path} is {value!r}, not an ISO 8601 {'date' if isinstance(dtype, T.DateType) else 'date-time'}") from None
+        raise OutputParseError(f"{path} is {value!r}, not an ISO 8601 {what}") from None
     if isinstance(dtype, T.TimestampNTZType):
         return moment.replace(tzinfo=None)
     # TIMESTAMP is an instant: a time without an offset is read as UTC.
