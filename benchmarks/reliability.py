@@ -52,7 +52,7 @@ def key_timing(samples: int) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "keys.jsonl"
         write_keys(path, [KeyRecord("k", hash_key(secret))])
-        store = KeyStore(path, recheck_s=1e9)
+        store = KeyStore(path)
         lengths = [0, len(secret) // 4, len(secret) // 2, 3 * len(secret) // 4, len(secret) - 1]
         guesses = {n: secret[:n] + ("A" if secret[n] != "A" else "B") + "x" * (len(secret) - n - 1) for n in lengths}
         # Control: another wrong key sharing nothing, to show how far two arbitrary strings differ.

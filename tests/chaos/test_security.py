@@ -92,9 +92,9 @@ async def test_missing_wrong_or_revoked_keys_never_reach_a_worker(workers, start
     path = tmp_path / "keys.jsonl"
     write_keys(path, [KeyRecord("good", hash_key("sk-good")), KeyRecord("gone", hash_key("sk-gone"))])
     server = await start_gateway([worker.address], api_key_file=str(path))
-    server.keys.recheck_s = 0.0  # see the revocation on the next request
     assert (await _chat(server.url, True, "sk-gone")).status_code == 200
     write_keys(path, [KeyRecord("good", hash_key("sk-good"))])
+    assert server.reload()  # what SIGHUP does: the revocation holds from the next request on
     await wait_until(lambda: _count_is(metrics_port, 1), timeout=10, message="the worker to count one request")
     for key in (None, "", "sk-goo", "sk-gone", "sk-good" + "x" * 10_000, "SK-GOOD"):
         reply = await _chat(server.url, True, key)

@@ -1,4 +1,4 @@
-"""The keys file: hashed keys, limits, reload on change, and the `gateway keys` commands."""
+"""The keys file: hashed keys, limits, each bad line named, and the `gateway keys` commands."""
 
 from __future__ import annotations
 
@@ -28,28 +28,28 @@ def test_cli_add_list_revoke(tmp_path, capsys):
     assert read_keys(path) == []
 
 
-def test_store_picks_up_revocation(tmp_path):
+def test_store_replace_revokes_at_once(tmp_path):
     path = tmp_path / "keys.jsonl"
     write_keys(path, [KeyRecord("a", hash_key("k1")), KeyRecord("b", hash_key("k2"), admin=True)])
-    store = KeyStore(path, recheck_s=0)
+    store = KeyStore(path)
     assert store.authenticate("k2").admin
-    write_keys(path, [KeyRecord("a", hash_key("k1"))])
-    os.utime(path, ns=(1, 1))  # a different mtime even on coarse clocks
+    store.replace(read_keys(path)[:1])
     assert store.authenticate("k2") is None
     assert store.authenticate("k1").id == "a"
 
 
-def test_broken_edit_keeps_previous_keys(tmp_path):
-    path = tmp_path / "keys.jsonl"
-    write_keys(path, [KeyRecord("a", hash_key("k1"))])
-    store = KeyStore(path, recheck_s=0)
-    path.write_text("{not json\n")
-    assert store.authenticate("k1").id == "a"
+SHA = "ab" * 32
 
 
 @pytest.mark.parametrize("line, problem", [
-    ('{"id": "a"}', "not a key record"),
+    ('{"id": "a"}', "field 'sha256' must be a non-empty string"),
     ('{"id": "a", "sha256": "sk-plaintext"}', "64 hex digits"),
+    ('{"id": "a", "sha256": "%s", "admin": "false"}' % SHA, "field 'admin' must be true or false"),
+    ('{"id": "a", "sha256": "%s", "limits": {"requests_per_min": -1}}' % SHA, "limits.requests_per_min"),
+    ('{"id": "a", "sha256": "%s", "limits": {"requests_per_mn": 5}}' % SHA, "limits.requests_per_mn"),
+    ('{"id": "a", "sha256": "%s", "limits": 5}' % SHA, "field 'limits' must be an object"),
+    ("{not json", "not a key record"),
+    ("[1, 2]", "must be a JSON object"),
 ])
 def test_bad_lines_are_named(tmp_path, line, problem):
     path = tmp_path / "keys.jsonl"

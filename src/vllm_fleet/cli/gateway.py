@@ -14,6 +14,7 @@ from vllm_fleet.errors import ConfigError
 
 if TYPE_CHECKING:  # the CLI imports the heavy parts only for the command that runs
     from vllm_fleet.gateway.config import GatewayConfig
+    from vllm_fleet.gateway.reload import LimitsSource
     from vllm_fleet.registry import Registry
     from vllm_fleet.router import RouterConfig
 
@@ -46,7 +47,19 @@ def _serve(args: argparse.Namespace) -> int:
     config = from_args(GatewayConfig, args)
     router_config = router_config_from_args(args)
     registry = open_registry(args.registry or args.workers)
-    return _run(_serve_async(config, router_config, registry))
+    return _run(_serve_async(config, router_config, registry, _limits_source(args, router_config)))
+
+
+def _limits_source(args: argparse.Namespace, router_config: RouterConfig) -> LimitsSource:
+    """Per-key limits as the command line gives them; with `--key-limits @FILE`, read again
+    from the file on each reload, and the file watched."""
+    from vllm_fleet.gateway.reload import LimitsSource
+    from vllm_fleet.router.config import router_config_from_args
+
+    key_limits = getattr(args, "key_limits", None)
+    if not key_limits or not key_limits.startswith("@"):
+        return LimitsSource.fixed(router_config.admission)
+    return LimitsSource(read=lambda: router_config_from_args(args).admission, path=Path(key_limits[1:]))
 
 
 def _run(coro) -> int:
@@ -59,14 +72,17 @@ def _run(coro) -> int:
         return asyncio.run(coro)
 
 
-async def _serve_async(config: GatewayConfig, router_config: RouterConfig, registry: Registry) -> int:
+async def _serve_async(config: GatewayConfig, router_config: RouterConfig, registry: Registry,
+                       limits: LimitsSource) -> int:
     from vllm_fleet.gateway.server import GatewayServer
 
-    server = GatewayServer(config, router_config, registry)
+    server = GatewayServer(config, router_config, registry, limits=limits)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # SIGHUP re-reads the keys file and --key-limits @FILE (its default action would end us).
+    loop.add_signal_handler(signal.SIGHUP, server.reload)
     await server.start()
     print(f"vllm-fleet gateway: listening on {server.url}", file=sys.stderr, flush=True)
     waiter = asyncio.ensure_future(server.wait())
@@ -88,7 +104,8 @@ def _register_keys(subparsers) -> None:
     add.add_argument("--tokens-per-min", type=float, help="Tokens this key may use per minute")
     add.add_argument("--admin", action="store_true", help="May also read /metrics and the dashboard data")
     add.set_defaults(handler=_keys_add)
-    revoke = actions.add_parser("revoke", help="Remove a key; running gateways drop it within seconds")
+    revoke = actions.add_parser("revoke", help="Remove a key; running gateways drop it within --reload-interval-s "
+                                "(or at once on SIGHUP)")
     revoke.add_argument("--file", required=True)
     revoke.add_argument("--id", required=True)
     revoke.set_defaults(handler=_keys_revoke)

@@ -31,6 +31,15 @@ class GatewayConfig(FleetModel):
         "(--no-worker-multiplex: one gRPC call per request)"
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted (bigger: HTTP 413)")
+    max_header_bytes: int = Field(
+        16 * 1024, ge=1024,
+        description="Largest request line + headers accepted, in bytes (bigger: HTTP 431 and the connection closes)",
+    )
+    reload_interval_s: float = Field(
+        2.0, ge=0,
+        description="How often the keys file and a --key-limits @FILE are checked for changes, which reloads "
+        "keys and limits without a restart (0: only on SIGHUP)",
+    )
     max_n: int = Field(16, ge=1, description="Largest `n` (samples per prompt) accepted")
     max_prompts: int = Field(256, ge=1, description="Most prompts in one /v1/completions request")
     max_tokens_limit: int | None = Field(

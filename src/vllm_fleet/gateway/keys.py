@@ -6,8 +6,8 @@ The keys file has one JSON object per line (blank lines and `#` comments allowed
 
 `limits` are the router's `KeyLimits` fields. `admin: true` keys may also read /metrics and the
 dashboard data. The key itself is never stored or logged; only its id is. `vllm-fleet gateway
-keys add|revoke|list` edits the file; a running gateway picks new and revoked keys up within
-seconds (changed limits apply after a restart: the router's admission reads them at startup).
+keys add|revoke|list` edits the file; a running gateway reloads it (keys, admin flags and
+limits) on SIGHUP or within `--reload-interval-s` of a change (gateway/reload.py).
 """
 
 from __future__ import annotations
@@ -15,16 +15,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import logging
 import os
 import secrets
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_fleet.errors import ConfigError
+from pydantic import ValidationError
 
-logger = logging.getLogger(__name__)
+from vllm_fleet.errors import ConfigError
 
 KEY_PREFIX = "sk-fleet-"
 
@@ -49,7 +47,7 @@ class KeyRecord:
 
 
 def read_keys(path: str | Path) -> list[KeyRecord]:
-    """Parse a keys file; a bad line is a ConfigError naming the line."""
+    """Parse a keys file; a bad line is a ConfigError naming the line and the field."""
     records: list[KeyRecord] = []
     seen: set[str] = set()
     for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
@@ -57,19 +55,52 @@ def read_keys(path: str | Path) -> list[KeyRecord]:
         if not line or line.startswith("#"):
             continue
         try:
-            data = json.loads(line)
-            record = KeyRecord(id=str(data["id"]), sha256=str(data["sha256"]).lower(),
-                               limits=dict(data.get("limits") or {}), admin=bool(data.get("admin", False)))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{path}:{number}: not a key record ({exc}); expected "
-                              '{"id": ..., "sha256": ..., "limits": {...}}') from None
-        if len(record.sha256) != 64 or any(c not in "0123456789abcdef" for c in record.sha256):
-            raise ConfigError(f"{path}:{number}: sha256 must be 64 hex digits (the hash of the key, not the key)")
+            record = _record(json.loads(line))
+        except ValueError as exc:
+            raise ConfigError(f"{path}:{number}: not a key record: {exc}; expected "
+                              '{"id": ..., "sha256": ..., "limits": {...}, "admin": false}') from None
         if record.id in seen:
             raise ConfigError(f"{path}:{number}: key id {record.id!r} appears twice")
         seen.add(record.id)
         records.append(record)
     return records
+
+
+def _record(data: object) -> KeyRecord:
+    """One line's record; ValueError naming the field that is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError("a line must be a JSON object")
+    for name in ("id", "sha256"):
+        if not isinstance(data.get(name), str) or not data[name]:
+            raise ValueError(f"field {name!r} must be a non-empty string")
+    sha256 = data["sha256"].lower()
+    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        raise ValueError("field 'sha256' must be 64 hex digits (the hash of the key, not the key)")
+    if not isinstance(data.get("admin", False), bool):
+        raise ValueError("field 'admin' must be true or false")  # "false" as a string would be truthy
+    limits = data.get("limits") or {}
+    if not isinstance(limits, dict):
+        raise ValueError('field \'limits\' must be an object like {"requests_per_min": 600}')
+    _check_limits(limits)
+    return KeyRecord(id=data["id"], sha256=sha256, limits=dict(limits), admin=data.get("admin", False))
+
+
+def _check_limits(limits: dict) -> None:
+    from vllm_fleet.router.config import KeyLimits  # the router's model: one definition of the fields
+
+    try:
+        KeyLimits(**limits)
+    except ValidationError as exc:
+        problems = "; ".join(f"limits.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(problems) from None
+
+
+def read_keys_file(path: str | Path) -> list[KeyRecord]:
+    """`read_keys`, with an unreadable file a ConfigError too."""
+    try:
+        return read_keys(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot read API keys file {path}: {exc.strerror or exc}") from None
 
 
 def write_keys(path: str | Path, records: list[KeyRecord]) -> None:
@@ -82,51 +113,19 @@ def write_keys(path: str | Path, records: list[KeyRecord]) -> None:
 
 
 class KeyStore:
-    """Looks presented keys up; reloads the file when it changes (checked at most every `recheck_s`)."""
+    """Looks presented keys up. Holds the records of `path` as last loaded; the gateway's
+    reloader (reload.py) swaps in new ones with `replace` when the file changes or on SIGHUP."""
 
-    def __init__(self, path: str | Path, *, recheck_s: float = 2.0) -> None:
+    def __init__(self, path: str | Path, records: list[KeyRecord] | None = None) -> None:
         self.path = Path(path)
-        self.recheck_s = recheck_s
         self._by_hash: dict[bytes, KeyRecord] = {}
-        self._mtime: float | None = None
-        self._checked = 0.0
-        self._load()
+        self.replace(read_keys_file(self.path) if records is None else records)
 
-    def _load(self) -> None:
-        try:
-            mtime = self.path.stat().st_mtime_ns
-        except OSError as exc:
-            raise ConfigError(f"cannot read API keys file {self.path}: {exc}") from None
-        records = read_keys(self.path)
-        if self._mtime is not None:
-            self._warn_limit_changes(records)
+    def replace(self, records: list[KeyRecord]) -> None:
+        """Use `records` from now on: a removed key fails its next request (one dict swap)."""
         self._by_hash = {bytes.fromhex(r.sha256): r for r in records}
-        self._mtime = mtime
-        logger.info("loaded %d API keys from %s", len(records), self.path)
-
-    def _warn_limit_changes(self, records: list[KeyRecord]) -> None:
-        # The router's admission takes per-key limits at startup; keys and revocations reload live.
-        before = {r.id: r.limits for r in self._by_hash.values()}
-        changed = [r.id for r in records if r.limits and before.get(r.id) != r.limits]
-        if changed:
-            logger.warning("limits of keys %s changed in %s: they apply after a gateway restart "
-                           "(until then these keys have the router's default limits or their old ones)",
-                           ", ".join(changed), self.path)
-
-    def _maybe_reload(self) -> None:
-        now = time.monotonic()
-        if now - self._checked < self.recheck_s:
-            return
-        self._checked = now
-        try:
-            if self.path.stat().st_mtime_ns != self._mtime:
-                self._load()
-        except (OSError, ConfigError) as exc:
-            # Keep serving with the keys we have; a broken edit must not lock everyone out.
-            logger.error("keeping the previous API keys: %s", exc)
 
     def authenticate(self, presented: str) -> KeyRecord | None:
-        self._maybe_reload()
         digest = hashlib.sha256(presented.encode()).digest()
         # The dict lookup is keyed by the hash, whose timing tells nothing about valid keys;
         # the final comparison is constant-time all the same.

@@ -1,10 +1,12 @@
-"""Run the gateway: registry → router → ASGI app → uvicorn (httptools, uvloop), optional TLS.
+"""Run the gateway: registry → router → ASGI app → uvicorn (httptools with a head-size bound,
+uvloop), optional TLS; keys and limits reload on SIGHUP or a file change (reload.py).
 
 `GatewayServer` owns the lifecycle so the CLI, tests and benchmarks start it the same way:
 
     server = GatewayServer(config, router_config, registry)
     await server.start()          # router ready (bounded wait), socket bound, serving
     ... server.url ...
+    server.reload()               # re-read keys and limits now (SIGHUP); also polled, see reload.py
     await server.stop()           # stop accepting, let streams finish (bounded), close the router
 """
 
@@ -23,26 +25,13 @@ from vllm_fleet.client import ClientOptions, ClientPool
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.gateway.app import GatewayApp
 from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.header_limit import header_limit_protocol
 from vllm_fleet.gateway.keys import KeyStore
+from vllm_fleet.gateway.reload import LimitsSource, Reloader
 from vllm_fleet.registry import Registry
-from vllm_fleet.router import KeyLimits, Router, RouterConfig
+from vllm_fleet.router import Router, RouterConfig
 
 logger = logging.getLogger(__name__)
-
-
-def router_config_with_keys(router_config: RouterConfig, keys: KeyStore | None) -> RouterConfig:
-    """The router config with each key's limits from the keys file added to admission."""
-    if keys is None:
-        return router_config
-    overrides = dict(router_config.admission.keys)
-    for record in keys.records():
-        if record.limits:
-            try:
-                overrides[record.id] = KeyLimits(**record.limits)
-            except ValueError as exc:
-                raise ConfigError(f"{keys.path}: limits of key {record.id!r}: {exc}") from None
-    admission = router_config.admission.model_copy(update={"keys": overrides})
-    return router_config.model_copy(update={"admission": admission})
 
 
 def worker_client_options(config: GatewayConfig) -> ClientOptions:
@@ -76,16 +65,24 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class GatewayServer:
+    """`limits` is where per-key limits come from besides the keys file (default: fixed, those of
+    `router_config`); give the CLI's to have a `--key-limits @FILE` reloaded too."""
+
     def __init__(self, config: GatewayConfig, router_config: RouterConfig, registry: Registry, *,
-                 ready_timeout_s: float = 30.0, shutdown_grace_s: float = 30.0) -> None:
+                 ready_timeout_s: float = 30.0, shutdown_grace_s: float = 30.0,
+                 limits: LimitsSource | None = None) -> None:
         self.config = config
         self.registry = registry
-        self.keys = KeyStore(config.api_key_file) if config.api_key_file else None
+        self.reloader = Reloader(config.api_key_file, limits or LimitsSource.fixed(router_config.admission),
+                                 interval_s=config.reload_interval_s)
+        loaded = self.reloader.load()  # a bad keys or limits file stops the start (ConfigError)
+        self.keys = KeyStore(config.api_key_file, loaded.records) if config.api_key_file else None
         metrics_registry = CollectorRegistry(auto_describe=True)
         # The router owns (starts and closes) the registry.
         self.clients = ClientPool(worker_client_options(config))
-        self.router = Router(registry, router_config_with_keys(router_config, self.keys), self.clients,
+        self.router = Router(registry, router_config.model_copy(update={"admission": loaded.admission}), self.clients,
                              metrics_registry=metrics_registry)
+        self.reloader.bind(self.router, self.keys)
         self.app = GatewayApp(self.router, config, metrics_registry=metrics_registry, keys=self.keys,
                               registry=registry)
         self.ready_timeout_s = ready_timeout_s
@@ -110,7 +107,8 @@ class GatewayServer:
         sock = bind_socket(self.config.host, self.config.port)
         self.port = sock.getsockname()[1]
         uv_config = uvicorn.Config(
-            self.app, http="httptools", loop="none", lifespan="off", access_log=False, log_level="warning",
+            self.app, http=header_limit_protocol(self.config.max_header_bytes), loop="none", lifespan="off",
+            access_log=False, log_level="warning",
             ssl_certfile=self.config.tls_cert, ssl_keyfile=self.config.tls_key,
             timeout_graceful_shutdown=self.shutdown_grace_s, backlog=4096, server_header=False,
         )
@@ -121,15 +119,22 @@ class GatewayServer:
                 self._task.result()
                 raise ConfigError("the HTTP server stopped while starting")
             await asyncio.sleep(0.01)
+        self.reloader.start()
         logger.info("gateway listening on %s (models: %s; keys: %s)", self.url, ", ".join(self.router.models()) or "none yet",
-                    "%d" % len(self.keys) if self.keys else "off, loopback only")
+                    "%d" % len(self.keys) if self.keys is not None else "off, loopback only")
 
     async def wait(self) -> None:
         """Until the server stops (a signal, or stop())."""
         if self._task is not None:
             await asyncio.shield(self._task)
 
+    def reload(self) -> bool:
+        """Re-read the keys file and the limits now (what SIGHUP does); False, with the reason
+        logged, when a file is bad and the previous keys and limits stay in force."""
+        return self.reloader.reload()
+
     async def stop(self) -> None:
+        await self.reloader.stop()
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task

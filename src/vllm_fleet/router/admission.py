@@ -7,6 +7,11 @@ go back; a bucket may go into debt when the estimate was low). Then the request 
 slot of its workload class ("short" or "long"); when all slots are busy it waits in that
 class's queue, up to `queue_timeout_s`; a full queue rejects at once. Every refusal is a
 RateLimitedError whose `reason` labels the metric and whose `retry_after` is honest.
+
+Limits can change while the gateway runs (`Admission.update_limits`, on a reload of the keys
+file): admitted requests keep their tickets and settle against their key's current bucket;
+a bucket whose limit did not change keeps its level, and one whose limit changed keeps what
+was used of it, so a reload is never a free refill.
 """
 
 from __future__ import annotations
@@ -46,6 +51,12 @@ class TokenBucket:
         missing = min(amount, self.capacity) - self.level
         return 0.0 if missing <= 0 else missing / self.rate_per_s
 
+    def resized(self, per_min: float) -> TokenBucket:
+        """A bucket holding `per_min` that remembers what was used of this one (debt included)."""
+        bucket = TokenBucket(per_min, self._clock)
+        bucket._level = per_min - (self.capacity - self.level)
+        return bucket
+
     def take(self, amount: float) -> None:
         self._level = self.level - amount
 
@@ -83,6 +94,16 @@ class KeyLimiter:
             )
         return buckets
 
+    def update(self, config: AdmissionConfig) -> None:
+        """Use the limits of `config` from now on; only buckets whose limits changed are rebuilt."""
+        old, self.config = self.config, config
+        for key, buckets in self._keys.items():
+            limits = config.limits_for(key)
+            if limits == old.limits_for(key):
+                continue
+            buckets.requests = _resized(buckets.requests, limits.requests_per_min, self._clock)
+            buckets.tokens = _resized(buckets.tokens, limits.tokens_per_min, self._clock)
+
     def reserve(self, key: str, tokens: int) -> None:
         """Take one request and `tokens` from `key`'s buckets, or raise RateLimitedError."""
         buckets = self._buckets(key)
@@ -118,6 +139,13 @@ class KeyLimiter:
     def _drop_idle(self) -> None:
         for key in [k for k, b in self._keys.items() if all(x is None or x.full for x in (b.requests, b.tokens))]:
             del self._keys[key]
+
+
+def _resized(bucket: TokenBucket | None, per_min: float | None, clock: Callable[[], float]) -> TokenBucket | None:
+    if not per_min:
+        return None
+    # A key that had no bucket (no limit) starts full, as a new key would.
+    return bucket.resized(per_min) if bucket is not None else TokenBucket(per_min, clock)
 
 
 def _label(key: str) -> str:
@@ -202,6 +230,14 @@ class Admission:
                 self.keys.settle(key, tokens, 0, refund_request=True)
             raise
         return Ticket(self, key if limited else None, queue, tokens)
+
+    def update_limits(self, default: KeyLimits, keys: dict[str, KeyLimits]) -> None:
+        """New key limits for requests admitted from now on (queues and classes stay as they are).
+
+        Tickets already out keep their class slot and settle their reservation against the key's
+        bucket as it is then; see the module docstring on what a change does to a bucket."""
+        self.config = self.config.model_copy(update={"default": default, "keys": dict(keys)})
+        self.keys.update(self.config)
 
 
 class Ticket:

@@ -22,7 +22,7 @@ from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.registry import Registry
 from vllm_fleet.router.admission import Admission
 from vllm_fleet.router.budget import RetryBudget
-from vllm_fleet.router.config import RouterConfig
+from vllm_fleet.router.config import KeyLimits, RouterConfig
 from vllm_fleet.router.context import Connect, StreamContext
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
@@ -119,6 +119,21 @@ class Router:
     def queue_depths(self) -> dict[str, int]:
         """Requests waiting for a slot now, per workload class."""
         return {name: queue.depth for name, queue in self._admission.queues.items()}
+
+    # --- limits -------------------------------------------------------------------------
+
+    def update_limits(self, *, keys: dict[str, KeyLimits], default: KeyLimits | None = None) -> None:
+        """Per-key limits (and, if given, the default) for requests admitted from now on.
+
+        Streams already admitted run on with their reservations; buckets of keys whose limits
+        did not change keep their level (a reload is no free refill). Queue sizes and classes
+        stay as configured at startup."""
+        admission = self.config.admission
+        default = admission.default if default is None else default
+        self._admission.update_limits(default, keys)
+        self.config = self.config.model_copy(update={"admission": self._admission.config})
+        logger.info("key limits updated: %d per-key override(s), default %s", len(keys),
+                    default.model_dump(exclude_none=True) or "unlimited")
 
     # --- requests -----------------------------------------------------------------------
 
