@@ -80,6 +80,18 @@ class EngineConfig(FleetModel):
     engine_arg: list[str] = Field(
         default_factory=list, description="Any other vLLM engine argument as key=value (JSON values allowed); repeatable"
     )
+    # vLLM's OpenAI-server options with its names and meaning; the engine needs them at start
+    # (the reasoning parser also goes to vLLM's structured-outputs config, as `vllm serve` does,
+    # so a constraint starts after the reasoning) and for each OpenAI chat request.
+    tool_call_parser: str | None = Field(
+        None, description="vLLM tool-call parser for the model (e.g. hermes, llama3_json): turns its output into tool calls"
+    )
+    enable_auto_tool_choice: bool = Field(
+        False, description="Allow tool_choice 'auto' (the model decides when to call a tool); needs --tool-call-parser"
+    )
+    reasoning_parser: str | None = Field(
+        None, description="vLLM reasoning parser for the model (e.g. qwen3, deepseek_r1): splits reasoning from content"
+    )
     # The mock engine (never a default): deterministic tokens at a set pace.
     mock_tokens_per_s: float = Field(50.0, gt=0, description="Mock engine: tokens per second per sequence")
     mock_ttft_ms: float = Field(20.0, ge=0, description="Mock engine: fixed delay before the first token")

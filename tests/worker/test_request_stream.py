@@ -12,7 +12,8 @@ from vllm_fleet.worker.resume import HeldTokens
 
 
 def prepared(prompt_len: int, held: list[int] | None = None) -> PreparedInput:
-    return PreparedInput(prompt_token_ids=list(range(prompt_len)), params=SamplingParams(), prompt_len=prompt_len,
+    return PreparedInput(prompt_token_ids=list(range(prompt_len)), engine_params=SamplingParams(),
+                         prompt_len=prompt_len,
                          held=HeldTokens(held) if held else None)
 
 

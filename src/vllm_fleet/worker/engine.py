@@ -10,8 +10,10 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
-from vllm_fleet.protocol.types import GenerateInput, SamplingParams, TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.worker.validation import check_values
 
 
 @dataclass(slots=True)
@@ -27,10 +29,31 @@ class SampleDelta:
     cached_tokens: int = 0
 
 
+@dataclass(slots=True)
+class EnginePrompt:
+    """One input as the engine will run it: its prompt ids and the parameters `generate` takes.
+
+    `params` is engine-shaped: vLLM's own SamplingParams (output kind DELTA) for the vLLM
+    engine, our typed SamplingParams for the mock. Either has `max_tokens` and `min_tokens`,
+    which prepare.py lowers by the tokens a resumed input already has.
+    `openai_request` is vLLM's ChatCompletionRequest / CompletionRequest (after the parser's
+    adjust_request) for an OpenAI request on the vLLM engine, else None; `echo_text` is the
+    prompt text a completion with `echo` sends first.
+    """
+
+    prompt_token_ids: list[int]
+    params: Any
+    openai_request: Any = None
+    echo_text: str | None = None
+
+
 class Engine(abc.ABC):
     """One inference engine. All methods run on the worker's event loop."""
 
     name: str = "engine"
+    # vLLM's tool/reasoning parser class for OpenAI chat requests (parsing.parser_class), set by
+    # an engine that has one once started; RequestStream builds one parser per sample from it.
+    parser_cls: type | None = None
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -48,6 +71,11 @@ class Engine(abc.ABC):
     def vocab_size(self) -> int | None:
         return None
 
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer as the parsers take it (vLLM's); None for an engine without one."""
+        return None
+
     @abc.abstractmethod
     async def tokenize(self, item: GenerateInput) -> list[int]:
         """Prompt token ids for one input (chat template applied for chat inputs).
@@ -55,15 +83,27 @@ class Engine(abc.ABC):
         Raises InvalidRequestError for input the model cannot take (e.g. an unsupported role).
         """
 
+    async def prepare(self, item: GenerateInput, request: GenerateRequest) -> EnginePrompt:
+        """One input of `request` made ready for `generate`; raises InvalidRequestError for bad input.
+
+        The default (the mock) tokenizes and keeps our typed SamplingParams; the vLLM engine
+        gives the request vLLM's meaning (its own request models for OpenAI bodies). With no
+        vLLM to check an OpenAI request's fields, the default checks their typed copies.
+        """
+        if request.openai is not None:
+            check_values(request.params)
+        return EnginePrompt(await self.tokenize(item), request.params)
+
     @abc.abstractmethod
     def decode(self, token_ids: list[int]) -> str:
         """Text of a token sequence (special tokens skipped, as in generated text)."""
 
     @abc.abstractmethod
     def generate(
-        self, engine_request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, priority: int = 0
+        self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0
     ) -> AsyncIterator[list[SampleDelta]]:
-        """Stream deltas. Cancelling the consumer must abort the request in the engine."""
+        """Stream deltas. `params` is what this engine's `prepare` made (EnginePrompt.params).
+        Cancelling the consumer must abort the request in the engine."""
 
     @abc.abstractmethod
     async def abort(self, engine_request_ids: list[str]) -> None: ...

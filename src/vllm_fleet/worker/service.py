@@ -193,7 +193,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     events: asyncio.Queue[StreamEvent]) -> None:
         """Relay one engine request's output as events; cancelling the task aborts the request."""
         try:
-            async for deltas in self.engine.generate(engine_id, item.prompt_token_ids, item.params,
+            async for deltas in self.engine.generate(engine_id, item.prompt_token_ids, item.engine_params,
                                                      priority=priority):
                 events.put_nowait(Deltas(index, deltas))
             events.put_nowait(Ended(index, aborted=False))

@@ -2,6 +2,13 @@
 
 Every message names the field and says what to change, and `param` carries the field's name;
 status.py turns InvalidRequestError into gRPC INVALID_ARGUMENT.
+
+An OpenAI request (`request.openai` set) gets vLLM's own checks on the vLLM engine (its request
+model, vllm_prompt.py): here it meets only this worker's limits (n, logprobs), so a value vLLM
+accepts is never refused by a stricter rule of ours; the mock engine, which has no vLLM, checks
+its typed fields with `check_values` instead (engine.py). Typed requests get all the checks
+below; what they leave open (e.g. min_p's range, logit_bias ids) vLLM checks when it builds
+its params.
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ def validate_request(request: GenerateRequest, limits: Limits) -> None:
             f"the request has {len(request.inputs)} inputs; this worker takes at most {limits.max_inputs} per request",
             param="inputs",
         )
-    validate_params(request.params, limits)
+    if request.openai is None:
+        validate_params(request.params, limits)
+    else:
+        validate_limits(request.params, limits)
     n = request.params.n or 1
     for index, item in enumerate(request.inputs):
         where = f"input {index}"
@@ -51,7 +61,22 @@ def validate_request(request: GenerateRequest, limits: Limits) -> None:
                                       param="n")
 
 
+def validate_limits(params: SamplingParams, limits: Limits) -> None:
+    """This worker's own bounds, which hold whatever vLLM accepts."""
+    if params.n is not None and not 1 <= params.n <= limits.max_n:
+        raise InvalidRequestError(f"n must be between 1 and {limits.max_n} (got {params.n})", param="n")
+    if params.logprobs is not None and not 0 <= params.logprobs <= limits.max_logprobs:
+        raise InvalidRequestError(f"logprobs must be between 0 and {limits.max_logprobs} (got {params.logprobs})",
+                                  param="logprobs")
+
+
 def validate_params(params: SamplingParams, limits: Limits) -> None:
+    validate_limits(params, limits)
+    check_values(params)
+
+
+def check_values(params: SamplingParams) -> None:
+    """Each typed field's own range and shape."""
     def bad(message: str, param: str) -> None:
         raise InvalidRequestError(message, param=param)
 
@@ -61,16 +86,12 @@ def validate_params(params: SamplingParams, limits: Limits) -> None:
         bad(f"min_tokens must be 0 or more (got {params.min_tokens})", "min_tokens")
     if params.min_tokens and params.max_tokens is not None and params.min_tokens > params.max_tokens:
         bad(f"min_tokens ({params.min_tokens}) is larger than max_tokens ({params.max_tokens})", "min_tokens")
-    if params.n is not None and not 1 <= params.n <= limits.max_n:
-        bad(f"n must be between 1 and {limits.max_n} (got {params.n})", "n")
     if params.temperature is not None and not 0 <= params.temperature <= 2:
         bad(f"temperature must be between 0 and 2 (got {params.temperature})", "temperature")
     if params.top_p is not None and not 0 < params.top_p <= 1:
         bad(f"top_p must be in (0, 1] (got {params.top_p})", "top_p")
     if params.top_k is not None and params.top_k != -1 and params.top_k < 0:
         bad(f"top_k must be -1 (off), 0 (off) or positive (got {params.top_k})", "top_k")
-    if params.logprobs is not None and not 0 <= params.logprobs <= limits.max_logprobs:
-        bad(f"logprobs must be between 0 and {limits.max_logprobs} (got {params.logprobs})", "logprobs")
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(params, name)
         if value is not None and not -2 <= value <= 2:
@@ -79,6 +100,9 @@ def validate_params(params: SamplingParams, limits: Limits) -> None:
         bad(f"repetition_penalty must be in (0, 2] (got {params.repetition_penalty})", "repetition_penalty")
     if any(not s for s in params.stop):
         bad("stop strings must not be empty", "stop")
+    if params.constraint is not None and params.constraint.kind is None:
+        bad("constraint is empty: set one of json_schema, json_object, regex, choice, grammar, structural_tag",
+            "constraint")
 
 
 def check_prompt_fits(index: int, prompt_len: int, resume_len: int, max_tokens: int | None,

@@ -18,11 +18,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from vllm_fleet.config import EngineConfig
-from vllm_fleet.errors import ConfigError, InvalidRequestError, ModelError
+from vllm_fleet.errors import ConfigError, ModelError
 from vllm_fleet.models import resolve_model
-from vllm_fleet.protocol.types import CHAT_ROLES, GenerateInput, SamplingParams, TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, TokenLogprob, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
-from vllm_fleet.worker.engine import Engine, SampleDelta
+from vllm_fleet.worker.engine import Engine, EnginePrompt, SampleDelta
+from vllm_fleet.worker.sampling import invalid_request, vllm_error_types
+from vllm_fleet.worker.vllm_prompt import VllmPrompts
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +33,7 @@ DEFAULT_CPU_KV_CACHE_GB = 2
 _PASSTHROUGH = (
     "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
     "tensor_parallel_size", "enforce_eager", "block_size", "enable_prefix_caching", "load_format",
-    "seed", "trust_remote_code", "tokenizer",
+    "seed", "trust_remote_code", "tokenizer", "reasoning_parser",
 )
 
 
@@ -119,6 +121,8 @@ class VllmEngine(Engine):
         self._max_model_len = 0
         self._priority_scheduling = False
         self._dtype_choice: DtypeChoice | None = None
+        self._prompts: VllmPrompts | None = None
+        self.parser_cls: type | None = None
 
     async def start(self) -> None:
         # The engine core is a child process: it reads these when it starts.
@@ -134,6 +138,8 @@ class VllmEngine(Engine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        if self.config.enable_auto_tool_choice and not self.config.tool_call_parser:
+            raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser")  # as vllm serve says
         resolved = resolve_model(self.config.model, self.config.served_model_name)
         self._served_name = resolved.served_name
         kwargs = engine_kwargs(self.config, resolved.path, resolved.served_name)
@@ -159,7 +165,23 @@ class VllmEngine(Engine):
             self._tokenizer = self._llm.get_tokenizer()
         except Exception:  # token-id-only deployments (e.g. dummy weights with no tokenizer)
             self._tokenizer = None
+        self.parser_cls = self._parser_class()
+        self._prompts = VllmPrompts(self._llm, self._tokenizer, self._defaults, parser_cls=self.parser_cls,
+                                    enable_auto_tool_choice=self.config.enable_auto_tool_choice)
         logger.info("vLLM engine ready: model=%s max_model_len=%d", self._served_name, self._max_model_len)
+
+    def _parser_class(self) -> type | None:
+        """vLLM's tool/reasoning parser for the configured names (parsing.py); None when neither is set."""
+        if not (self.config.tool_call_parser or self.config.reasoning_parser):
+            return None
+        from vllm_fleet.worker.parsing import parser_class
+
+        return parser_class(self.config.tool_call_parser, self.config.reasoning_parser,
+                            enable_auto_tool_choice=self.config.enable_auto_tool_choice, tokenizer=self._tokenizer)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
 
     def info(self) -> WorkerInfo:
         import vllm
@@ -175,6 +197,9 @@ class VllmEngine(Engine):
             "tensor_parallel_size": str(cfg.parallel_config.tensor_parallel_size),
             "model_path": str(cfg.model_config.model),
             "vocab_size": str(cfg.model_config.get_vocab_size()),
+            "tool_call_parser": self.config.tool_call_parser or "",
+            "enable_auto_tool_choice": str(self.config.enable_auto_tool_choice),
+            "reasoning_parser": self.config.reasoning_parser or "",
         }
         return WorkerInfo(model=self._served_name, max_model_len=self._max_model_len, engine="vllm",
                           engine_version=vllm.__version__, settings=settings)
@@ -188,27 +213,11 @@ class VllmEngine(Engine):
         return self._llm.vllm_config.model_config.get_vocab_size() if self._llm is not None else None
 
     async def tokenize(self, item: GenerateInput) -> list[int]:
-        if item.token_ids is not None:
-            return list(item.token_ids)
-        if self._tokenizer is None:
-            raise InvalidRequestError("this worker's model has no tokenizer: send token_ids inputs", param="prompt")
-        if item.messages is not None:
-            for i, message in enumerate(item.messages):
-                if message.role not in CHAT_ROLES:
-                    raise InvalidRequestError(
-                        f"message {i} has unknown role {message.role!r}; use one of {', '.join(CHAT_ROLES)}",
-                        param="messages",
-                    )
-            try:
-                text = self._tokenizer.apply_chat_template(
-                    [{"role": m.role, "content": m.content} for m in item.messages],
-                    tokenize=False, add_generation_prompt=True,
-                )
-            except Exception as exc:  # the template itself rejects the conversation (e.g. role order)
-                raise InvalidRequestError(f"the model's chat template rejected the messages: {exc}",
-                                          param="messages") from None
-            return self._tokenizer.encode(text, add_special_tokens=False)
-        return self._tokenizer.encode(item.text or "")
+        return await self._prompts.tokenize(item)
+
+    async def prepare(self, item: GenerateInput, request: GenerateRequest) -> EnginePrompt:
+        """vLLM's meaning of one input: its own request models and SamplingParams (vllm_prompt.py)."""
+        return await self._prompts.prepare(item, request)
 
     def decode(self, token_ids: list[int]) -> str:
         if self._tokenizer is None:
@@ -216,44 +225,35 @@ class VllmEngine(Engine):
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)
 
     async def generate(
-        self, engine_request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, priority: int = 0
+        self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0
     ) -> AsyncIterator[list[SampleDelta]]:
-        from vllm import SamplingParams as VllmSamplingParams
+        """`params`: vLLM's SamplingParams with output kind DELTA, as `prepare` made them."""
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
-        sampling = VllmSamplingParams(**self._sampling_kwargs(params), output_kind=RequestOutputKind.DELTA)
         extra = {"priority": priority} if self._priority_scheduling else {}
-        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), sampling, engine_request_id, **extra)
-        async for output in stream:
-            cached = output.num_cached_tokens or 0
-            yield [
-                SampleDelta(
-                    sample=completion.index,
-                    text=completion.text,
-                    token_ids=list(completion.token_ids),
-                    finish_reason=completion.finish_reason,
-                    stop_reason=None if completion.stop_reason is None else str(completion.stop_reason),
-                    logprobs=self._convert_logprobs(completion) if params.logprobs is not None else None,
-                    cached_tokens=cached,
-                )
-                for completion in output.outputs
-            ]
-
-    def _sampling_kwargs(self, params: SamplingParams) -> dict[str, Any]:
-        kwargs = {k: v for k, v in self._defaults.items()}
-        for name in ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "n", "logprobs",
-                     "presence_penalty", "frequency_penalty", "repetition_penalty"):
-            value = getattr(params, name)
-            if value is not None:
-                kwargs[name] = value
-        if params.stop:
-            kwargs["stop"] = list(params.stop)
-        if params.stop_token_ids:
-            kwargs["stop_token_ids"] = list(params.stop_token_ids)
-        if params.ignore_eos:
-            kwargs["ignore_eos"] = True
-        return kwargs
+        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, engine_request_id, **extra)
+        refused = vllm_error_types()
+        try:
+            async for output in stream:
+                cached = output.num_cached_tokens or 0
+                yield [
+                    SampleDelta(
+                        sample=completion.index,
+                        text=completion.text,
+                        token_ids=list(completion.token_ids),
+                        finish_reason=completion.finish_reason,
+                        stop_reason=None if completion.stop_reason is None else str(completion.stop_reason),
+                        logprobs=self._convert_logprobs(completion) if params.logprobs is not None else None,
+                        cached_tokens=cached,
+                    )
+                    for completion in output.outputs
+                ]
+        except refused as exc:
+            # vLLM checks some of a request only when it is added (e.g. a constraint's grammar);
+            # its refusal names the field where vLLM knows it. A dead engine is not a refusal.
+            if not self.healthy:
+                raise
+            raise invalid_request(exc) from None
 
     @staticmethod
     def _convert_logprobs(completion: Any) -> list[TokenLogprob] | None:
