@@ -16,8 +16,10 @@ everything else goes straight back to the caller with its message.
     ├── WorkerError            recoverable unless stated: something went wrong on or with one worker
     │   ├── WorkerUnavailableError   the worker cannot be reached, is draining, or its engine died (gRPC UNAVAILABLE)
     │   ├── WorkerOverloadedError    the worker refused for capacity (gRPC RESOURCE_EXHAUSTED)
-    │   └── WorkerTimeoutError       a deadline passed, or the stream stalled
-    │       └── DeadlineExceededError    fatal: the caller's own deadline passed (nothing left to retry in)
+    │   ├── WorkerTimeoutError       a deadline passed, or the stream stalled
+    │   │   └── DeadlineExceededError    fatal: the caller's own deadline passed (nothing left to retry in)
+    │   └── MigrationUnsupportedError fatal: a worker failed mid-answer and the answer cannot continue on
+    │                                 another worker (grammar-constrained decoding); retry the whole request
     ├── NoWorkerError          recoverable later: no serving worker can take the request now
     ├── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
     └── ProcessStartError      fatal    a process we started (worker, gateway) exited or was not ready in time;
@@ -128,6 +130,16 @@ class DuplicateRequestError(InvalidRequestError):
     and a copy elsewhere would compute the same answer twice. Spark's answerer derives ids from
     rows, so this means a retried task met its own first attempt: it waits, then sends again.
     """
+
+
+class MigrationUnsupportedError(WorkerError):
+    """A worker failed after part of the answer was delivered, and the rest cannot be generated
+    elsewhere: vLLM starts a structured-output grammar at the first generated token, so a
+    grammar-constrained answer cannot continue on another worker. Fatal for this stream (a
+    continuation could break the grammar); the whole request, sent again, may succeed.
+    """
+
+    recoverable = False
 
 
 class ProcessStartError(FleetError):

@@ -8,6 +8,13 @@ recoverable failure, pick another worker and carry on:
   n=1 and `resume_token_ids` = the tokens the caller already has, and its chunks are mapped
   back to the original (index, sample). The worker continues after those tokens, counts them
   against max_tokens, and its text deltas start after them, so the caller sees one stream.
+  `resume_delivered_chars` says how much of those tokens' text the caller has: with stop
+  strings a worker holds back text that could begin one, and the next worker sends that text
+  first, or matches a stop string that spans the switch (worker/stop_resume.py).
+* A grammar-constrained request (`request.grammar_constrained`) cannot migrate: vLLM starts
+  its grammar at the first generated token, so another worker could not keep the answer valid.
+  It fails over before its first token as any other; after it, a worker failure ends the
+  stream with MigrationUnsupportedError (fatal), never with an answer that breaks its grammar.
 
 A stream stalls when no chunk arrives for `stall_timeout_s` (`first_chunk_timeout_s` before
 the first one) and its worker shows no progress (see watchdog.py): that is a worker failure
@@ -34,13 +41,14 @@ from dataclasses import dataclass, field
 from vllm_fleet.errors import (
     DeadlineExceededError,
     InvalidRequestError,
+    MigrationUnsupportedError,
     NoWorkerError,
     RateLimitedError,
     WorkerError,
     WorkerOverloadedError,
     WorkerTimeoutError,
 )
-from vllm_fleet.protocol.types import Chunk, GenerateRequest, Usage
+from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
 from vllm_fleet.router.admission import Ticket
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
@@ -59,6 +67,8 @@ class _Sample:
     token_ids: list[int] = field(default_factory=list)
     finished: bool = False
     delivered_before: int = 0   # tokens delivered by earlier attempts
+    chars: int = 0              # characters of Chunk.text delivered
+    parsed: bool = False        # a parser shaped the text (reasoning, tool calls): chars are not the model's
 
 
 class RoutedStream:
@@ -206,6 +216,11 @@ class RoutedStream:
         logger.warning("attempt %d on %s failed: %s", self.attempts, address, exc, extra={"request_id": rid})
         if isinstance(exc, DeadlineExceededError):
             raise exc
+        if self._delivered and self.request.grammar_constrained:
+            tokens = sum(len(s.token_ids) for s in self._samples.values())
+            raise MigrationUnsupportedError(
+                f"worker {address} failed after {tokens} tokens of a grammar-constrained answer; it cannot "
+                f"continue on another worker; retry the request", worker=address) from exc
         if self.attempts >= ctx.config.max_attempts:
             raise exc
         if not ctx.budget.try_spend():
@@ -283,7 +298,8 @@ class RoutedStream:
                 continue
             original = request.inputs[index]
             inputs.append(dataclasses.replace(
-                original, resume_token_ids=[*original.resume_token_ids, *progress.token_ids]))
+                original, resume_token_ids=[*original.resume_token_ids, *progress.token_ids],
+                resume_delivered_chars=_delivered_chars(original, progress)))
             progress.delivered_before = len(progress.token_ids)
             mapping.append((index, sample))
         params = dataclasses.replace(request.params, n=1)
@@ -294,6 +310,8 @@ class RoutedStream:
             chunk.index, chunk.sample = mapping[chunk.index]
         progress = self._samples[(chunk.index, chunk.sample)]
         progress.token_ids.extend(chunk.token_ids)
+        progress.chars += len(chunk.text)
+        progress.parsed = progress.parsed or bool(chunk.reasoning or chunk.tool_calls)
         self._delivered = True
         if chunk.finish_reason is not None:
             progress.finished = True
@@ -334,3 +352,15 @@ class RoutedStream:
             prompt = self.features.prompt_tokens
         return prompt + sum(len(s.token_ids) for s in self._samples.values())
 
+
+def _delivered_chars(original: GenerateInput, progress: _Sample) -> int | None:
+    """How much of the resumed tokens' text the caller has; None (all of it) where the router
+    cannot count in the model's text: a parser reshaped it, or the input came resumed with all
+    of its own resumed text delivered, whose length only a worker can tell."""
+    if progress.parsed:
+        return None
+    if not original.resume_token_ids:
+        return progress.chars
+    if original.resume_delivered_chars is None:
+        return None
+    return original.resume_delivered_chars + progress.chars
