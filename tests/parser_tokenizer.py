@@ -13,6 +13,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 MARKUP_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 
 CHAT_TEMPLATE = (
@@ -46,3 +48,9 @@ def build_parser_tokenizer(dest: Path) -> Path:
     tokenizer.save_pretrained(str(staging))
     staging.rename(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def parser_tokenizer_dir(tmp_path_factory) -> Path:
+    """The parser-test tokenizer folder, built once per test session."""
+    return build_parser_tokenizer(tmp_path_factory.getbasetemp())

@@ -96,6 +96,11 @@ def chat_template_kwargs(vllm_request) -> dict[str, Any]:
     return dict(vllm_request.build_chat_params(None, "auto").chat_template_kwargs or {})
 
 
+def is_chat_request(vllm_request) -> bool:
+    """Whether a vLLM request is a chat completion (only those have tool/reasoning parsing)."""
+    return hasattr(vllm_request, "messages") and hasattr(vllm_request, "tool_choice")
+
+
 def tool_choice_kind(vllm_request) -> str | None:
     """'named', 'required', 'auto' or None (no tools, or tool_choice none)."""
     choice = getattr(vllm_request, "tool_choice", None)
@@ -181,10 +186,17 @@ class StreamParser:
             return cls(None, vllm_request, list(prompt_token_ids), kind, tokenizer)
         return None
 
-    def prime(self, resume_text: str, resume_token_ids: list[int]) -> None:
-        """Run the tokens the client already has through the parser; the output is theirs already."""
-        if resume_token_ids or resume_text:
-            self.feed(resume_text, list(resume_token_ids), finished=False)
+    def prime(self, resume_token_ids: list[int], resume_text: str | None = None) -> None:
+        """Run the tokens the client already has through the parser; the output is theirs already.
+
+        Their text is decoded here unless given, the way the engine detokenizes the request.
+        """
+        if not resume_token_ids:
+            return
+        if resume_text is None:
+            resume_text = self._tokenizer.decode(
+                list(resume_token_ids), skip_special_tokens=getattr(self._request, "skip_special_tokens", True))
+        self.feed(resume_text, list(resume_token_ids), finished=False)
 
     def feed(self, delta_text: str, delta_token_ids: list[int],
              finished: bool) -> tuple[str, str, list[ToolCallDelta]]:

@@ -5,6 +5,8 @@ happens as typed events (`Deltas`, `Ended`, `Failed`). A `RequestStream` turns t
 chunks the client gets, and owns the per-request state that takes: per-(input, sample) token
 counts and finished set, the held tokens of a resumed input, usage on each final chunk,
 coalescing, and the request's latency metrics (TTFT, ITL) and batched output-token count.
+For an OpenAI chat input it also runs vLLM's tool/reasoning parsers, one per (input, sample)
+(parsing.py): the chunk's `text` is then the content, beside `reasoning` and `tool_calls`.
 It does no I/O and never waits, so its behaviour is testable without an engine or a loop.
 """
 
@@ -13,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_fleet.protocol.types import Chunk, Usage
-from vllm_fleet.worker.coalescer import Coalescer
+from vllm_fleet.worker.coalescer import Coalescer, TypedParts
 from vllm_fleet.worker.engine import SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
+from vllm_fleet.worker.parsing import StreamParser, is_chat_request
 from vllm_fleet.worker.prepare import PreparedInput
 
 TOKEN_REPORT_S = 0.5  # how often a stream adds its streamed tokens to the output-token counter
@@ -53,6 +56,11 @@ class RequestStream:
                  started: float) -> None:
         self._prompt_lens = [item.prompt_len for item in inputs]
         self._held = [item.held for item in inputs]
+        self._parsers = _StreamParsers(inputs)
+        # A resumed stream's client has the echoed prompt already, from the first worker.
+        self._echo = [None if item.held is not None or len(item.prompt_token_ids) > item.prompt_len
+                      else getattr(item, "echo_text", None) for item in inputs]
+        self._echoed: set[tuple[int, int]] = set()
         self._n = n
         self._coalescer = Coalescer(interval_s)
         self._metrics = metrics
@@ -69,9 +77,11 @@ class RequestStream:
         chunks = []
         held = self._held[index]
         for delta in deltas:
+            generated_ids = delta.token_ids  # the parser sees held tokens too: it was primed without them
             if held is not None:
                 delta = held.strip(delta)  # the client has these ids already
             key = (index, delta.sample)
+            parts = self._parse(index, delta, generated_ids)
             if delta.token_ids:
                 if self._first_token_at is None:
                     self._first_token_at = now
@@ -82,7 +92,7 @@ class RequestStream:
             if delta.finish_reason is not None:
                 self._finished.add(key)
                 usage = Usage(self._prompt_lens[index], self._generated.get(key, 0), delta.cached_tokens)
-            chunk = self._coalescer.add(index, delta, now, usage)
+            chunk = self._coalescer.add(index, delta, now, usage, parts)
             if chunk is not None:
                 if chunk.token_ids and self._first_token_at is not None and now > self._first_token_at:
                     self._metrics.itl.observe((now - self._last_chunk_at) / len(chunk.token_ids))
@@ -91,6 +101,24 @@ class RequestStream:
         if now - self._reported_at >= TOKEN_REPORT_S:
             self._report_tokens(now)
         return chunks
+
+    def _parse(self, index: int, delta: SampleDelta, generated_ids: list[int]) -> TypedParts | None:
+        """Turn the delta's text into content (in place) and return its other typed parts."""
+        parts = None
+        parser = self._parsers.get(index, delta.sample)
+        if parser is not None:
+            content, reasoning, tool_calls = parser.feed(delta.text, generated_ids,
+                                                         finished=delta.finish_reason is not None)
+            delta.text = content
+            if delta.finish_reason is not None:
+                delta.finish_reason = parser.finish_reason(delta.finish_reason)
+            parts = TypedParts(reasoning=reasoning, tool_calls=tool_calls or None)
+        echo = self._echo[index]
+        if echo is not None and (index, delta.sample) not in self._echoed:
+            self._echoed.add((index, delta.sample))  # a stream's first delta carries the echoed prompt
+            parts = parts or TypedParts()
+            parts.prompt_text = echo
+        return parts
 
     def on_end(self, index: int, aborted: bool) -> list[Chunk]:
         """Input `index` is over; an aborted one ends each of its unfinished samples with "abort"."""
@@ -122,3 +150,32 @@ class RequestStream:
         if self._unreported_tokens:
             self._metrics.output_tokens.inc(self._unreported_tokens)
         self._unreported_tokens, self._reported_at = 0, now
+
+
+class _StreamParsers:
+    """One StreamParser per (input, sample) of OpenAI chat inputs, made at the stream's first
+    delta; None for a stream that is plain content."""
+
+    def __init__(self, inputs: list[PreparedInput]) -> None:
+        self._inputs = inputs
+        self._parsers: dict[tuple[int, int], StreamParser | None] = {}
+
+    def get(self, index: int, sample: int) -> StreamParser | None:
+        key = (index, sample)
+        if key not in self._parsers:
+            self._parsers[key] = _stream_parser(self._inputs[index])
+        return self._parsers[key]
+
+
+def _stream_parser(item: PreparedInput) -> StreamParser | None:
+    request = getattr(item, "openai_request", None)
+    if request is None or not is_chat_request(request):
+        return None
+    prompt = item.prompt_token_ids[:item.prompt_len]
+    parser = StreamParser.create(getattr(item, "parser_cls", None), getattr(item, "tokenizer", None), request, prompt)
+    resumed = item.prompt_token_ids[item.prompt_len:]
+    if parser is not None and resumed:
+        # Migration: the client has these tokens' deltas from the first worker; run them through
+        # so this parser continues where that one stopped.
+        parser.prime(resumed)
+    return parser
