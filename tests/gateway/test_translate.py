@@ -44,7 +44,8 @@ def test_chat_maps_every_sampling_field():
     p = plan.request.params
     assert (p.n, p.stop, p.seed, p.max_tokens, p.temperature, p.top_p, p.logprobs) == (2, ["END"], 7, 9, 0.5, 0.9, 3)
     assert (p.presence_penalty, p.frequency_penalty) == (0.1, -0.2)
-    assert [(m.role, m.content) for m in plan.request.inputs[0].messages] == [("system", "be brief"), ("user", "ab")]
+    # Text parts join with newlines, as vLLM's chat renderer joins them.
+    assert [(m.role, m.content) for m in plan.request.inputs[0].messages] == [("system", "be brief"), ("user", "a\nb")]
     assert plan.request.session_id == "alice"
     assert plan.stream and plan.include_usage and plan.kind == "chat"
 
@@ -95,7 +96,9 @@ def test_chat_refusals_name_the_field(body, param):
     ({"prompt": list(range(CONTEXT))}, "prompt"),
     ({"prompt": [[1], []]}, "prompt"),
     ({"prompt": [1, "a"]}, "prompt"),
-    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
+    ({"prompt": "x", "suffix": "tail"}, "suffix"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
 ])
 def test_completion_refusals_name_the_field(body, param):
@@ -115,9 +118,13 @@ def test_whole_floats_are_integers_strings_are_not():
     assert refused(chat, {"messages": MSG, "n": "2"}).param == "n"
 
 
-def test_unknown_fields_are_ignored():
-    plan = chat({"messages": MSG, "some_future_option": {"x": 1}})
-    assert plan.request.params.n == 1
+def test_unknown_fields_are_refused_by_name():
+    """A field nobody classified is never dropped silently (issue #14)."""
+    assert refused(chat, {"messages": MSG, "some_future_option": {"x": 1}}).param == "some_future_option"
+    assert refused(completion, {"prompt": "x", "max_token": 5}).param == "max_token"
+    error = refused(chat, {"messages": [{"role": "user", "content": "x", "colour": "red"}]})
+    assert (error.param, error.code) == ("messages.0.colour", "unknown_field")
+    assert refused(chat, {"messages": MSG, "stream": True, "stream_options": {"usage": True}}).param == "stream_options.usage"
 
 
 def test_unknown_context_skips_only_the_context_guard():

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions and /v1/completions: translate, route, and shape the answer.
 
-    body (413) → parse_body (400: HTTP shape) → chat_plan / completion_plan (400: this
+    body (413) → parse_body (400: HTTP shape, unknown or refused fields) → chat_plan / completion_plan (400: this
     gateway's limits, and the pre-routing context guard) → router.stream (404: unknown model,
     from the router's UnknownModelError) → first chunk (429/503/504, and 400 from the worker's
     exact engine checks) → 200, whole or streamed.
@@ -59,7 +59,9 @@ class CompletionHandler:
         loop = asyncio.get_running_loop()
         stream = self.router.stream(plan.request, model=plan.model, key=call.key_id,
                                     deadline=loop.time() + self.config.request_timeout_s)
-        response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + record.request_id
+        # vLLM's rule: the X-Request-Id header names the answer, else the body's request_id.
+        named = plan.response_id if "x-request-id" not in call.http.headers else None
+        response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + (named or record.request_id)
         created = int(time.time())
         if plan.stream:
             return await self._streamed(plan, stream, record, response_id, created)

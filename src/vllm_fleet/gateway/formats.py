@@ -1,44 +1,107 @@
 """Pieces of OpenAI response bodies shared by streamed and whole answers: usage, logprobs,
-and the event that ends every stream."""
+tool calls, and the event that ends every stream."""
 
 from __future__ import annotations
 
-from vllm_fleet.protocol.types import Chunk, TokenLogprob
+from vllm_fleet.protocol.types import Chunk, TokenLogprob, ToolCallDelta
 
 # The last event of every OpenAI stream; sse.py writes it, asgi.StreamResponse ends the body on it.
 DONE = b"data: [DONE]\n\n"
 
 
 class UsageTally:
-    """Usage of a whole request: prompt tokens once per input, completion tokens of every sample."""
+    """Usage of a whole request: prompt tokens once per input, completion tokens of every sample.
 
-    __slots__ = ("_prompt", "completion", "cached")
+    A chunk's usage is its stream's usage so far (workers send it on the last chunk): the last
+    report of a sample counts, and the tokens seen of a sample count until one comes.
+    """
+
+    __slots__ = ("_prompt", "_cached", "_reported", "_seen")
 
     def __init__(self) -> None:
         self._prompt: dict[int, int] = {}
-        self.completion = 0
-        self.cached = 0
+        self._cached: dict[int, int] = {}
+        self._reported: dict[tuple[int, int], int] = {}
+        self._seen: dict[tuple[int, int], int] = {}
 
     def add(self, chunk: Chunk) -> None:
+        key = (chunk.index, chunk.sample)
+        self._seen[key] = self._seen.get(key, 0) + len(chunk.token_ids)
         usage = chunk.usage
         if usage is None:
             return
-        # Each sample of an input reports the same prompt; count it once.
-        if chunk.index not in self._prompt:
-            self._prompt[chunk.index] = usage.prompt_tokens
-            self.cached += usage.cached_tokens
-        self.completion += usage.completion_tokens
+        # Each sample of an input reports the same prompt; count the first report once.
+        self._prompt.setdefault(chunk.index, usage.prompt_tokens)
+        self._cached.setdefault(chunk.index, usage.cached_tokens)
+        self._reported[key] = usage.completion_tokens
+
+    def _completion_of(self, key: tuple[int, int]) -> int:
+        reported = self._reported.get(key)
+        return reported if reported is not None else self._seen.get(key, 0)
 
     @property
     def prompt(self) -> int:
         return sum(self._prompt.values())
 
+    @property
+    def completion(self) -> int:
+        return sum(self._completion_of(key) for key in self._seen.keys() | self._reported.keys())
+
     def body(self) -> dict:
-        body = {"prompt_tokens": self.prompt, "completion_tokens": self.completion,
-                "total_tokens": self.prompt + self.completion}
-        if self.cached:
-            body["prompt_tokens_details"] = {"cached_tokens": self.cached}
+        prompt, completion, cached = self.prompt, self.completion, sum(self._cached.values())
+        body = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        if cached:
+            body["prompt_tokens_details"] = {"cached_tokens": cached}
         return body
+
+    def body_of(self, index: int, sample: int) -> dict:
+        """One choice's usage so far, as vLLM's continuous_usage_stats gives it: its input's
+        prompt (0 until a worker has reported it) and the tokens of this choice."""
+        prompt, completion = self._prompt.get(index, 0), self._completion_of((index, sample))
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def tool_call_deltas(calls: list[ToolCallDelta]) -> list[dict]:
+    """A stream delta's `tool_calls`, in OpenAI's shape: id, type and name on a call's first piece."""
+    out = []
+    for call in calls:
+        piece: dict = {"index": call.index}
+        function: dict = {}
+        if call.id:
+            piece["id"] = call.id
+            piece["type"] = "function"
+        if call.name:
+            function["name"] = call.name
+        if call.arguments or call.id:
+            function["arguments"] = call.arguments
+        if function:
+            piece["function"] = function
+        out.append(piece)
+    return out
+
+
+class ToolCalls:
+    """One choice's tool calls, assembled from their pieces, for a whole answer."""
+
+    __slots__ = ("_calls",)
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict] = {}
+
+    def add(self, calls: list[ToolCallDelta]) -> None:
+        for call in calls:
+            whole = self._calls.setdefault(call.index, {"id": "", "name": "", "arguments": []})
+            whole["id"] = whole["id"] or call.id
+            whole["name"] = whole["name"] or call.name
+            whole["arguments"].append(call.arguments)
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def body(self) -> list[dict]:
+        return [{"id": call["id"], "type": "function",
+                 "function": {"name": call["name"], "arguments": "".join(call["arguments"])}}
+                for _, call in sorted(self._calls.items())]
 
 
 def _entry(token: str, logprob: float) -> dict:

@@ -2,7 +2,8 @@
 
 Each event is a preformatted prefix (id, object, created, model: fixed for the request) plus
 `json.dumps` of one small choice dict. A worker chunk may carry several coalesced tokens; it
-becomes one event. The stream ends with an optional usage event and `data: [DONE]`; an error
+becomes one event, whose delta has the chunk's content, `reasoning` (the key vLLM 0.32 sends)
+and `tool_calls` pieces. The stream ends with an optional usage event and `data: [DONE]`; an error
 after the first byte becomes an error event, then `[DONE]`.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 
 from vllm_fleet.gateway.api_error import ApiError
-from vllm_fleet.gateway.formats import DONE, CompletionLogprobs, UsageTally, chat_logprobs
+from vllm_fleet.gateway.formats import DONE, CompletionLogprobs, UsageTally, chat_logprobs, tool_call_deltas
 from vllm_fleet.gateway.translate import Plan
 from vllm_fleet.protocol.types import Chunk
 
@@ -36,26 +37,42 @@ class StreamEncoder:
     def event(self, chunk: Chunk) -> bytes:
         self.usage.add(chunk)
         choice = chunk.index * self.plan.n + chunk.sample
+        first = choice not in self._started
+        self._started.add(choice)
         if self.chat:
-            body = self._chat_choice(choice, chunk)
+            body = self._chat_choice(choice, chunk, first)
         else:
-            body = {"index": choice, "text": chunk.text, "logprobs": None, "finish_reason": chunk.finish_reason}
-            if chunk.logprobs is not None:
-                tracker = self._completion_logprobs.setdefault(choice, CompletionLogprobs())
-                body["logprobs"] = tracker.body(chunk.logprobs)
+            body = self._completion_choice(choice, chunk, first)
+        if self.plan.continuous_usage:
+            # vLLM's continuous_usage_stats: this choice's usage so far on every event.
+            usage = _dumps(self.usage.body_of(chunk.index, chunk.sample))
+            return (self._head + _dumps(body) + '],"usage":' + usage + "}\n\n").encode()
         return (self._head + _dumps(body) + "]" + self._tail).encode()
 
-    def _chat_choice(self, choice: int, chunk: Chunk) -> dict:
+    def _chat_choice(self, choice: int, chunk: Chunk, first: bool) -> dict:
         delta: dict = {}
-        if choice not in self._started:
-            self._started.add(choice)
+        if first:
             delta["role"] = "assistant"
-            delta["content"] = chunk.text
+            delta["content"] = self.plan.echo_prefix + chunk.text
         elif chunk.text:
             delta["content"] = chunk.text
+        if chunk.reasoning:
+            delta["reasoning"] = chunk.reasoning
+        if chunk.tool_calls:
+            delta["tool_calls"] = tool_call_deltas(chunk.tool_calls)
         body = {"index": choice, "delta": delta, "logprobs": None, "finish_reason": chunk.finish_reason}
         if chunk.logprobs is not None:
             body["logprobs"] = {"content": chat_logprobs(chunk.logprobs)}
+        return body
+
+    def _completion_choice(self, choice: int, chunk: Chunk, first: bool) -> dict:
+        text = chunk.text
+        if first and self.plan.echo and chunk.prompt_text:
+            text = chunk.prompt_text + text
+        body = {"index": choice, "text": text, "logprobs": None, "finish_reason": chunk.finish_reason}
+        if chunk.logprobs is not None:
+            tracker = self._completion_logprobs.setdefault(choice, CompletionLogprobs())
+            body["logprobs"] = tracker.body(chunk.logprobs)
         return body
 
     def end(self) -> bytes:

@@ -1,9 +1,10 @@
 """From an OpenAI request body to a `GenerateRequest`, with the gateway's own checks.
 
-The gateway owns two kinds of rule, each checked here once, before the router is touched:
-HTTP shape (types and absolute bounds, in the pydantic schemas: `parse_body`) and this
-gateway's configured limits (--max-n, --max-prompts, --max-top-logprobs, --max-tokens-limit,
-unsupported OpenAI options). It also refuses, before routing, a request *certain* to overflow
+The gateway owns three kinds of rule, each checked here once, before the router is touched:
+HTTP shape (types and absolute bounds, in the pydantic schemas: `parse_body`), which fields
+exist at all (fields.py: unknown and refused ones are 400s naming them), and this gateway's
+configured limits (--max-n, --max-prompts, --max-top-logprobs, --max-tokens-limit). The
+engine's fields go to the worker as sent (forward.py), where vLLM's request model judges them. It also refuses, before routing, a request *certain* to overflow
 the model's context by a cheap lower bound (bytes per token), so that multi-megabyte prompts
 never cost a worker anything. Whether the model is served is the router's rule
 (UnknownModelError); the exact engine limits (tokenized prompt + max_tokens against the
@@ -16,10 +17,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from vllm_fleet.gateway.api_error import bad_request
+from vllm_fleet.gateway import fields, forward
+from vllm_fleet.gateway.api_error import ApiError, bad_request
 from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.messages import bytes_estimate, chat_messages, echo_prefix
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
 
 
 @dataclass(slots=True)
@@ -34,20 +37,38 @@ class Plan:
     n: int
     logprobs: int | None       # top alternatives per token; None when logprobs are off
     prompt_tokens_estimate: int
+    continuous_usage: bool = False  # usage so far on every event (needs include_usage)
+    echo: bool = False         # completions: each choice starts with its prompt (the worker's text)
+    echo_prefix: str = ""      # chat: what echo puts before every answer
+    response_id: str | None = None  # the client's request_id, which names the answer
 
 
 def parse_body(schema: type[BaseModel], body: bytes) -> BaseModel:
-    """Validate JSON `body` against `schema`; a problem becomes a 400 naming the field."""
+    """Validate JSON `body` against `schema`, then the fields it does not model against fields.py's
+    table; a problem becomes a 400 naming the field."""
     try:
-        return schema.model_validate_json(body)
+        parsed = schema.model_validate_json(body)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        if first["type"] == "json_invalid":
-            raise bad_request(f"request body is not valid JSON: {first['msg']}", code="invalid_json") from None
-        if first["type"] in ("model_type", "dict_type") and not first["loc"]:
-            raise bad_request("request body must be a JSON object", code="invalid_type") from None
-        param = ".".join(str(p) for p in first["loc"] if not _is_union_tag(p)) or None
-        raise bad_request(f"{param or 'body'}: {first['msg']}", param=param, code="invalid_value") from None
+        raise _schema_error(exc) from None
+    endpoint = "chat" if schema is ChatCompletionRequest else "completion"
+    for name, value in (parsed.model_extra or {}).items():
+        fields.refuse(endpoint, name, value)
+    return parsed
+
+
+def _schema_error(exc: ValidationError) -> ApiError:
+    errors = exc.errors(include_url=False)
+    # Our own validators' words (e.g. an image part) beat a union's "not a string" on another branch.
+    first = next((e for e in errors if e["type"] in ("value_error", "extra_forbidden")), errors[0])
+    if first["type"] == "json_invalid":
+        return bad_request(f"request body is not valid JSON: {first['msg']}", code="invalid_json")
+    if first["type"] in ("model_type", "dict_type") and not first["loc"]:
+        return bad_request("request body must be a JSON object", code="invalid_type")
+    param = ".".join(str(p) for p in first["loc"] if not _is_union_tag(p)) or None
+    if first["type"] == "extra_forbidden":
+        return bad_request(f"unknown field '{param}'", param=param, code="unknown_field")
+    message = first["msg"].removeprefix("Value error, ")
+    return bad_request(f"{param or 'body'}: {message}", param=param, code="invalid_value")
 
 
 def _is_union_tag(part: object) -> bool:
@@ -58,30 +79,35 @@ def _is_union_tag(part: object) -> bool:
 def chat_plan(body: ChatCompletionRequest, *, request_id: str, session_id: str, config: GatewayConfig,
               max_model_len: int | None) -> Plan:
     """`max_model_len`: the model's context for the pre-routing guard; None skips it (unknown model)."""
-    messages = [ChatMessage(role=m.role, content=_content_text(m.content)) for m in body.messages]
+    messages = chat_messages(body.messages)
     logprobs = None
     if body.logprobs:
         logprobs = body.top_logprobs or 0
     elif body.top_logprobs:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    prompt_bytes = sum(len(m.content.encode()) + len(m.role) + 4 for m in messages)
-    estimate = int(prompt_bytes / config.prompt_bytes_per_token)
-    return _plan(body, "chat", [GenerateInput(messages=messages)], estimate, max_tokens, logprobs,
+    estimate = int(bytes_estimate(messages) / config.prompt_bytes_per_token)
+    plan = _plan(body, "chat", [GenerateInput(messages=messages)], estimate, max_tokens, logprobs,
                  request_id=request_id, session_id=session_id, config=config, max_model_len=max_model_len)
+    if body.echo:
+        add_generation_prompt = (body.model_extra or {}).get("add_generation_prompt", True)
+        plan.echo_prefix = echo_prefix(messages, add_generation_prompt is not False)
+    return plan
 
 
 def completion_plan(body: CompletionRequest, *, request_id: str, session_id: str, config: GatewayConfig,
                     max_model_len: int | None) -> Plan:
-    if body.echo:
-        raise bad_request("echo is not supported; send echo: false", param="echo")
-    if body.suffix:
-        raise bad_request("suffix is not supported", param="suffix")
     inputs, estimate = _prompt_inputs(body.prompt, config)
     if len(inputs) > config.max_prompts:
         raise bad_request(f"{len(inputs)} prompts in one request; the limit is {config.max_prompts}", param="prompt")
-    return _plan(body, "completion", inputs, estimate, body.max_tokens, body.logprobs,
+    plan = _plan(body, "completion", inputs, estimate, body.max_tokens, body.logprobs,
                  request_id=request_id, session_id=session_id, config=config, max_model_len=max_model_len)
+    if body.echo and body.logprobs is not None:
+        # vLLM answers this with the prompt's logprobs too, which the fleet's protocol does not carry.
+        raise bad_request("echo with logprobs is not supported (it needs prompt logprobs); drop one of them",
+                          param="echo")
+    plan.echo = bool(body.echo)
+    return plan
 
 
 def _prompt_inputs(prompt, config: GatewayConfig) -> tuple[list[GenerateInput], int]:
@@ -104,20 +130,29 @@ def _plan(body, kind: str, inputs: list[GenerateInput], estimate: int, max_token
         raise bad_request(f"n={n} is above this gateway's limit of {config.max_n}", param="n")
     if logprobs is not None and logprobs > config.max_top_logprobs:
         raise bad_request(f"at most {config.max_top_logprobs} top logprobs per token", param="logprobs")
+    options = body.stream_options
+    if options is not None and not body.stream:
+        raise bad_request("stream_options can only be given with stream: true", param="stream_options")
     _check_lengths(estimate, max_tokens, config, max_model_len, "messages" if kind == "chat" else "prompt")
+    forwarded = forward.engine_body(kind, body)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     params = SamplingParams(
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens, stop=stop,
         seed=body.seed, n=n, logprobs=logprobs, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
     )
+    forward.fill_extras(params, forwarded)
     request = GenerateRequest(
-        request_id=request_id, inputs=inputs, params=params, session_id=session_id or body.user or "",
-        stream_interval_ms=config.stream_interval_ms,
+        request_id=request_id, inputs=inputs, params=params,
+        session_id=session_id or body.session_id or body.user or "",
+        stream_interval_ms=config.stream_interval_ms, openai=forward.openai_options(kind, forwarded),
+        constrained=forward.is_constrained(forwarded),
     )
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    include_usage = bool(options and options.include_usage)
     return Plan(request=request, model=body.model, kind=kind, stream=bool(body.stream), include_usage=include_usage,
-                n=n, logprobs=logprobs, prompt_tokens_estimate=estimate)
+                n=n, logprobs=logprobs, prompt_tokens_estimate=estimate,
+                continuous_usage=include_usage and bool(options.continuous_usage_stats),
+                response_id=body.request_id)
 
 
 def _check_lengths(estimate: int, max_tokens: int | None, config: GatewayConfig, max_model_len: int | None,
@@ -139,14 +174,6 @@ def _check_lengths(estimate: int, max_tokens: int | None, config: GatewayConfig,
         raise bad_request(
             f"prompt (at least ~{estimate} tokens) plus max_tokens={max_tokens} exceeds the model's context of "
             f"{max_model_len} tokens; lower max_tokens", param="max_tokens", code="context_length_exceeded")
-
-
-def _content_text(content) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.text for part in content)
 
 
 __all__ = ["Plan", "chat_plan", "completion_plan", "parse_body"]
