@@ -7,8 +7,9 @@ httptools protocol with `max_header_bytes` counted as the head arrives:
 
 - exactly, from the parser's callbacks: the URL, and each complete header (name, value and
   the 4 bytes of ": " and CRLF);
-- coarsely, for a head still incomplete: every chunk received while the head is still being
-  parsed, so one endless header cannot grow without bound either.
+- coarsely, for a head still incomplete after a chunk was parsed: the whole chunk, when it
+  holds nothing but that head (it continued the head, or it began it on an idle connection),
+  so one endless header cannot grow without bound either.
 
 Both counts are lower bounds of the real head size, so a head within the limit is never
 refused. Over it, the request never reaches the app: the client gets 431 with an OpenAI error
@@ -48,17 +49,21 @@ class HeaderLimitProtocol(HttpToolsProtocol):
     def __init__(self, *args, max_header_bytes: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.max_header_bytes = max_header_bytes
-        self._in_head = False
-        self._head_exact = 0   # URL + complete headers of the head being parsed
-        self._head_chunks = 0  # bytes of chunks received wholly inside that head
+        self._in_message = False  # between a request's first byte and its end
+        self._in_head = False     # between a request's first byte and the end of its headers
+        self._begun = 0           # requests begun on this connection
+        self._head_exact = 0      # URL + complete headers of the head being parsed
+        self._head_chunks = 0     # bytes of chunks that held only that head
         self._refused = False
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # lingering after the 431: drain and drop
-        continuing = self._in_head
+        idle, in_head, begun = not self._in_message, self._in_head, self._begun
         super().data_received(data)
-        if continuing and self._in_head and not self._refused:
+        # The chunk is all head if it continued the head, or began it on an idle connection
+        # (a chunk that also held the end of an earlier request counts only exactly).
+        if self._in_head and ((in_head and self._begun == begun) or (idle and self._begun == begun + 1)):
             self._head_chunks += len(data)
             self._check()
         if self._refused:
@@ -67,7 +72,9 @@ class HeaderLimitProtocol(HttpToolsProtocol):
     # Parser callbacks: count, and once refused, keep the rest of this request from the app.
 
     def on_message_begin(self) -> None:
-        self._in_head, self._head_exact, self._head_chunks = True, 0, 0
+        self._in_message = self._in_head = True
+        self._begun += 1
+        self._head_exact = self._head_chunks = 0
         if not self._refused:
             super().on_message_begin()
 
@@ -91,6 +98,7 @@ class HeaderLimitProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         if not self._refused:
             super().on_message_complete()
 
