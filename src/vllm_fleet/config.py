@@ -97,6 +97,10 @@ class EngineConfig(FleetModel):
     mock_ttft_ms: float = Field(20.0, ge=0, description="Mock engine: fixed delay before the first token")
     mock_prefill_ms_per_1k: float = Field(5.0, ge=0, description="Mock engine: extra prompt-processing delay per 1,000 prompt tokens")
     mock_max_model_len: int = Field(4096, ge=16, description="Mock engine: context length it reports")
+    mock_stall_file: str | None = Field(
+        None, description="Mock engine (test double of a wedged engine): while this file exists, running requests "
+        "produce nothing and stay running, and the worker process stays up"
+    )
 
 
 class WorkerConfig(FleetModel):
@@ -115,6 +119,28 @@ class WorkerConfig(FleetModel):
     )
     drain_grace_s: float = Field(30.0, ge=0, description="On SIGTERM: how long in-flight streams may finish before stop")
     health_interval_s: float = Field(0.5, gt=0, description="How often engine health is checked")
+    # An engine that holds requests but stops producing output (worker/engine_watch.py says why
+    # the bound is built this way): the worker turns NOT_SERVING, fails them, and exits (code 4).
+    engine_stall_check: bool = Field(
+        True, description="Watch engine progress: a stalled engine makes the worker fail its requests and exit"
+    )
+    engine_stall_floor_s: float = Field(
+        2.0, gt=0, description="Engine stall: shortest silence (requests running, no output) judged a stall"
+    )
+    engine_stall_step_factor: float = Field(
+        10.0, gt=0, description="Engine stall: silence allowed, in multiples of the longest recent engine step"
+    )
+    engine_stall_max_s: float = Field(
+        4.0, gt=0, description="Engine stall: longest silence allowed while every running request has produced "
+        "output (prompts still pending add their prefill allowance on top)"
+    )
+    engine_stall_prefill_s_per_1k: float = Field(
+        10.0, ge=0, description="Engine stall: extra silence allowed per 1,000 prompt tokens of running requests "
+        "with no output yet (a long prefill is not a stall)"
+    )
+    engine_stall_cold_start_s: float = Field(
+        60.0, gt=0, description="Engine stall: silence allowed before the engine's first output ever (lazy compilation)"
+    )
     max_message_mb: int = Field(64, ge=1, description="Largest gRPC message, in MiB")
     tls_cert: str | None = Field(None, description="PEM certificate: serve gRPC over TLS")
     tls_key: str | None = Field(None, description="PEM private key for --tls-cert")

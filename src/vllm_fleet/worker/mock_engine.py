@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
 from collections.abc import AsyncIterator
 
@@ -123,6 +124,8 @@ class MockEngine(Engine):
             sequences = [list(prompt_token_ids[-2:]) for _ in range(n)]
             next_step = time.monotonic()
             while position < max_tokens:
+                if self.config.mock_stall_file:
+                    await _wait_while_exists(self.config.mock_stall_file)
                 count = min(per_step, max_tokens - position)
                 deltas = []
                 for sample in range(n):
@@ -169,6 +172,13 @@ class MockEngine(Engine):
 
     async def shutdown(self) -> None:
         self._alive = False
+
+
+async def _wait_while_exists(path: str) -> None:
+    """The stall double: no step while `path` exists (the loop stays free, as a worker's does
+    while its EngineCore process is wedged)."""
+    while os.path.exists(path):
+        await asyncio.sleep(_STEP_S)
 
 
 def hash_word(word: str) -> int:

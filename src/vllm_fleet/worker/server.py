@@ -2,8 +2,12 @@
 
 Lifecycle: bind the port (health NOT_SERVING) → load the engine → SERVING. A monitor flips
 health to NOT_SERVING within `health_interval_s` when the engine dies, and the process exits
-shortly after so a supervisor restarts it. SIGTERM drains: NOT_SERVING, new Generate calls are
-refused with UNAVAILABLE, in-flight streams get up to `drain_grace_s` to finish, then stop.
+shortly after (code 3) so a supervisor restarts it. An engine that is alive but stalled (it
+holds requests and has produced nothing past the bound engine_watch.py derives) takes the same
+path: NOT_SERVING, every request it held fails with UNAVAILABLE (routers move those streams),
+its processes are killed (they may never answer a shutdown), exit code 4.
+SIGTERM drains: NOT_SERVING, new Generate calls are refused with UNAVAILABLE, in-flight streams
+get up to `drain_grace_s` to finish, then stop.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import multiprocessing
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +24,7 @@ import grpc
 from grpc_health.v1 import _async as health_async, health_pb2, health_pb2_grpc
 
 from vllm_fleet.config import EngineConfig, WorkerConfig
-from vllm_fleet.errors import ConfigError
+from vllm_fleet.errors import ConfigError, WorkerUnavailableError
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2_grpc
 from vllm_fleet.worker.engine import Engine, build_engine
 from vllm_fleet.worker.metrics import WorkerMetrics
@@ -45,6 +50,9 @@ def _settle_garbage_collector() -> None:
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _ENGINE_DEATH_EXIT_S = 5.0  # keep answering NOT_SERVING this long before exiting
+_STALLED_SHUTDOWN_S = 10.0  # a stalled engine's shutdown, after its processes were killed
+EXIT_ENGINE_DIED = 3
+EXIT_ENGINE_STALLED = 4
 
 
 class WorkerServer:
@@ -57,6 +65,7 @@ class WorkerServer:
         self.port: int | None = None
         self._stop = asyncio.Event()
         self._engine_died = False
+        self._engine_stalled = False
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -121,6 +130,9 @@ class WorkerServer:
                 self._engine_died = True
                 logger.error("the engine died; NOT_SERVING, exiting in %.0fs", _ENGINE_DEATH_EXIT_S)
                 asyncio.get_running_loop().call_later(_ENGINE_DEATH_EXIT_S, self._stop.set)
+            if healthy and not self._engine_stalled and self.service.watch.check(self.config.health_interval_s):
+                serving = False
+                await self._on_stall()
             if healthy:
                 load = self.engine.load()
                 self.metrics.running.set(load.running)
@@ -132,6 +144,20 @@ class WorkerServer:
             except TimeoutError:
                 pass
 
+    async def _on_stall(self) -> None:
+        """The engine holds requests but stopped producing: NOT_SERVING, fail them, exit soon."""
+        stall = self.service.watch.stall
+        self._engine_stalled = True
+        await self._set_health(NOT_SERVING)
+        failed = self.service.fail_all(WorkerUnavailableError(
+            f"the engine produced no output for {stall.silent_s:.1f}s with requests running; "
+            "the worker is restarting: send the request to another worker"))
+        logger.error("engine stalled: %d engine request(s) running, no output for %.1fs (bound %.1fs; longest "
+                     "recent step %.3fs); NOT_SERVING, failed request(s) %s; exiting in %.0fs",
+                     len(stall.engine_ids), stall.silent_s, stall.bound_s, stall.step_s, ", ".join(failed),
+                     _ENGINE_DEATH_EXIT_S)
+        asyncio.get_running_loop().call_later(_ENGINE_DEATH_EXIT_S, self._stop.set)
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -142,6 +168,9 @@ class WorkerServer:
         """NOT_SERVING, refuse new work, let in-flight streams finish (up to the grace), stop."""
         self.service.draining = True
         await self._set_health(NOT_SERVING)
+        if self._engine_stalled:
+            await self._stop_stalled()
+            return
         if self.service.active:
             logger.info("draining %d in-flight request(s), up to %.0fs", len(self.service.active),
                         self.config.drain_grace_s)
@@ -154,9 +183,31 @@ class WorkerServer:
         await self.engine.shutdown()
         logger.info("worker %s stopped", self.address)
 
+    async def _stop_stalled(self) -> None:
+        """Stop around a wedged engine: nothing in it will finish, and a stopped EngineCore never
+        answers a shutdown, so its processes are killed first (their memory goes back before the
+        supervisor starts the next worker), then the server and what is left of the engine."""
+        for child in multiprocessing.active_children():
+            logger.warning("killing engine process %s (pid %s)", child.name, child.pid)
+            child.kill()
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+        try:
+            await asyncio.wait_for(self.engine.shutdown(), _STALLED_SHUTDOWN_S)
+        except Exception:  # the engine is gone either way; the exit code tells the supervisor why
+            logger.warning("shutdown of the stalled engine failed", exc_info=True)
+        logger.info("worker %s stopped (engine stalled)", self.address)
+
     @property
     def engine_died(self) -> bool:
         return self._engine_died
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a drain; EXIT_ENGINE_DIED or EXIT_ENGINE_STALLED when the engine failed."""
+        if self._engine_stalled:  # first: killing a stalled engine may make it look dead too
+            return EXIT_ENGINE_STALLED
+        return EXIT_ENGINE_DIED if self._engine_died else 0
 
 
 async def run_worker(worker_config: WorkerConfig, engine_config: EngineConfig,
@@ -177,4 +228,4 @@ async def run_worker(worker_config: WorkerConfig, engine_config: EngineConfig,
     await server.wait_stopped()
     monitor.cancel()
     await server.drain_and_stop()
-    return 3 if server.engine_died else 0
+    return server.exit_code

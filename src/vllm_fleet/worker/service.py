@@ -26,6 +26,7 @@ from vllm_fleet.protocol import PARAM_METADATA_KEY, worker_pb2 as pb, worker_pb2
 from vllm_fleet.protocol.convert import chunk_to_pb, info_to_pb, load_to_pb, request_from_pb
 from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerInfo
 from vllm_fleet.worker.engine import Engine, SampleDelta
+from vllm_fleet.worker.engine_watch import EngineWatch, StallBounds
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.mux import MuxOutbox
 from vllm_fleet.worker.prepare import PreparedInput, prepare_input
@@ -41,6 +42,7 @@ class _Active:
     tasks: list[asyncio.Task] = field(default_factory=list)
     engine_ids: list[str] = field(default_factory=list)
     aborted: bool = False
+    events: asyncio.Queue[StreamEvent] | None = None  # where fail_all() delivers its error
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -53,6 +55,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.active: dict[str, _Active] = {}
         self.idle = asyncio.Event()
         self.idle.set()
+        # Engine progress, noted by the pumps and judged by the server's monitor.
+        self.watch = EngineWatch(StallBounds.of(config), enabled=config.engine_stall_check)
 
     # ------------------------------------------------------------------------------- Generate
 
@@ -131,6 +135,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             raise WorkerUnavailableError("worker is draining; send the request to another worker")
         if not self.engine.healthy:
             raise WorkerUnavailableError("the engine is not running; try another worker")
+        if self.watch.stall is not None:
+            raise WorkerUnavailableError("the engine stopped making progress; try another worker")
         if request_id in self.active:
             raise DuplicateRequestError(f"request {request_id} is already running on this worker")
         try:
@@ -151,6 +157,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         stream = RequestStream(prepared, request.params.n or 1, interval_ms / 1000, self.metrics, started)
         events: asyncio.Queue[StreamEvent] = asyncio.Queue()
         active = self._open(request_id)
+        active.events = events
         outcome = "error"
         try:
             self._start_inputs(request_id, request, prepared, active, events)
@@ -192,9 +199,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def _pump(self, index: int, engine_id: str, item: PreparedInput, priority: int,
                     events: asyncio.Queue[StreamEvent]) -> None:
         """Relay one engine request's output as events; cancelling the task aborts the request."""
+        self.watch.submitted(engine_id, len(item.prompt_token_ids))
         try:
             async for deltas in self.engine.generate(engine_id, item.prompt_token_ids, item.engine_params,
                                                      priority=priority):
+                self.watch.produced(engine_id)
                 events.put_nowait(Deltas(index, deltas))
             events.put_nowait(Ended(index, aborted=False))
         except asyncio.CancelledError:
@@ -202,6 +211,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             raise
         except Exception as exc:  # the stream raises it, and status.py maps it
             events.put_nowait(Failed(index, exc))
+        finally:
+            self.watch.finished(engine_id)
 
     def _open(self, request_id: str) -> _Active:
         active = self.active[request_id] = _Active()
@@ -224,6 +235,17 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.active.pop(request_id, None)
         if not self.active:
             self.idle.set()
+
+    def fail_all(self, error: Exception) -> list[str]:
+        """End every request this worker holds with `error` (its engine cannot finish them);
+        the ids of those requests. Each stream raises it, so the client sees the error's
+        status, never a clean end, and its router moves the stream to another worker."""
+        failed = []
+        for request_id, active in self.active.items():
+            if active.events is not None:
+                active.events.put_nowait(Failed(0, error))
+                failed.append(request_id)
+        return failed
 
     # ------------------------------------------------------------------------------- the rest
 

@@ -1,0 +1,128 @@
+"""EngineWatch: an engine holding requests that stops producing is a stall, within a bound
+derived from its own recent steps; an idle engine, a slow one, a long prefill and a starved
+worker loop are not."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_fleet.config import WorkerConfig
+from vllm_fleet.worker.engine_watch import EngineWatch, StallBounds
+
+TICK = 0.5
+BOUNDS = StallBounds.of(WorkerConfig())  # floor 2 s, 10 × step, cap 4 s, 10 s per 1k pending, cold 60 s
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watch_with(clock: Clock, bounds: StallBounds = BOUNDS) -> EngineWatch:
+    return EngineWatch(bounds, clock=clock)
+
+
+def run_steps(watch: EngineWatch, clock: Clock, ids: list[str], steps: int, step_s: float) -> None:
+    """`steps` engine steps of `step_s`, each giving output to every request in `ids`."""
+    for _ in range(steps):
+        clock.now += step_s
+        for engine_id in ids:
+            watch.produced(engine_id)
+
+
+def silent_for(watch: EngineWatch, clock: Clock, seconds: float):
+    """Tick the watch every TICK for `seconds` of engine silence; the first verdict, if any, with
+    the silence it came after."""
+    waited = 0.0
+    while waited < seconds:
+        clock.now += TICK
+        waited += TICK
+        stall = watch.check(TICK)
+        if stall is not None:
+            return stall, waited
+    return None, waited
+
+
+def test_decoding_requests_with_no_output_past_the_bound_are_a_stall():
+    clock = Clock()
+    watch = watch_with(clock)
+    ids = [f"r{i}-0" for i in range(16)]
+    for engine_id in ids:
+        watch.submitted(engine_id, 20)
+    run_steps(watch, clock, ids, steps=50, step_s=0.05)
+    stall, after = silent_for(watch, clock, 30)
+    assert stall is not None
+    assert set(stall.engine_ids) == set(ids)
+    # Steps of 50 ms: 10 × 0.05 s is under the floor, so the floor (2 s) is the bound.
+    assert stall.bound_s == BOUNDS.floor_s
+    assert BOUNDS.floor_s < after <= BOUNDS.floor_s + TICK
+    assert watch.check(TICK) is stall  # the verdict stays
+
+
+def test_an_idle_engine_is_never_stalled():
+    clock = Clock()
+    watch = watch_with(clock)
+    watch.submitted("a-0", 5)
+    run_steps(watch, clock, ["a-0"], steps=5, step_s=0.05)
+    watch.finished("a-0")
+    assert silent_for(watch, clock, 120)[0] is None
+
+
+def test_slow_steps_widen_the_bound_up_to_its_cap():
+    clock = Clock()
+    watch = watch_with(clock)
+    watch.submitted("a-0", 5)
+    run_steps(watch, clock, ["a-0"], steps=10, step_s=0.3)  # 10 × 0.3 s = 3 s: above the floor
+    assert watch.bound_s() == pytest.approx(3.0)
+    stall, after = silent_for(watch, clock, 30)
+    assert stall is not None and after >= stall.bound_s > 2.9
+    clock.now += 40  # the slow steps leave the window ...
+    slow = watch_with(clock)
+    slow.submitted("b-0", 5)
+    run_steps(slow, clock, ["b-0"], steps=10, step_s=1.0)  # ... and 10 × 1 s is capped
+    assert slow.bound_s() == BOUNDS.max_s
+
+
+def test_a_pending_prompt_adds_its_prefill_allowance():
+    clock = Clock()
+    watch = watch_with(clock)
+    watch.submitted("old-0", 10)
+    run_steps(watch, clock, ["old-0"], steps=20, step_s=0.05)
+    decode_bound = watch.bound_s()
+    watch.submitted("long-0", 2000)  # its prefill is in the step "old" now waits on
+    assert watch.bound_s() == pytest.approx(decode_bound + BOUNDS.prefill_s_per_1k * 2.0)
+    assert silent_for(watch, clock, decode_bound + 5)[0] is None
+    watch.produced("long-0")  # its first token: the allowance is gone, but that long step is
+    assert watch.bound_s() == BOUNDS.max_s  # remembered (capped) while it is recent
+
+
+def test_an_engine_that_never_produced_gets_the_cold_start_allowance():
+    clock = Clock()
+    watch = watch_with(clock)
+    watch.submitted("first-0", 3)
+    stall, after = silent_for(watch, clock, 120)
+    assert stall is not None and after > BOUNDS.cold_start_s
+
+
+def test_a_late_tick_is_not_judged():
+    """The worker's own loop was blocked: outputs may be waiting to be noted."""
+    clock = Clock()
+    watch = watch_with(clock)
+    watch.submitted("a-0", 5)
+    run_steps(watch, clock, ["a-0"], steps=5, step_s=0.05)
+    assert watch.check(TICK) is None
+    clock.now += 10  # one tick, ten seconds late
+    assert watch.check(TICK) is None
+    clock.now += TICK
+    assert watch.check(TICK) is not None  # still silent on the next, timely tick
+
+
+def test_a_disabled_watch_never_judges():
+    clock = Clock()
+    watch = EngineWatch(BOUNDS, enabled=False, clock=clock)
+    watch.submitted("a-0", 5)
+    run_steps(watch, clock, ["a-0"], steps=5, step_s=0.05)
+    assert silent_for(watch, clock, 120)[0] is None
