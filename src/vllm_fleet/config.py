@@ -97,6 +97,12 @@ class EngineConfig(FleetModel):
     mock_ttft_ms: float = Field(20.0, ge=0, description="Mock engine: fixed delay before the first token")
     mock_prefill_ms_per_1k: float = Field(5.0, ge=0, description="Mock engine: extra prompt-processing delay per 1,000 prompt tokens")
     mock_max_model_len: int = Field(4096, ge=16, description="Mock engine: context length it reports")
+    mock_tokenizer: str | None = Field(
+        None, description="Mock engine: a real tokenizer folder to tokenize with (chat template, tool/reasoning parsers)"
+    )
+    mock_script: str | None = Field(
+        None, description="Mock engine: a text file every answer is (tokenized with --mock-tokenizer; resumes continue it)"
+    )
     mock_stall_file: str | None = Field(
         None, description="Mock engine (test double of a wedged engine): while this file exists, running requests "
         "produce nothing and stay running, and the worker process stays up"

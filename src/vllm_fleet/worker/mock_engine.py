@@ -5,6 +5,11 @@ only on the two before it (see `mock_next_token`), so a migrated stream can be
 checked against an uninterrupted one. It paces itself like an engine: a first-token delay
 (fixed + per prompt token), then `tokens_per_s` per sequence, emitted in steps of ~10 ms.
 Optionally `max_num_seqs` bounds concurrent sequences (the rest wait, as in a real scheduler).
+
+With `mock_tokenizer` (a real tokenizer folder) it tokenizes with that tokenizer (chat
+template included), serves OpenAI chat bodies through vLLM's request model and the configured
+tool/reasoning parsers, and with `mock_script` answers every prompt with the script's tokens
+(mock_script.py), so parser behaviour can be tested, migration included, without a model.
 """
 
 from __future__ import annotations
@@ -13,13 +18,22 @@ import asyncio
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from vllm_fleet import __version__
 from vllm_fleet.config import EngineConfig
-from vllm_fleet.errors import InvalidRequestError
-from vllm_fleet.protocol.types import CHAT_ROLES, GenerateInput, SamplingParams, TokenLogprob, WorkerInfo, WorkerLoad
-from vllm_fleet.worker.engine import Engine, SampleDelta
+from vllm_fleet.errors import ConfigError, InvalidRequestError
+from vllm_fleet.protocol.types import (
+    CHAT_ROLES,
+    GenerateInput,
+    GenerateRequest,
+    SamplingParams,
+    TokenLogprob,
+    WorkerInfo,
+    WorkerLoad,
+)
+from vllm_fleet.worker.engine import Engine, EnginePrompt, SampleDelta
+from vllm_fleet.worker.mock_script import MockScript, load_tokenizer
 
 # A small vocabulary: ids 0..3 are specials, then words. Some words are non-ASCII so that
 # UTF-8 handling is exercised even without the real engine.
@@ -59,8 +73,21 @@ class MockEngine(Engine):
         self._tokens_out = 0
         self._started = time.monotonic()
         self._alive = False
+        self._tokenizer = None       # a real tokenizer, with mock_tokenizer
+        self._script: MockScript | None = None
 
     async def start(self) -> None:
+        if self.config.mock_script and not self.config.mock_tokenizer:
+            raise ConfigError("--mock-script needs --mock-tokenizer (the script is tokenized with it)")
+        if self.config.mock_tokenizer:
+            from vllm_fleet.worker.parsing import parser_class
+
+            self._tokenizer = load_tokenizer(self.config.mock_tokenizer)
+            self.parser_cls = parser_class(self.config.tool_call_parser, self.config.reasoning_parser,
+                                           enable_auto_tool_choice=self.config.enable_auto_tool_choice,
+                                           tokenizer=self.tokenizer)
+            if self.config.mock_script:
+                self._script = MockScript.from_file(self.tokenizer, self.config.mock_script)
         self._alive = True
 
     def info(self) -> WorkerInfo:
@@ -82,10 +109,39 @@ class MockEngine(Engine):
         return self.config.max_model_len or self.config.mock_max_model_len
 
     @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @property
     def vocab_size(self) -> int:
-        return len(VOCAB)
+        return len(self.tokenizer) if self.tokenizer is not None else len(VOCAB)
+
+    async def prepare(self, item: GenerateInput, request: GenerateRequest) -> EnginePrompt:
+        if self.tokenizer is None:
+            return await super().prepare(item, request)
+        vllm_request, template_kwargs = None, {}
+        if request.openai is not None and request.openai.endpoint == "chat":
+            from vllm_fleet.worker import parsing
+            from vllm_fleet.worker.openai_request import build_vllm_request
+
+            vllm_request = parsing.adjust_request(self.parser_cls, self.tokenizer, build_vllm_request(request.openai, item),
+                                                  self.config.enable_auto_tool_choice)
+            template_kwargs = parsing.chat_template_kwargs(vllm_request)
+        return EnginePrompt(self._tokenize_real(item, template_kwargs), request.params, openai_request=vllm_request)
+
+    def _tokenize_real(self, item: GenerateInput, template_kwargs: dict) -> list[int]:
+        if item.token_ids is not None:
+            return list(item.token_ids)
+        if item.messages is None:
+            return list(self.tokenizer.encode(item.text or "", add_special_tokens=False))
+        template_kwargs = {"add_generation_prompt": True, **template_kwargs}
+        messages = [{"role": m.role, "content": m.content} for m in item.messages]
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, **template_kwargs)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     async def tokenize(self, item: GenerateInput) -> list[int]:
+        if self.tokenizer is not None:
+            return self._tokenize_real(item, {})
         if item.token_ids is not None:
             return list(item.token_ids)
         if item.messages is not None:
@@ -101,6 +157,8 @@ class MockEngine(Engine):
         return [len(_SPECIALS) + (hash_word(w) % len(_WORDS)) for w in text.split()]
 
     def decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return "".join(VOCAB[i] for i in token_ids if i >= len(_SPECIALS))
 
     async def generate(
@@ -118,39 +176,58 @@ class MockEngine(Engine):
         try:
             delay = self.config.mock_ttft_ms / 1000 + len(prompt_token_ids) * self.config.mock_prefill_ms_per_1k / 1e6
             await asyncio.sleep(delay)
-            per_step = max(1, round(self.config.mock_tokens_per_s * _STEP_S))
-            step_s = per_step / self.config.mock_tokens_per_s
-            position = 0
-            sequences = [list(prompt_token_ids[-2:]) for _ in range(n)]
+            if self._script is not None:
+                steps = self._scripted_steps(prompt_token_ids, max_tokens, params, n)
+            else:
+                steps = self._hashed_steps(prompt_token_ids, max_tokens, params, n)
             next_step = time.monotonic()
-            while position < max_tokens:
+            for deltas in steps:
                 if self.config.mock_stall_file:
                     await _wait_while_exists(self.config.mock_stall_file)
-                count = min(per_step, max_tokens - position)
-                deltas = []
-                for sample in range(n):
-                    ids = []
-                    for k in range(count):
-                        token = mock_next_token(sequences[sample], sample, first=position + k == 0)
-                        sequences[sample] = [sequences[sample][-1], token]
-                        ids.append(token)
-                    done = position + count >= max_tokens
-                    deltas.append(SampleDelta(
-                        sample=sample,
-                        text="".join(VOCAB[i] for i in ids),
-                        token_ids=ids,
-                        finish_reason="length" if done else None,
-                        logprobs=[TokenLogprob(i, VOCAB[i], -0.5) for i in ids] if params.logprobs is not None else None,
-                    ))
-                position += count
+                count = len(deltas[0].token_ids)
                 self._tokens_out += count * n
                 yield deltas
-                next_step += step_s
+                next_step += count / self.config.mock_tokens_per_s
                 await asyncio.sleep(max(0.0, next_step - time.monotonic()))
         finally:
             self._active -= 1
             if self._slots is not None:
                 self._slots.release()
+
+    def _hashed_steps(self, prompt_token_ids: list[int], max_tokens: int, params: SamplingParams,
+                      n: int) -> Iterator[list[SampleDelta]]:
+        """The deterministic hashed tokens, ~10 ms of tokens per step."""
+        per_step = max(1, round(self.config.mock_tokens_per_s * _STEP_S))
+        position = 0
+        sequences = [list(prompt_token_ids[-2:]) for _ in range(n)]
+        while position < max_tokens:
+            count = min(per_step, max_tokens - position)
+            deltas = []
+            for sample in range(n):
+                ids = []
+                for k in range(count):
+                    token = mock_next_token(sequences[sample], sample, first=position + k == 0)
+                    sequences[sample] = [sequences[sample][-1], token]
+                    ids.append(token)
+                done = position + count >= max_tokens
+                deltas.append(SampleDelta(
+                    sample=sample,
+                    text=self.decode(ids) if self.tokenizer is not None else "".join(VOCAB[i] for i in ids),
+                    token_ids=ids,
+                    finish_reason="length" if done else None,
+                    logprobs=[TokenLogprob(i, VOCAB[i], -0.5) for i in ids] if params.logprobs is not None else None,
+                ))
+            position += count
+            yield deltas
+
+    def _scripted_steps(self, prompt_token_ids: list[int], max_tokens: int, params: SamplingParams,
+                        n: int) -> Iterator[list[SampleDelta]]:
+        """The script after what the prompt already holds; every sample answers the same."""
+        assert self._script is not None
+        skip = params.skip_special_tokens if getattr(params, "skip_special_tokens", None) is not None else True
+        for step in self._script.steps(prompt_token_ids, max_tokens, skip_special_tokens=skip):
+            yield [SampleDelta(sample=sample, text=step.text, token_ids=list(step.token_ids),
+                               finish_reason=step.finish_reason) for sample in range(n)]
 
     async def abort(self, engine_request_ids: list[str]) -> None:
         # Requests are aborted by cancelling their consumer; nothing else holds state.
