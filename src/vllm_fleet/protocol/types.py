@@ -153,6 +153,8 @@ class Chunk:
 
     `finish_reason`, `stop_reason`, `logprobs` and `tool_calls` are None when absent, never
     empty: the wire cannot tell an empty value from an absent one, and reads both back as None.
+    With tool/reasoning parsing `text` is the content, and `finish_reason` is already vLLM's ("tool_calls" once
+    a tool call was streamed and the model stopped, except for a named tool_choice, which stays "stop").
     """
 
     index: int
