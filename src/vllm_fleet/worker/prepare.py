@@ -17,6 +17,7 @@ from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.protocol.types import GenerateRequest
 from vllm_fleet.worker.engine import Engine
 from vllm_fleet.worker.resume import HeldTokens, held_tail_length
+from vllm_fleet.worker.stop_resume import StopResume, for_resume
 from vllm_fleet.worker.validation import check_prompt_fits
 
 
@@ -43,6 +44,7 @@ class PreparedInput:
     echo_text: str | None = None
     parser_cls: type | None = None
     tokenizer: Any = None
+    stop_resume: StopResume | None = None  # resumed with held-back text or stop strings (stop_resume.py)
 
 
 async def prepare_input(engine: Engine, index: int, request: GenerateRequest) -> PreparedInput:
@@ -68,6 +70,8 @@ async def prepare_input(engine: Engine, index: int, request: GenerateRequest) ->
         resume = resume[:-held_count]
     prepared.prompt_token_ids = prompt_ids + list(resume)
     prepared.engine_params, prepared.exhausted = _spend(params, len(resume))
+    prepared.stop_resume = for_resume(engine.decode, prompt_ids, list(resume), item.resume_delivered_chars,
+                                      prepared.engine_params)
     return prepared
 
 

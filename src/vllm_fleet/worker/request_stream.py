@@ -56,6 +56,8 @@ class RequestStream:
                  started: float) -> None:
         self._prompt_lens = [item.prompt_len for item in inputs]
         self._held = [item.held for item in inputs]
+        self._resumed = [item.stop_resume for item in inputs]
+        self._cut: set[int] = set()  # inputs a stop string across a migration ended (stop_resume.py)
         self._parsers = _StreamParsers(inputs)
         # A resumed stream's client has the echoed prompt already, from the first worker.
         self._echo = [None if item.held is not None or len(item.prompt_token_ids) > item.prompt_len
@@ -75,8 +77,10 @@ class RequestStream:
     def on_deltas(self, index: int, deltas: list[SampleDelta], now: float) -> list[Chunk]:
         """The chunks due now after one engine step of input `index`."""
         chunks = []
-        held = self._held[index]
+        held, resumed = self._held[index], self._resumed[index]
         for delta in deltas:
+            if resumed is not None and (delta := resumed.filter(delta)) is None:
+                continue  # the stream ended at a stop string that spans the migration
             generated_ids = delta.token_ids  # the parser sees held tokens too: it was primed without them
             if held is not None:
                 delta = held.strip(delta)  # the client has these ids already
@@ -98,6 +102,9 @@ class RequestStream:
                     self._metrics.itl.observe((now - self._last_chunk_at) / len(chunk.token_ids))
                 self._last_chunk_at = now
                 chunks.append(chunk)
+        if resumed is not None and resumed.ended and index not in self._cut:
+            self._cut.add(index)  # over for the service, which stops its engine request with the stream
+            self.open_inputs -= 1
         if now - self._reported_at >= TOKEN_REPORT_S:
             self._report_tokens(now)
         return chunks
@@ -122,6 +129,8 @@ class RequestStream:
 
     def on_end(self, index: int, aborted: bool) -> list[Chunk]:
         """Input `index` is over; an aborted one ends each of its unfinished samples with "abort"."""
+        if index in self._cut:
+            return []  # counted as over when its stop string matched
         self.open_inputs -= 1
         if not aborted:
             return []
