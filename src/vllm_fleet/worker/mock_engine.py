@@ -33,6 +33,7 @@ from vllm_fleet.protocol.types import (
     WorkerLoad,
 )
 from vllm_fleet.worker.engine import Engine, EnginePrompt, SampleDelta
+from vllm_fleet.worker.mock_stops import apply_stop_strings
 from vllm_fleet.worker.mock_script import MockScript, load_tokenizer
 
 # A small vocabulary: ids 0..3 are specials, then words. Some words are non-ASCII so that
@@ -180,6 +181,7 @@ class MockEngine(Engine):
                 steps = self._scripted_steps(prompt_token_ids, max_tokens, params, n)
             else:
                 steps = self._hashed_steps(prompt_token_ids, max_tokens, params, n)
+            steps = apply_stop_strings(steps, params, self.decode)  # held-back text and all, as vLLM
             next_step = time.monotonic()
             for deltas in steps:
                 if self.config.mock_stall_file:
