@@ -8,7 +8,7 @@ import asyncio
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.errors import DuplicateRequestError, InvalidRequestError, WorkerUnavailableError
+from vllm_fleet.errors import DuplicateRequestError, InvalidRequestError, MigrationUnsupportedError, WorkerUnavailableError
 from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, SamplingParams, Usage
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router
@@ -100,3 +100,12 @@ async def test_an_invalid_request_fails_the_row_at_once_whatever_its_message_say
     result = await _answer(router)
     assert result.error is not None and result.error.startswith("invalid request")
     assert router.sent_ids == ["spk-row"], "only the error's type says it is a duplicate, never its text"
+
+
+async def test_a_constrained_answer_that_could_not_migrate_is_resent_whole():
+    # Fatal for the stream (its grammar cannot continue on another worker), but nothing of the
+    # row reached anyone: the row starts again under a new id.
+    router = _ScriptedRouter(MigrationUnsupportedError("worker lost after the first token"), '{"a": 1}')
+    result = await _answer(router)
+    assert (result.output, result.error) == ('{"a": 1}', None)
+    assert router.sent_ids == ["spk-row", "spk-row-r1"]

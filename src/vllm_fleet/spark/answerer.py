@@ -12,7 +12,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from vllm_fleet.errors import DeadlineExceededError, DuplicateRequestError, FleetError, InvalidRequestError
+from vllm_fleet.errors import (DeadlineExceededError, DuplicateRequestError, FleetError, InvalidRequestError,
+                               MigrationUnsupportedError)
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest
 from vllm_fleet.router import RoutedStream, Router
 from vllm_fleet.spark.config import SparkGenerateConfig
@@ -73,6 +74,10 @@ class Answerer:
             except DeadlineExceededError as exc:
                 error = exc
                 break
+            except MigrationUnsupportedError as exc:
+                # A constrained answer lost its worker midway and cannot continue elsewhere. The
+                # row's text reached no one, so the whole row, sent again, starts a fresh grammar.
+                error = exc
             except FleetError as exc:
                 error = exc
                 if not exc.recoverable:
