@@ -68,7 +68,8 @@ class RouterConfig(FleetModel):
     load_poll_interval_s: float = Field(0.5, gt=0, description="How often each worker's Load is polled")
     health_poll_interval_s: float = Field(1.0, gt=0, description="How often each worker's gRPC health is polled")
     stall_timeout_s: float = Field(
-        10.0, gt=0, description="A stream with no chunk for this long is treated as a failed worker and migrated"
+        5.0, gt=0, description="A stream with no chunk for this long, on a worker that produces no output (or is "
+        "not SERVING), is treated as a failed worker and migrated; a worker still producing gets 6 times as long"
     )
     first_chunk_timeout_s: float = Field(
         60.0, gt=0, description="Longest wait for a worker's first chunk (prefill included) before failing over"

@@ -12,6 +12,11 @@ since its last answer. A CPU-starved worker answers late now and then; taking it
 late answer moved traffic for nothing, and moved conversations off the worker holding their
 prefix cache (session affinity hashes over the serving workers). A dead worker still leaves
 at the second miss, or at the first after a failed request.
+
+Progress (what earns a slow stream patience, see watchdog.py) is output, never held work: a
+worker whose engine wedged keeps reporting the requests it holds (`running > 0`) while it
+produces nothing. A worker progresses while it is SERVING (or draining) and it produced output
+lately: a chunk to one of this router's streams, or output tokens in a fresh Load.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class WorkerState:
         self.info: WorkerInfo | None = None
         self.load: WorkerLoad | None = None
         self.load_at = 0.0              # when `load` was last answered
+        self.output_at = float("-inf")  # when a stream of ours last got a chunk from it
         self.health = "UNKNOWN"
         self.missed = 0                 # health checks in a row with no answer
         self.request_failed = False     # a request to it failed since its last health answer
@@ -89,15 +95,20 @@ class WorkerState:
 class Lease:
     """One attempt's claim on a worker: counts it in flight with its outstanding tokens."""
 
-    __slots__ = ("_worker", "remaining")
+    __slots__ = ("_worker", "_clock", "remaining")
 
-    def __init__(self, worker: WorkerState, tokens: int) -> None:
+    def __init__(self, worker: WorkerState, tokens: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._worker = worker
+        self._clock = clock
         self.remaining = tokens
         worker.in_flight += 1
         worker.outstanding_tokens += tokens
 
     def progress(self, tokens: int) -> None:
+        """A chunk came: `tokens` of the claim are done, and the worker is producing."""
+        if self._worker is None:
+            return
+        self._worker.output_at = self._clock()
         done = min(tokens, self.remaining)
         self.remaining -= done
         self._worker.outstanding_tokens -= done
@@ -260,16 +271,19 @@ class Pool:
     # --- what streams use ---------------------------------------------------------------
 
     def progressing(self, address: str) -> bool:
-        """Whether the worker looks busy rather than stuck: it answered Load lately (a CPU-starved
-        worker answers late, so "lately" is generous) and reports work or output."""
+        """Whether the worker looks busy rather than stuck (see the module doc). "Lately" is
+        generous, since a CPU-starved worker answers late; requests it merely holds do not count."""
         worker = self._workers.get(address)
-        if worker is None or worker.load is None:
+        if worker is None:
             return False
+        draining = worker.load is not None and worker.load.draining
+        if worker.health != "SERVING" and not draining:
+            return False  # its own verdict (e.g. its engine stalled), or no answer at all
+        now = self._clock()
         window = max(LOAD_FRESH_MIN_S, 2 * self.config.load_poll_interval_s + self._load_timeout())
-        if self._clock() - worker.load_at > window:
-            return False
-        load = worker.load
-        return load.output_tokens_per_s > 0 or load.running + load.waiting > 0
+        if now - worker.output_at <= window:
+            return True
+        return worker.load is not None and now - worker.load_at <= window and worker.load.output_tokens_per_s > 0
 
     def _notify(self) -> None:
         self._changed.set()
@@ -287,7 +301,7 @@ class Pool:
         worker = self._workers.get(address)
         if worker is None or not worker.breaker.allow():
             return None
-        return Lease(worker, tokens)
+        return Lease(worker, tokens, self._clock)
 
     def report(self, address: str, ok: bool | None) -> None:
         """An attempt's verdict on its worker: True ok, False failed, None no verdict (cancelled)."""

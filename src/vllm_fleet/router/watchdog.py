@@ -2,10 +2,12 @@
 
 A read that waits past its limit (`first_chunk_timeout_s` for the first chunk,
 `stall_timeout_s` after) makes the worker suspect. It is declared stalled only if it also
-shows no progress: its Load stopped answering, or it reports neither work nor output. An
-overloaded worker still generating for others is slow, not stuck; moving its streams would
-only add prefill work to a pool that is already short of it (a retry storm). A read that
-waits `PATIENCE` times its limit is declared stalled whatever the worker says.
+shows no progress (`Pool.progressing`): it is not SERVING (its own verdict, e.g. a stalled
+engine, or no answer), or it produced no output lately. Requests it merely holds are not
+progress: a wedged engine reports `running > 0` forever. An overloaded worker still generating
+for others is slow, not stuck; moving its streams would only add prefill work to a pool that
+is already short of it (a retry storm). A read that waits `PATIENCE` times its limit is
+declared stalled whatever the worker says.
 
 One timer per stream, re-armed only when it fires; a chunk costs one clock read.
 """
