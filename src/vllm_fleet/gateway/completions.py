@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
+from vllm_fleet.errors import MigrationUnsupportedError
 from vllm_fleet.gateway import translate
 from vllm_fleet.gateway.access_log import RequestRecord
 from vllm_fleet.gateway.aggregate import Aggregate
@@ -69,6 +71,17 @@ class CompletionHandler:
 
     async def _whole(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str,
                      created: int) -> Response:
+        try:
+            return await self._aggregated(plan, stream, record, response_id, created)
+        except MigrationUnsupportedError as exc:
+            # Nothing of the answer reached the client yet, so it can start over, whole, once.
+            logger.warning("restarting the answer from scratch: %s", exc, extra={"request_id": record.request_id})
+            request = dataclasses.replace(plan.request, request_id=f"{plan.request.request_id}-again")
+            again = self.router.stream(request, model=plan.model, key=stream.key, deadline=stream.deadline)
+            return await self._aggregated(plan, again, record, response_id, created)
+
+    async def _aggregated(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str,
+                          created: int) -> Response:
         aggregate = Aggregate(plan, response_id, created)
         try:
             async for chunk in stream:
