@@ -1,9 +1,10 @@
 """The OpenAPI 3.1 document at /openapi.json, generated from the same pydantic models that
-validate requests, so it cannot drift from what the gateway accepts."""
+validate requests and from fields.py's table, so it cannot drift from what the gateway accepts."""
 
 from __future__ import annotations
 
 from vllm_fleet import __version__
+from vllm_fleet.gateway import fields
 from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -23,7 +24,8 @@ _ERROR = {
 }
 
 _ERRORS = {
-    "400": "Invalid request: bad JSON, wrong types, a limit exceeded, or a prompt too long for the model",
+    "400": "Invalid request: bad JSON, wrong types, an unknown or refused field, a limit exceeded, or a prompt "
+           "too long for the model",
     "401": "Missing or invalid API key",
     "404": "Unknown model",
     "413": "Request body too large",
@@ -67,14 +69,25 @@ def _get(summary: str, *, auth: bool, codes: tuple[str, ...] = (), content: str 
     return {"get": operation}
 
 
+def _with_table(schema: dict, endpoint: str) -> dict:
+    """The fields the schema does not model, from fields.py's table: the engine's (any JSON;
+    vLLM's request model on the worker judges them), inert and refused ones; nothing else."""
+    properties = schema.setdefault("properties", {})
+    for name, rule in fields.TABLES[endpoint].items():
+        if name not in properties:
+            properties[name] = {"description": f"{rule.kind.value}: {rule.why}"}
+    schema["additionalProperties"] = False
+    return schema
+
+
 def openapi_document(config: GatewayConfig) -> dict:
     """The document for this gateway: routes need a key only when a keys file is configured."""
     auth = config.api_key_file is not None
     schemas = {"Error": _ERROR}
-    for model in (ChatCompletionRequest, CompletionRequest):
+    for endpoint, model in (("chat", ChatCompletionRequest), ("completion", CompletionRequest)):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
-        schemas[model.__name__] = schema
+        schemas[model.__name__] = _with_table(schema, endpoint)
     not_ready = {"503": {"description": "Fewer serving workers than required",
                          "content": {"application/json": {"schema": {"type": "object"}}}}}
     forbidden = {"403": {"description": "The key is not an admin key",
