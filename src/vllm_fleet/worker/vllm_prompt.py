@@ -130,10 +130,10 @@ class VllmPrompts:
     async def _render_chat(self, request: Any) -> tuple[list[int], str | None]:
         """The chat prompt through vLLM's renderer, with the same template arguments as vllm serve."""
         tool_dicts = None if request.tools is None else [tool.model_dump() for tool in request.tools]
-        chat_params = request.build_chat_params(None, CHAT_TEMPLATE_CONTENT_FORMAT).with_defaults(
-            {"tools": tool_dicts, "tokenize": _is_mistral(self._tokenizer)})
-        tok_params = request.build_tok_params(self._model_config)
         try:
+            chat_params = request.build_chat_params(None, CHAT_TEMPLATE_CONTENT_FORMAT).with_defaults(
+                {"tools": tool_dicts, "tokenize": _is_mistral(self._tokenizer)})
+            tok_params = request.build_tok_params(self._model_config)  # checks the lengths asked for
             _, (engine_input,) = await self._llm.renderer.render_chat_async([request.messages], chat_params,
                                                                             tok_params)
         except vllm_error_types() as exc:
@@ -143,8 +143,8 @@ class VllmPrompts:
     async def _render_completion(self, request: Any) -> tuple[list[int], str | None]:
         from vllm.renderers.inputs.preprocess import parse_model_prompt
 
-        tok_params = request.build_tok_params(self._model_config)
         try:
+            tok_params = request.build_tok_params(self._model_config)
             prompt = parse_model_prompt(self._model_config, request.prompt)
             (engine_input,) = await self._llm.renderer.render_cmpl_async([prompt], tok_params)
         except vllm_error_types() as exc:
