@@ -164,3 +164,40 @@ async def test_node_leaves_no_worker_behind(sig, expected_exit):
         if node.poll() is None:
             os.killpg(node.pid, signal.SIGKILL)
             node.wait()
+
+
+async def test_worker_alive_but_not_serving_past_the_grace_is_restarted():
+    """A hung worker (its process stopped: alive, health unanswered) never recovers by itself."""
+    config = FAST.model_copy(update={"not_serving_grace_s": 1.0})
+    supervisor = NodeSupervisor(mock_plan(1), None, config)
+    await supervisor.start()
+    try:
+        await supervisor.wait_serving(timeout=60)
+        worker = supervisor.workers[0]
+        hung_pid = worker.pid
+        os.kill(hung_pid, signal.SIGSTOP)
+        await wait_until(lambda: worker.pid != hung_pid and worker.state == "serving", timeout=60,
+                         message="the hung worker replaced by a serving one")
+        assert not alive(hung_pid)
+        assert len(worker.restarts) == 1
+        async with WorkerClient(worker.spec.address) as client:
+            assert await client.health(timeout=2) == "SERVING"
+    finally:
+        await supervisor.stop()
+
+
+async def test_worker_not_serving_for_less_than_the_grace_keeps_running():
+    config = FAST.model_copy(update={"not_serving_grace_s": 30.0})
+    supervisor = NodeSupervisor(mock_plan(1), None, config)
+    await supervisor.start()
+    try:
+        await supervisor.wait_serving(timeout=60)
+        worker = supervisor.workers[0]
+        pid = worker.pid
+        os.kill(pid, signal.SIGSTOP)
+        await wait_until(lambda: worker.state == "unhealthy", timeout=30, message="seen as not serving")
+        os.kill(pid, signal.SIGCONT)
+        await wait_until(lambda: worker.state == "serving", timeout=30, message="serving again")
+        assert worker.pid == pid and not worker.restarts
+    finally:
+        await supervisor.stop()

@@ -47,4 +47,8 @@ class SupervisorConfig(FleetModel):
     restart_window_s: float = Field(600.0, gt=0, description="Window in which restarts are counted")
     stop_grace_s: float = Field(30.0, ge=0, description="On stop: how long workers may drain after SIGTERM before SIGKILL")
     health_interval_s: float = Field(5.0, gt=0, description="How often a running worker's health is checked")
+    not_serving_grace_s: float = Field(
+        30.0, gt=0, description="A running worker not SERVING (or not answering health) this long is stopped and "
+        "restarted; one that recovers sooner keeps running"
+    )
     log_dir: str | None = Field(None, description="Folder for worker logs (default: a temp folder)")

@@ -7,7 +7,12 @@ serving stale weights on a GPU.
 
 A crashed worker is deregistered at once and restarted after a backoff that doubles with
 each restart in the window; one that crashes `max_restarts` times within `restart_window_s`
-is flapping and given up (deregistered, logged) rather than restarted forever.
+is flapping and given up (deregistered, logged) rather than restarted forever. A worker that
+is alive but not SERVING (its health says so, or does not answer) is deregistered after a few
+checks and, once that has lasted `not_serving_grace_s`, stopped (SIGTERM, then SIGKILL of its
+group) and restarted the same way: a hung process or engine never recovers by itself, while a
+worker that flips back within the grace keeps running. After any exit, whatever is left of the
+worker's process group (an engine-core process) is killed before the next start.
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ from vllm_fleet.fleet.config import SupervisorConfig
 from vllm_fleet.fleet.plan import Plan, WorkerSpec
 from vllm_fleet.fleet.worker_process import WorkerProcess
 from vllm_fleet.registry.base import Registry, WorkerRecord
+from vllm_fleet.worker.server import EXIT_ENGINE_DIED, EXIT_ENGINE_STALLED
 
 logger = logging.getLogger(__name__)
 
 UNHEALTHY_CHECKS = 3     # consecutive failed health checks before a live worker is deregistered
+# A worker stopped for not serving has nothing worth draining: SIGKILL its group after this.
+UNHEALTHY_STOP_GRACE_S = 5.0
+_EXIT_REASONS = {EXIT_ENGINE_DIED: "its engine died", EXIT_ENGINE_STALLED: "its engine stalled"}
 
 
 class ManagedWorker:
@@ -58,6 +67,7 @@ class ManagedWorker:
         while not self._stopping:
             self._spawn()
             await self._serve_until_exit()
+            self.process.kill()  # the exited worker's engine core may outlive it
             await self._deregister()
             if self._stopping:
                 break
@@ -71,8 +81,9 @@ class ManagedWorker:
                 return
             delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (len(self.restarts) - 1))
             self.state = "backoff"
-            logger.warning("worker %s (%s) exited with %s; restart %d in %.1fs (log %s)", self.spec.worker_id,
-                           self.spec.device, code, len(self.restarts), delay, self.log_path)
+            logger.warning("worker %s (%s) exited with %s (%s); restart %d in %.1fs (log %s)", self.spec.worker_id,
+                           self.spec.device, code, _EXIT_REASONS.get(code, "unexpected"), len(self.restarts),
+                           delay, self.log_path)
             await asyncio.sleep(delay)
         self.state = "stopped"
 
@@ -111,21 +122,36 @@ class ManagedWorker:
 
     async def _watch_health(self, client: WorkerClient, exited: asyncio.Future) -> None:
         failures = 0
+        not_serving_since: float | None = None
         while not exited.done():
             done, _ = await asyncio.wait({exited}, timeout=self.config.health_interval_s)
             if done or self._stopping:
                 break
-            healthy = await client.health(timeout=min(2.0, self.config.health_interval_s)) == "SERVING"
+            status = await client.health(timeout=min(2.0, self.config.health_interval_s))
+            healthy = status == "SERVING"
             failures = 0 if healthy else failures + 1
-            if failures == UNHEALTHY_CHECKS and self._registered:
-                logger.warning("worker %s not SERVING for %d checks: deregistered until it recovers",
-                               self.spec.worker_id, failures)
+            not_serving_since = None if healthy else not_serving_since or time.monotonic()
+            if not healthy and time.monotonic() - not_serving_since >= self.config.not_serving_grace_s:
+                await self._stop_not_serving(status, time.monotonic() - not_serving_since)
+                break
+            if failures == UNHEALTHY_CHECKS:
+                logger.warning("worker %s not SERVING for %d checks: deregistered until it recovers, restarted if "
+                               "it does not within %.0fs", self.spec.worker_id, failures,
+                               self.config.not_serving_grace_s)
                 self.state = "unhealthy"
                 await self._deregister()
-            elif healthy and not self._registered:
+            elif healthy and (not self._registered or self.state == "unhealthy"):
                 await self._register(client)
                 self.state = "serving"
         await exited
+
+    async def _stop_not_serving(self, status: str, for_s: float) -> None:
+        self.state = "unhealthy"
+        logger.error("worker %s (pid %s) alive but %s for %.0fs (grace %.0fs): stopping it for a restart "
+                     "(log %s)", self.spec.worker_id, self.pid, status, for_s, self.config.not_serving_grace_s,
+                     self.log_path)
+        await self._deregister()
+        await self.process.astop(UNHEALTHY_STOP_GRACE_S)
 
     async def _register(self, client: WorkerClient) -> None:
         if self.registry is None:
