@@ -1,10 +1,10 @@
 """generate(..., output_schema=...) in local Spark: typed columns, row errors, refusals.
 
-The mock engine answers with words, never JSON, so through it every row must come back with
-its text, null fields and the row error. That the typed columns carry the values of answers
-that do read is checked with a stand-in for the answering (the row's own JSON as its answer)
-around the real column building, in a real mapInArrow; the real engine's answers are checked
-in test_generate_vllm.py.
+The plain mock engine answers with words, never JSON: through it every row must come back with
+its text, null fields and the row error. A mock with a script answers with the schema's JSON
+(it follows no grammar; the real engine's constrained answers are checked in
+test_generate_vllm.py). Every Spark type's column is checked with a stand-in for the answering
+(the row's own JSON as its answer) around the real column building, in a real mapInArrow.
 """
 
 from __future__ import annotations
@@ -38,6 +38,41 @@ async def test_answers_that_are_not_the_schemas_json_get_a_row_error_and_the_job
     assert all(r.name is None and r.age is None for r in rows)
     assert all(r.error.startswith("output is not valid JSON for the schema: not JSON") for r in rows)
     assert all("cut off at max_tokens" in r.error for r in rows)
+
+
+@pytest.fixture(scope="module")
+async def scripted_json_worker(mock_worker_factory, tmp_path_factory):
+    """A mock worker that answers every prompt with one JSON object, tokenized with the default
+    model's tokenizer (the mock cannot follow a grammar; its script is the schema's JSON)."""
+    from vllm_fleet.models import resolve_model
+
+    script = tmp_path_factory.mktemp("script") / "answer.json"
+    script.write_text('{"name": "Ada Lovelace", "age": 36}', encoding="utf-8")
+    return await mock_worker_factory.start(mock_tokenizer=resolve_model(None, None).path, mock_script=str(script),
+                                           mock_tokens_per_s=2000, mock_ttft_ms=2, timeout=120)
+
+
+async def test_answers_in_the_schemas_json_come_back_as_typed_columns(spark, scripted_json_worker):
+    df = spark.createDataFrame([(i, f"who is person {i}?") for i in range(6)], "id long, prompt string")
+    out = generate(df, prompt_col="prompt", params={"max_tokens": 64}, workers=[scripted_json_worker.address],
+                   output_schema="name STRING, age INT")
+    rows = await asyncio.to_thread(out.collect)
+
+    assert sorted(r.id for r in rows) == list(range(6))
+    assert [r.error for r in rows if r.error] == []
+    assert {(r.name, r.age) for r in rows} == {("Ada Lovelace", 36)}
+
+
+async def test_an_answer_cut_off_by_max_tokens_is_a_row_error_with_its_text_kept(spark, scripted_json_worker):
+    df = spark.createDataFrame([(0, "who?")], "id long, prompt string")
+    out = generate(df, prompt_col="prompt", params={"max_tokens": 4}, workers=[scripted_json_worker.address],
+                   output_schema="name STRING, age INT")
+    [row] = await asyncio.to_thread(out.collect)
+
+    assert row.finish_reason == "length" and row.output and '{"name": "Ada Lovelace", "age": 36}'.startswith(row.output)
+    assert (row.name, row.age) == (None, None)
+    assert row.error.startswith("output is not valid JSON for the schema: not JSON")
+    assert row.error.endswith("(the answer was cut off at max_tokens; raise max_tokens)")
 
 
 def test_typed_columns_carry_the_values_of_answers_that_read(spark):
