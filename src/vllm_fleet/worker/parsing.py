@@ -19,16 +19,19 @@ Where we follow vLLM and where not:
 - Resume after migration: `StreamParser.prime` runs the tokens the client already has through
   a fresh parser and discards the output, so parsing continues where the dead worker stopped.
 
-vLLM versions: needs `vllm.parser` (vLLM 0.32 here). On a vLLM without it (0.26 on the GPU box
-has only the older ToolParserManager / ReasoningParserManager pair), a worker configured with
-a tool or reasoning parser refuses to start with a ConfigError naming the version; a worker
-with neither still serves (content only, as before).
+vLLM versions: `vllm.parser` exists in both vLLM 0.32 (here) and 0.26 (the GPU box; checked in
+its wheel). Where their signatures differ (0.26: `get_parser` takes no tokenizer,
+`get_json_schema_from_tools` no parallel_tool_calls, `extract_required_tool_call_streaming`
+also takes delta_text / function_name_returned), calls pass only the arguments the installed
+function accepts (`_call`). A vLLM without `vllm.parser` gets a ConfigError naming its version
+at start when a tool or reasoning parser is configured; with neither it serves as before.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm_fleet.errors import ConfigError, InvalidRequestError
@@ -65,10 +68,23 @@ def parser_class(tool_call_parser: str | None, reasoning_parser: str | None, *,
     manager = _parser_manager()
     _check_names(tool_call_parser, reasoning_parser)
     try:
-        return manager.get_parser(tool_parser_name=tool_call_parser, reasoning_parser_name=reasoning_parser,
-                                  enable_auto_tools=enable_auto_tool_choice, tokenizer=tokenizer)
+        parser_cls = _call(manager.get_parser, tool_parser_name=tool_call_parser,
+                           reasoning_parser_name=reasoning_parser, enable_auto_tools=enable_auto_tool_choice)
     except (TypeError, ValueError, KeyError) as error:
         raise ConfigError(f"parser options cannot be used: {error}") from error
+    if parser_cls is not None and tokenizer is not None:
+        try:
+            parser_cls(tokenizer)  # what vLLM 0.32 checks at start: the parsers find their tokens
+        except Exception as error:  # noqa: BLE001 - any failure here means the pair does not fit
+            raise ConfigError(f"--tool-call-parser {tool_call_parser} / --reasoning-parser {reasoning_parser} "
+                              f"cannot be used with this model's tokenizer: {error}") from error
+    return parser_cls
+
+
+def _call(function: Callable, **kwargs: Any) -> Any:
+    """`function` with those of `kwargs` it accepts (vLLM 0.26 and 0.32 differ in a few)."""
+    accepted = inspect.signature(function).parameters
+    return function(**{name: value for name, value in kwargs.items() if name in accepted})
 
 
 def _check_names(tool_call_parser: str | None, reasoning_parser: str | None) -> None:
@@ -126,7 +142,7 @@ def adjust_request(parser_cls: type | None, tokenizer: Any, vllm_request, enable
     if parser_cls is None:
         return vllm_request
     # vLLM adjusts when a reasoning parser is set, or tools may be called (online_renderer).
-    if parser_cls.always_adjust_request or parser_cls.reasoning_parser_cls is not None or \
+    if getattr(parser_cls, "always_adjust_request", False) or parser_cls.reasoning_parser_cls is not None or \
             getattr(vllm_request, "tool_choice", "none") != "none":
         parser = parser_cls(tokenizer, vllm_request.tools, chat_template_kwargs=chat_template_kwargs(vllm_request))
         vllm_request = parser.adjust_request(vllm_request)
@@ -139,8 +155,8 @@ def _constrain_to_tools(vllm_request) -> None:
     from vllm.tool_parsers.utils import get_json_schema_from_tools
 
     try:
-        schema = get_json_schema_from_tools(vllm_request.tool_choice, vllm_request.tools,
-                                            vllm_request.parallel_tool_calls)
+        schema = _call(get_json_schema_from_tools, tool_choice=vllm_request.tool_choice, tools=vllm_request.tools,
+                       parallel_tool_calls=vllm_request.parallel_tool_calls)
     except ValueError as error:
         raise InvalidRequestError(str(error), param="tool_choice") from error
     if schema is not None:
@@ -150,7 +166,10 @@ def _constrain_to_tools(vllm_request) -> None:
 
 def resolve_reasoning_ended(parser_cls: type | None, tokenizer: Any, vllm_request,
                             prompt_token_ids: list[int]) -> bool | None:
-    """The engine's `reasoning_ended` for structured outputs, as vLLM's server passes it."""
+    """The engine's `reasoning_ended` for structured outputs, as vLLM 0.32's server passes it
+    (None on a vLLM without it: the engine then decides from the prompt itself)."""
+    if not hasattr(vllm_request, "resolve_reasoning_ended"):
+        return None
     parser = None
     if parser_cls is not None:
         parser = parser_cls(tokenizer, vllm_request.tools, chat_template_kwargs=chat_template_kwargs(vllm_request))
@@ -233,8 +252,9 @@ class StreamParser:
                 tool_call_id_type="random", tokenizer=self._tokenizer)
             return message
         previous, self._text = self._text, self._text + delta_text
-        message, self._name_sent = extract_required_tool_call_streaming(
-            previous_text=previous, current_text=self._text, tool_call_idx=self._call_index,
+        message, self._name_sent = _call(
+            extract_required_tool_call_streaming, previous_text=previous, current_text=self._text,
+            delta_text=delta_text, function_name_returned=self._name_sent, tool_call_idx=self._call_index,
             tool_call_id_type="random")
         if message is not None and message.tool_calls:
             self._call_index += sum(call.id is not None for call in message.tool_calls)
