@@ -51,7 +51,6 @@ class Loaded:
 
     records: list[KeyRecord] | None  # None: the gateway has no keys file
     admission: AdmissionConfig       # limits from the command line, --key-limits and the keys file
-    stamps: dict[Path, Stamp]
 
 
 def admission_with_keys(admission: AdmissionConfig, records: list[KeyRecord] | None) -> AdmissionConfig:
@@ -92,7 +91,7 @@ class Reloader:
         records = read_keys_file(self.keys_path) if self.keys_path else None
         admission = admission_with_keys(self.limits.read(), records)
         self._stamps = stamps
-        return Loaded(records, admission, stamps)
+        return Loaded(records, admission)
 
     def bind(self, router: Router, keys: KeyStore | None) -> None:
         self._router, self._keys = router, keys

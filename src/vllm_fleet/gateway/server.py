@@ -120,7 +120,8 @@ class GatewayServer:
                 raise ConfigError("the HTTP server stopped while starting")
             await asyncio.sleep(0.01)
         self.reloader.start()
-        logger.info("gateway listening on %s (models: %s; keys: %s)", self.url, ", ".join(self.router.models()) or "none yet",
+        logger.info("gateway listening on %s (models: %s; keys: %s)", self.url,
+                    ", ".join(self.router.models()) or "none yet",
                     "%d" % len(self.keys) if self.keys is not None else "off, loopback only")
 
     async def wait(self) -> None:
