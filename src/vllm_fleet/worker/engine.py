@@ -54,6 +54,8 @@ class Engine(abc.ABC):
     # vLLM's tool/reasoning parser class for OpenAI chat requests (parsing.parser_class), set by
     # an engine that has one once started; RequestStream builds one parser per sample from it.
     parser_cls: type | None = None
+    # The model's tokenizer as the parsers take it (vLLM's); None for an engine without one.
+    tokenizer: Any = None
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -69,11 +71,6 @@ class Engine(abc.ABC):
 
     @property
     def vocab_size(self) -> int | None:
-        return None
-
-    @property
-    def tokenizer(self) -> Any:
-        """The model's tokenizer as the parsers take it (vLLM's); None for an engine without one."""
         return None
 
     @abc.abstractmethod
