@@ -43,6 +43,17 @@ def test_every_classified_field_is_vllms_or_marked_openai_only(endpoint):
     assert not wrongly_marked, f"{wrongly_marked} are vLLM fields now: classify them by vLLM's meaning"
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completion"])
+def test_every_openai_sdk_parameter_is_classified(endpoint):
+    """The installed openai client's create() parameters: what OpenAI clients may send."""
+    from openai.types import completion_create_params
+    from openai.types.chat import completion_create_params as chat_create_params
+
+    params = (chat_create_params if endpoint == "chat" else completion_create_params).CompletionCreateParamsBase
+    missing = sorted(set(params.__annotations__) - set(fields.TABLES[endpoint]))
+    assert not missing, f"the openai client sends {missing} to {endpoint}, which gateway/fields.py does not classify"
+
+
 @pytest.mark.parametrize("endpoint, schema", [("chat", ChatCompletionRequest), ("completion", CompletionRequest)])
 def test_gateway_fields_are_modelled_and_modelled_fields_classified(endpoint, schema):
     """A GATEWAY field the schema did not model would land among the extras and be dropped."""

@@ -143,6 +143,11 @@ CHAT: dict[str, Rule] = {
     "audio": _refused("audio answers are not served", openai_only=True),
     "prediction": _refused("predicted outputs are not served", openai_only=True),
     "web_search_options": _refused("web search is not served", openai_only=True),
+    "moderation": _refused("moderation is not served", openai_only=True),
+    "verbosity": _refused("not a vLLM setting: ask for length in the prompt or with max_tokens", default="medium",
+                          openai_only=True),
+    "prompt_cache_options": _inert("OpenAI's cache breakpoints; workers cache prefixes on their own", openai_only=True),
+    "prompt_cache_retention": _inert("OpenAI's cache lifetime; workers cache prefixes on their own", openai_only=True),
 }
 
 COMPLETION: dict[str, Rule] = {
