@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import ssl
 
 import httpx
 import pytest
 
 from gateway_support import MODEL_A
+from test_tls import certificate  # noqa: F401 (the fixture: a self-signed certificate)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -135,3 +138,14 @@ async def test_the_limit_is_an_option(start_gateway, mock_fleet):
     assert "4096 bytes" in json.loads(body)["error"]["message"]
     status, _, _ = await raw_exchange(server.url, oversized_head(2 * KIB))
     assert status == 200
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a test certificate")
+async def test_431_over_tls(start_gateway, mock_fleet, certificate):
+    cert, key = certificate
+    server = await start_gateway([w.address for w in mock_fleet["a"]], tls_cert=cert, tls_key=key)
+    async with httpx.AsyncClient(base_url=server.url, verify=ssl.create_default_context(cafile=cert)) as http:
+        reply = await http.get("/health", headers={"x-big": "v" * 20 * KIB})
+        assert reply.status_code == 431
+        assert reply.json()["error"]["code"] == "request_header_fields_too_large"
+        assert (await http.get("/health")).status_code == 200
