@@ -171,6 +171,17 @@ def test_named_or_required_tool_choice_without_a_tool_parser_streams_a_tool_call
     assert answer.finish_reason == finish
 
 
+def test_a_named_tool_choice_with_only_a_reasoning_parser_gives_reasoning_then_the_call(tokenizer):
+    parser_cls = parsing.parser_class(None, "qwen3", tokenizer=tokenizer)
+    request = vllm_request(parser_cls, tokenizer, tools=TOOLS,
+                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    answer = run(tokenizer, f"<think>{REASONING}</think>{json.dumps(ARGUMENTS)}", parser_cls, request)
+    assert (answer.reasoning, answer.content) == (REASONING, "")
+    [call] = answer.calls.values()
+    assert call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == ARGUMENTS
+
+
 def test_auto_tool_choice_without_a_tool_parser_is_refused_in_vllms_words(tokenizer):
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 

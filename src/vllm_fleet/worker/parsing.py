@@ -186,18 +186,19 @@ class StreamParser:
         self._prompt_token_ids = list(prompt_token_ids)
         self._kind = kind
         self._tokenizer = tokenizer
-        self._text = ""                          # no-parser required path: the whole output so far
+        # A forced tool_choice with no tool parser: the (reasoning-free) output is the call's JSON,
+        # which vLLM's streaming helpers turn into tool-call pieces.
+        self._calls_from_content = kind in ("named", "required") and getattr(parser, "tool_parser", None) is None
+        self._text = ""                          # "required" with no tool parser: the whole output so far
         self._name_sent = False
         self._call_index = 0
         self.tools_streamed = False
 
     @classmethod
-    def create(cls, parser_cls: type | None, tokenizer: Any, vllm_request, prompt_token_ids: Sequence[int],
-               named_or_required: bool | None = None) -> StreamParser | None:
+    def create(cls, parser_cls: type | None, tokenizer: Any, vllm_request,
+               prompt_token_ids: Sequence[int]) -> StreamParser | None:
         """A parser for one stream, or None when the stream is plain content."""
         kind = tool_choice_kind(vllm_request)
-        if named_or_required is not None and not named_or_required and kind in ("named", "required"):
-            kind = None
         if parser_cls is not None:
             parser = parser_cls(tokenizer, vllm_request.tools, chat_template_kwargs=chat_template_kwargs(vllm_request))
             return cls(parser, vllm_request, list(prompt_token_ids), kind, tokenizer)
@@ -220,17 +221,20 @@ class StreamParser:
     def feed(self, delta_text: str, delta_token_ids: list[int],
              finished: bool) -> tuple[str, str, list[ToolCallDelta]]:
         """(content, reasoning, tool-call pieces) for one engine delta."""
-        if self._parser is None:
-            message = self._feed_without_parser(delta_text)
-        else:
+        content, reasoning, calls = delta_text, "", []
+        if self._parser is not None:
             message = self._parser.parse_delta(delta_text, list(delta_token_ids), self._request,
                                                self._prompt_token_ids, finished=finished)
-        if message is None:
-            return "", "", []
-        calls = [_tool_call_delta(call) for call in message.tool_calls or []]
-        if calls:
+            content = (message.content or "") if message else ""
+            reasoning = (message.reasoning or "") if message else ""
+            calls = (message.tool_calls or []) if message else []
+        if self._calls_from_content and content:
+            message = self._tool_calls_from(content)
+            content, calls = "", (message.tool_calls or []) if message else []
+        pieces = [_tool_call_delta(call) for call in calls]
+        if pieces:
             self.tools_streamed = True
-        return message.content or "", message.reasoning or "", calls
+        return content, reasoning, pieces
 
     def finish_reason(self, engine_reason: str) -> str:
         """vLLM's streamed finish_reason: "tool_calls" once a tool call was streamed and the
@@ -239,7 +243,7 @@ class StreamParser:
             return "tool_calls"
         return engine_reason
 
-    def _feed_without_parser(self, delta_text: str):
+    def _tool_calls_from(self, delta_text: str):
         from vllm.tool_parsers.streaming import (
             extract_named_tool_call_streaming,
             extract_required_tool_call_streaming,
