@@ -102,6 +102,29 @@ async def test_completion_echo_puts_the_prompt_on_the_first_chunk(client):
     assert all(c.prompt_text is None for c in chunks[1:]) and tokens == 5
 
 
+async def test_a_resumed_openai_request_spends_the_tokens_it_already_has(client):
+    """Migration: the tokens another worker sent count against the body's max_tokens."""
+    body = {"ignore_eos": True, "max_tokens": 20, "temperature": 0}
+    _, tokens, chunks = await answer(client, chat_request("whole", "Count to ten.", body))
+    sent = [t for c in chunks for t in c.token_ids][:8]
+    resumed = chat_request("resumed", "Count to ten.", body)
+    resumed.inputs[0].resume_token_ids = sent
+    _, rest, _ = await answer(client, resumed)
+    assert (tokens, rest) == (20, 12)
+
+
+async def test_a_named_tool_choice_streams_a_call_of_that_tool(client):
+    """SmolLM2 has no tool parser: vLLM's JSON schema of the tool constrains the answer."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+    body = {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "max_tokens": 60, "temperature": 0}
+    _, _, chunks = await answer(client, chat_request("tool", "What is the weather in Paris?", body))
+    calls = [call for c in chunks for call in c.tool_calls or []]
+    assert calls and calls[0].name == "get_weather"
+    assert "city" in json.loads("".join(call.arguments for call in calls))
+
+
 @pytest.mark.parametrize("body, param, needle", [
     ({"top_k": "x"}, "top_k", "top_k"),
     ({"min_p": 5}, None, "min_p"),
