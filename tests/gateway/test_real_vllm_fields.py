@@ -55,6 +55,18 @@ async def test_ignore_eos_generates_exactly_max_tokens(served):
     assert reply.choices[0].finish_reason == "length"
 
 
+async def test_an_engine_field_vllm_refuses_is_a_400_naming_it(served):
+    """The gateway forwards engine fields unjudged; vLLM's validator on the worker names the field."""
+    client, model = served
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                             extra_body={"ignore_eos": "perhaps"})
+    assert info.value.body["param"] == "ignore_eos"
+    reply = await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4)
+    assert reply.choices[0].message.content is not None
+
+
 async def test_completion_echo_starts_with_the_prompt(served):
     client, model = served
     reply = await client.completions.create(model=model, prompt="The capital of France is", max_tokens=4,
