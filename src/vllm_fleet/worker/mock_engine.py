@@ -74,7 +74,7 @@ class MockEngine(Engine):
         self._tokens_out = 0
         self._started = time.monotonic()
         self._alive = False
-        self._tokenizer = None       # a real tokenizer, with mock_tokenizer
+        self.tokenizer = None        # a real tokenizer, with mock_tokenizer
         self._script: MockScript | None = None
 
     async def start(self) -> None:
@@ -83,7 +83,7 @@ class MockEngine(Engine):
         if self.config.mock_tokenizer:
             from vllm_fleet.worker.parsing import parser_class
 
-            self._tokenizer = load_tokenizer(self.config.mock_tokenizer)
+            self.tokenizer = load_tokenizer(self.config.mock_tokenizer)
             self.parser_cls = parser_class(self.config.tool_call_parser, self.config.reasoning_parser,
                                            enable_auto_tool_choice=self.config.enable_auto_tool_choice,
                                            tokenizer=self.tokenizer)
@@ -108,10 +108,6 @@ class MockEngine(Engine):
     @property
     def max_model_len(self) -> int:
         return self.config.max_model_len or self.config.mock_max_model_len
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
 
     @property
     def vocab_size(self) -> int:
