@@ -57,7 +57,9 @@ class RequestStream:
         self._prompt_lens = [item.prompt_len for item in inputs]
         self._held = [item.held for item in inputs]
         self._resumed = [item.stop_resume for item in inputs]
-        self._cut: set[int] = set()  # inputs a stop string across a migration ended (stop_resume.py)
+        # Inputs a stop string across a migration ended (stop_resume.py): the service stops their
+        # engine requests.
+        self.cut_inputs: set[int] = set()
         self._parsers = _StreamParsers(inputs)
         # A resumed stream's client has the echoed prompt already, from the first worker.
         self._echo = [None if item.held is not None or len(item.prompt_token_ids) > item.prompt_len
@@ -102,8 +104,8 @@ class RequestStream:
                     self._metrics.itl.observe((now - self._last_chunk_at) / len(chunk.token_ids))
                 self._last_chunk_at = now
                 chunks.append(chunk)
-        if resumed is not None and resumed.ended and index not in self._cut:
-            self._cut.add(index)  # over for the service, which stops its engine request with the stream
+        if resumed is not None and resumed.ended and index not in self.cut_inputs:
+            self.cut_inputs.add(index)
             self.open_inputs -= 1
         if now - self._reported_at >= TOKEN_REPORT_S:
             self._report_tokens(now)
@@ -129,7 +131,7 @@ class RequestStream:
 
     def on_end(self, index: int, aborted: bool) -> list[Chunk]:
         """Input `index` is over; an aborted one ends each of its unfinished samples with "abort"."""
-        if index in self._cut:
+        if index in self.cut_inputs:
             return []  # counted as over when its stop string matched
         self.open_inputs -= 1
         if not aborted:

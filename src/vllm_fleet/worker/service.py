@@ -165,6 +165,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 match await _next_event(events, stream.next_deadline(), loop):
                     case Deltas(index, deltas):
                         chunks = stream.on_deltas(index, deltas, loop.time())
+                        if index in stream.cut_inputs:  # ended early at a stop string (stop_resume.py)
+                            _cancel_pump(active, f"{request_id}-{index}")
                     case Ended(index, aborted):
                         chunks = stream.on_end(index, aborted)
                     case Failed(_, error):
@@ -284,6 +286,12 @@ async def _next_event(events: asyncio.Queue[StreamEvent], deadline: float | None
         return await asyncio.wait_for(events.get(), max(0.0, deadline - loop.time()))
     except TimeoutError:
         return None
+
+
+def _cancel_pump(active: _Active, engine_id: str) -> None:
+    """Stop one input's pump, which aborts its engine request."""
+    if engine_id in active.engine_ids:
+        active.tasks[active.engine_ids.index(engine_id)].cancel()
 
 
 def _end_with(outbox: MuxOutbox, stream: int, status: RequestStatus) -> None:
