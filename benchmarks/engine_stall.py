@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,7 @@ def main() -> int:
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", test, "-m", "slow or not slow"]  # the vLLM case is marked slow
     # This checkout's package, even where the venv's editable install points at another clone.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
-    print("$", " ".join(command), flush=True)
+    print("$", shlex.join(command), flush=True)
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     figures = [line.strip() for line in run.stdout.splitlines() if line.strip().startswith("[figure]")]
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
@@ -52,7 +53,7 @@ def _save(command: list[str], run: subprocess.CompletedProcess) -> None:
                            text=True).stdout.strip()
     today = datetime.date.today().isoformat()
     path = ROOT / "benchmarks" / "results" / f"engine-stall-{today}.txt"
-    header = [f"# command: {' '.join(command)}", f"# via: python benchmarks/engine_stall.py",
+    header = [f"# command: {shlex.join(command)}", f"# via: python benchmarks/engine_stall.py",
               f"# commit: {commit}{' (tree has uncommitted changes in src/ or tests/)' if dirty else ''}",
               f"# date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
               f"# exit: {run.returncode}", ""]
