@@ -157,3 +157,31 @@ async def test_an_unconstrained_stream_still_migrates(workers, start_gateway):
         reference = (await http.post("/v1/completions", json=body)).json()["choices"][0]["text"]
     assert result.error is None and result.finish_reason == "length"
     assert result.text == reference
+
+
+async def test_a_constrained_request_still_fails_over_before_its_first_token(mock_worker_factory):
+    slow = await mock_worker_factory.start(mock_ttft_ms=20_000)
+    fast = await mock_worker_factory.start(mock_tokens_per_s=200, mock_ttft_ms=5)
+    try:
+        config = RouterConfig(policy="round_robin", first_chunk_timeout_s=0.5, breaker_failures=1, breaker_open_s=600)
+        router = router_for([slow.address, fast.address], config)
+        await router.start()
+        try:
+            await router.wait_ready(timeout=30)
+            await wait_until(lambda: len(router.snapshot().eligible()) == 2, timeout=30, message="both serving")
+            streams = []
+            for number in range(2):  # round robin: one of them starts on the slow worker
+                request = GenerateRequest(f"constrained-{number}", [GenerateInput(text="json please")],
+                                          SamplingParams(max_tokens=10), constrained=True)
+                stream = router.stream(request)
+                async with stream:
+                    chunks = [chunk async for chunk in stream]
+                assert chunks[-1].finish_reason == "length" and sum(len(c.token_ids) for c in chunks) == 10
+                streams.append(stream)
+        finally:
+            await router.close()
+        assert sorted(s.attempts for s in streams) == [1, 2]
+        assert all(s.worker == fast.address for s in streams)
+    finally:
+        slow.stop(timeout=10)
+        fast.stop(timeout=10)
