@@ -11,7 +11,8 @@ from vllm_fleet.worker.prepare import PreparedInput
 from vllm_fleet.worker.request_stream import RequestStream
 from vllm_fleet.worker.stop_resume import earliest_stop, for_resume
 
-PIECES = {100: "<|user|> Where?", 101: "\n", 1: " The", 2: " cap", 3: "ital", 4: " is", 5: " Par", 6: "is", 7: ".", 8: "i", 9: "s", 10: " Rome"}
+PIECES = {100: "<|user|> Where?", 101: "\n",
+          1: " The", 2: " cap", 3: "ital", 4: " is", 5: " Par", 6: "is", 7: ".", 8: "i", 9: "s", 10: " Rome"}
 ANSWER = [1, 2, 3, 4, 5]   # " The capital is Par": vLLM holds back " Par" for the stop "Paris"
 
 

@@ -30,7 +30,8 @@ async def test_a_stop_string_completed_by_held_text_ends_its_input_and_stops_its
             prompt = f"resumed with held text {number}"
             pieces, ids = await _pieces(probe, prompt, 6)
             stop = pieces[2][-2:] + pieces[3][:3]
-            if len(pieces[2]) >= 3 and len(pieces[3]) >= 4 and "".join(pieces).find(stop) == len("".join(pieces[:3])) - 2:
+            spans = "".join(pieces).find(stop) == len("".join(pieces[:3])) - 2
+            if len(pieces[2]) >= 3 and len(pieces[3]) >= 4 and spans:
                 break
         else:
             raise AssertionError("no prompt gave a usable stop string")

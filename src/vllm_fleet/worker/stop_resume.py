@@ -51,9 +51,9 @@ def for_resume(decode: Callable[[list[int]], str], prompt_ids: list[int], resume
     delivered = len(text) if delivered_chars is None else max(0, min(delivered_chars, len(text)))
     if not stops and delivered == len(text):
         return None
-    return StopResume(text, delivered, stops, include_in_output=bool(getattr(params, "include_stop_str_in_output", False)),
-                      min_tokens=getattr(params, "min_tokens", 0) or 0, decode=decode,
-                      context_ids=resumed_ids[-_CONTEXT_TOKENS:])
+    include = bool(getattr(params, "include_stop_str_in_output", False))
+    return StopResume(text, delivered, stops, include_in_output=include, min_tokens=getattr(params, "min_tokens", 0) or 0,
+                      decode=decode, context_ids=resumed_ids[-_CONTEXT_TOKENS:])
 
 
 class StopResume:
