@@ -43,6 +43,25 @@ def env_log_level() -> str:
     return os.environ.get("VLLM_FLEET_LOG_LEVEL", "INFO").upper()
 
 
+def env_hf_hub_cache() -> Path:
+    """The Hugging Face hub cache, by huggingface_hub's own precedence.
+
+    Read at call time (huggingface_hub reads it once at import), so the capacity model and the
+    vLLM workers a node starts look in the same place.
+    """
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if cache:
+        return Path(os.path.expandvars(cache)).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
+
+
+def env_hf_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set: never contact the Hugging Face hub."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
 # ---------------------------------------------------------------------------------------------
 # Engine and worker
 

@@ -40,13 +40,25 @@ def load_inventory(args: argparse.Namespace):
                      cpu=cpu_device())
 
 
+def _plan(inventory, config):
+    """The plan `vllm-fleet node` would run. The model's config.json is looked up where the workers'
+    vLLM would find the model (HF_HUB_CACHE / HF_HOME), so there is no --hf-cache here."""
+    from vllm_fleet.fleet.model_shape import load_shape
+    from vllm_fleet.fleet.plan import build_plan
+
+    shape = load_shape(config.model) if config.engine == "vllm" else None
+    plan = build_plan(inventory, config, shape)
+    if shape is not None and shape.from_builtin:
+        plan.notes.append(f"model config from {shape.source}")
+    return plan
+
+
 def run(args: argparse.Namespace) -> int:
     from vllm_fleet.fleet.config import PlanConfig
-    from vllm_fleet.fleet.plan import build_plan
     from vllm_fleet.fleet.report import inventory_text, plan_text
 
     inventory = load_inventory(args)
-    plan = None if args.no_plan else build_plan(inventory, from_args(PlanConfig, args))
+    plan = None if args.no_plan else _plan(inventory, from_args(PlanConfig, args))
     if args.json:
         out = {"source": inventory.source, "devices": [asdict(d) for d in inventory.devices],
                "cpu": asdict(inventory.cpu) if inventory.cpu else None}

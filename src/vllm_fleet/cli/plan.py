@@ -12,8 +12,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "largest max_num_seqs × max_model_len that fit. Exit status 1 when the plan does not fit.",
     )
     parser.add_argument("--model", default=None,
-                        help="Local model folder (its config.json), or Qwen/Qwen3.5-9B, Qwen/Qwen3-8B, "
-                             "meta-llama/Llama-3.1-8B-Instruct (default: the packaged default model)")
+                        help="Local model folder, or a Hugging Face id read from the HF cache (or the hub when "
+                             "reachable); Qwen/Qwen3.5-9B, Qwen/Qwen3-8B and meta-llama/Llama-3.1-8B-Instruct have "
+                             "built-in copies (default: the packaged default model)")
+    parser.add_argument("--hf-cache", metavar="DIR", default=None,
+                        help="Hugging Face hub cache to read config.json from (default: $HF_HUB_CACHE, "
+                             "else $HF_HOME/hub, else ~/.cache/huggingface/hub)")
+    parser.add_argument("--revision", default=None,
+                        help="Branch, tag or commit of a Hugging Face id (default: main)")
     parser.add_argument("--device", default="cpu",
                         help="GPU name (H200, H100, A100-SXM4-80GB, ...), MIG profile (1g.18gb, 3g.40gb), or cpu")
     parser.add_argument("--memory-gib", type=float, default=None, help="Device memory, if the name is not known")
@@ -45,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization, tensor_parallel_size=args.tensor_parallel_size,
         block_size=args.block_size, enforce_eager=args.enforce_eager,
     )
-    capacity = estimate(load_shape(args.model), device, settings)
+    shape = load_shape(args.model, hf_cache=args.hf_cache, revision=args.revision)
+    capacity = estimate(shape, device, settings)
     print(capacity_text(capacity), end="")
+    print(f"\n{'note: ' if shape.from_builtin else ''}model config from {shape.source}")
     return 0 if capacity.fits else 1

@@ -1,7 +1,7 @@
 """The numbers of a model that decide its memory: layers, heads, dims, dtype, layer kinds.
 
-Read from a Hugging Face `config.json` (a local folder), or from a built-in table for common
-models so `vllm-fleet plan --model Qwen/Qwen3.5-9B` works on a machine with no hub access.
+Read from the model's Hugging Face `config.json`, wherever `model_config.find_model_config`
+finds it (a local folder, the Hugging Face cache, the hub, or a built-in copy).
 Multimodal configs (Qwen3.5) keep the language model under `text_config`; that is what we read.
 Only decoder-only dense models and Qwen3.5/Qwen3-Next hybrid attention are modelled; other
 architectures (MoE, MLA) are read as dense, which misestimates their weights.
@@ -9,43 +9,13 @@ architectures (MoE, MLA) are read as dense, which misestimates their weights.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vllm_fleet.errors import ConfigError
+from vllm_fleet.fleet.model_config import find_model_config
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1, "float8": 1}
-
-# The fields that matter, from the models' published config.json files.
-BUILTIN_CONFIGS: dict[str, dict] = {
-    "Qwen/Qwen3.5-9B": {
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "text_config": {
-            "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
-            "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256, "linear_conv_kernel_dim": 4,
-            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
-            "linear_num_value_heads": 32, "full_attention_interval": 4, "max_position_embeddings": 262144,
-            "tie_word_embeddings": False, "dtype": "bfloat16",
-        },
-    },
-    "Qwen/Qwen3-8B": {
-        "architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096, "intermediate_size": 12288,
-        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-        "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    },
-    "meta-llama/Llama-3.1-8B-Instruct": {
-        "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-        "max_position_embeddings": 131072, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    },
-}
-_ALIASES = {
-    "qwen3.5-9b": "Qwen/Qwen3.5-9B", "qwen3-8b": "Qwen/Qwen3-8B", "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
-    "meta-llama/llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
-    "llama-3.1-8b-instruct": "meta-llama/Llama-3.1-8B-Instruct",
-}
-
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -72,6 +42,8 @@ class ModelShape:
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
     weight_bytes_on_disk: int = 0      # exact, from model.safetensors.index.json, when known
+    source: str = ""                   # where its config.json came from (ModelConfig.source)
+    from_builtin: bool = False         # a built-in copy of the published config, not the model's files
 
     @property
     def is_hybrid(self) -> bool:
@@ -94,26 +66,20 @@ class ModelShape:
         return self.weight_bytes_on_disk or self.parameter_count() * self.dtype_bytes
 
 
-def load_shape(model: str | None) -> ModelShape:
-    """A model's shape from a local folder (its config.json) or the built-in table.
+def load_shape(model: str | None, *, hf_cache: str | Path | None = None, revision: str | None = None) -> ModelShape:
+    """A model's shape from its config.json: a local folder, the HF cache, the hub, or a built-in copy.
 
     `None` means the default model (the packaged SmolLM2, provisioned on first use).
+    `hf_cache` overrides $HF_HUB_CACHE; `revision` is a branch, tag or commit (default main).
+    Raises ModelError naming every place looked when none has it.
     """
     if model is None:
         from vllm_fleet.models import resolve_model
 
         model = resolve_model(None).path
-    folder = Path(model).expanduser()
-    if (folder / "config.json").exists():
-        config = json.loads((folder / "config.json").read_text())
-        return shape_from_config(config, name=folder.name, weight_bytes=_safetensors_bytes(folder))
-    key = _ALIASES.get(model.lower(), model)
-    if key in BUILTIN_CONFIGS:
-        return shape_from_config(BUILTIN_CONFIGS[key], name=key)
-    known = ", ".join(BUILTIN_CONFIGS)
-    raise ConfigError(
-        f"no config.json for model {model!r}: pass a local model folder, or one of the built-in models ({known})"
-    )
+    found = find_model_config(model, hf_cache=hf_cache, revision=revision)
+    shape = shape_from_config(found.config, name=found.name, weight_bytes=found.weight_bytes)
+    return replace(shape, source=found.source, from_builtin=found.builtin)
 
 
 def shape_from_config(config: dict, *, name: str, weight_bytes: int = 0) -> ModelShape:
@@ -123,6 +89,7 @@ def shape_from_config(config: dict, *, name: str, weight_bytes: int = 0) -> Mode
         hidden = int(text["hidden_size"])
         heads = int(text["num_attention_heads"])
         layers = int(text["num_hidden_layers"])
+        vocab = int(text["vocab_size"])
     except KeyError as exc:
         raise ConfigError(f"config.json of {name} lacks {exc.args[0]!r}; is it a decoder-only LLM config?") from None
     kinds = _layer_kinds(text, layers)
@@ -131,7 +98,7 @@ def shape_from_config(config: dict, *, name: str, weight_bytes: int = 0) -> Mode
         name=name,
         architecture=(config.get("architectures") or ["?"])[0],
         dtype_bytes=_DTYPE_BYTES.get(dtype.replace("torch.", ""), 2),
-        vocab_size=int(text["vocab_size"]),
+        vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=int(text.get("intermediate_size") or 4 * hidden),
         num_layers=layers,
@@ -164,10 +131,3 @@ def _layer_kinds(text: dict, layers: int) -> list[str]:
         # Qwen3.5: every `interval`-th layer is full attention, the others Gated DeltaNet.
         return ["attention" if (i + 1) % int(interval) == 0 else "linear" for i in range(layers)]
     return ["attention"] * layers
-
-
-def _safetensors_bytes(folder: Path) -> int:
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        return int(json.loads(index.read_text()).get("metadata", {}).get("total_size") or 0)
-    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
