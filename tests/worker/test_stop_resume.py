@@ -88,11 +88,15 @@ def test_no_stop_string_counts_within_min_tokens():
     assert text == " Paris." and ids == [6, 7]
 
 
-def test_nothing_to_do_without_stop_strings_or_held_text():
+def test_nothing_to_do_without_stop_strings():
     assert resumed([], None) is None
-    late = resumed([], DELIVERED)                # no stop strings, yet text owed: sent first
-    text, _, _ = run(late, [7])
-    assert text == " Par."
+    assert resumed([], DELIVERED) is None        # vLLM holds nothing back then: the count is not trusted
+
+
+def test_held_text_is_sent_even_when_no_stop_string_can_span_the_switch():
+    resume = resumed(["Rome", "xyz"], len(" The capital is Par") - 3)   # " Par" begins neither
+    text, _, _ = run(resume, [7])
+    assert text == "Par."
 
 
 def test_the_earliest_ending_stop_string_wins_then_list_order():

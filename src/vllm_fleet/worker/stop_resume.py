@@ -41,16 +41,18 @@ def stop_strings(params: Any) -> list[str]:
 
 def for_resume(decode: Callable[[list[int]], str], prompt_ids: list[int], resumed_ids: list[int],
                delivered_chars: int | None, params: Any) -> StopResume | None:
-    """The StopResume of a resumed input, or None when it has nothing to do (no held text and
-    no stop string). `resumed_ids` are the resumed tokens the engine gets as prompt (those of a
-    character cut in half are regenerated: resume.py); `params` is the engine's parameters."""
-    if not resumed_ids:
-        return None
+    """The StopResume of a resumed input, or None when it has nothing to do. `resumed_ids` are
+    the resumed tokens the engine gets as prompt (those of a character cut in half are
+    regenerated: resume.py); `params` is the engine's parameters.
+
+    Without stop strings vLLM holds no text back, so there is nothing to do whatever the count:
+    the held text is found by decoding, which need not match the streamed text character for
+    character in every tokenizer, and is only trusted where it is needed."""
     stops = stop_strings(params)
+    if not resumed_ids or not stops:
+        return None
     text = _continuation(decode, prompt_ids[-_CONTEXT_TOKENS:], resumed_ids)
     delivered = len(text) if delivered_chars is None else max(0, min(delivered_chars, len(text)))
-    if not stops and delivered == len(text):
-        return None
     include = bool(getattr(params, "include_stop_str_in_output", False))
     return StopResume(text, delivered, stops, include_in_output=include, min_tokens=getattr(params, "min_tokens", 0) or 0,
                       decode=decode, context_ids=resumed_ids[-_CONTEXT_TOKENS:])
