@@ -30,6 +30,7 @@ from vllm_fleet.gateway.keys import KeyStore
 from vllm_fleet.gateway.reload import LimitsSource, Reloader
 from vllm_fleet.registry import Registry
 from vllm_fleet.router import Router, RouterConfig
+from vllm_fleet.router.quota import fleet_quota_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +81,10 @@ class GatewayServer:
         metrics_registry = CollectorRegistry(auto_describe=True)
         # The router owns (starts and closes) the registry.
         self.clients = ClientPool(worker_client_options(config))
+        # --fleet-quota: key limits shared with the other gateways through ZooKeeper leases.
+        self.quota = fleet_quota_from_config(loaded.admission, metrics_registry)
         self.router = Router(registry, router_config.model_copy(update={"admission": loaded.admission}), self.clients,
-                             metrics_registry=metrics_registry)
+                             metrics_registry=metrics_registry, quota=self.quota)
         self.reloader.bind(self.router, self.keys)
         self.app = GatewayApp(self.router, config, metrics_registry=metrics_registry, keys=self.keys,
                               registry=registry)
@@ -98,6 +101,8 @@ class GatewayServer:
         return f"{scheme}://{host}:{self.port}"
 
     async def start(self) -> None:
+        if self.quota is not None:
+            await self.quota.start()  # ZooKeeper unreachable at start: ConfigError, as for the registry
         await self.router.start()
         try:
             await self.router.wait_ready(timeout=self.ready_timeout_s)
@@ -140,6 +145,8 @@ class GatewayServer:
             self._server.should_exit = True
             await self._task
         await self.router.close()
+        if self.quota is not None:
+            await self.quota.close()  # unspent leases go back to the fleet
         await self.clients.close()
 
 

@@ -12,6 +12,9 @@ Limits can change while the gateway runs (`Admission.update_limits`, on a reload
 file): admitted requests keep their tickets and settle against their key's current bucket;
 a bucket whose limit did not change keeps its level, and one whose limit changed keeps what
 was used of it, so a reload is never a free refill.
+
+With `--fleet-quota zk://...` the key buckets are the fleet's, shared by every gateway through
+leases from ZooKeeper (router/quota.py); the class queues stay this process's own.
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from vllm_fleet.errors import RateLimitedError
 from vllm_fleet.router.config import AdmissionConfig, KeyLimits
 from vllm_fleet.router.features import LONG, SHORT
+
+if TYPE_CHECKING:
+    from vllm_fleet.router.quota import FleetQuota
 
 # Above this many tracked keys, idle (full) buckets are dropped: they carry no state.
 MAX_IDLE_KEYS = 10_000
@@ -56,6 +63,11 @@ class TokenBucket:
         bucket = TokenBucket(per_min, self._clock)
         bucket._level = per_min - (self.capacity - self.level)
         return bucket
+
+    def set_level(self, level: float) -> None:
+        """Hold `level` from now on (at most the capacity): where a fallback share starts."""
+        self._level = min(self.capacity, level)
+        self._updated = self._clock()
 
     def take(self, amount: float) -> None:
         self._level = self.level - amount
@@ -104,17 +116,25 @@ class KeyLimiter:
             buckets.requests = _resized(buckets.requests, limits.requests_per_min, self._clock)
             buckets.tokens = _resized(buckets.tokens, limits.tokens_per_min, self._clock)
 
+    def start_at(self, key: str, requests: float, tokens: float) -> None:
+        """Set `key`'s bucket levels (the fleet quota's fallback starts a key where the fleet left it)."""
+        buckets = self._buckets(key)
+        if buckets.requests is not None:
+            buckets.requests.set_level(requests)
+        if buckets.tokens is not None:
+            buckets.tokens.set_level(tokens)
+
     def reserve(self, key: str, tokens: int) -> None:
         """Take one request and `tokens` from `key`'s buckets, or raise RateLimitedError."""
         buckets = self._buckets(key)
         if buckets.requests is not None and (wait := buckets.requests.wait_for(1)) > 0:
             raise RateLimitedError(
-                f"key {_label(key)} is over its limit of {buckets.requests.capacity:g} requests per minute",
+                f"key {key_label(key)} is over its limit of {buckets.requests.capacity:g} requests per minute",
                 retry_after=wait, reason="requests_per_min",
             )
         if buckets.tokens is not None and (wait := buckets.tokens.wait_for(tokens)) > 0:
             raise RateLimitedError(
-                f"key {_label(key)} is over its limit of {buckets.tokens.capacity:g} tokens per minute "
+                f"key {key_label(key)} is over its limit of {buckets.tokens.capacity:g} tokens per minute "
                 f"(this request reserves {tokens}: prompt estimate + max_tokens; lower max_tokens to fit)",
                 retry_after=wait, reason="tokens_per_min",
             )
@@ -148,7 +168,7 @@ def _resized(bucket: TokenBucket | None, per_min: float | None, clock: Callable[
     return bucket.resized(per_min) if bucket is not None else TokenBucket(per_min, clock)
 
 
-def _label(key: str) -> str:
+def key_label(key: str) -> str:
     # Keys are secrets; errors and logs name only their start.
     return repr(key[:6] + "…") if len(key) > 8 else repr(key)
 
@@ -207,11 +227,18 @@ class ClassQueue:
 
 
 class Admission:
-    """Key budgets, then a class slot. `admit` returns a Ticket that must be finished once."""
+    """Key budgets, then a class slot. `admit` returns a Ticket that must be finished once.
 
-    def __init__(self, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    With a `quota` (router/quota.py), key budgets are the fleet's, shared with other gateways,
+    instead of this process's own `keys`."""
+
+    def __init__(self, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic, *,
+                 quota: FleetQuota | None = None) -> None:
         self.config = config
         self.keys = KeyLimiter(config, clock)
+        self.quota = quota
+        if quota is not None:
+            quota.update(config)
         self.queues = {
             SHORT: ClassQueue(SHORT, config.short_max_in_flight, config.short_queue_size),
             LONG: ClassQueue(LONG, config.long_max_in_flight, config.long_queue_size),
@@ -220,14 +247,17 @@ class Admission:
     async def admit(self, *, key: str | None, workload_class: str, tokens: int, timeout: float | None) -> Ticket:
         limited = key is not None and self.config.limits_keys
         if limited:
-            self.keys.reserve(key, tokens)
+            if self.quota is not None:
+                await self.quota.reserve(key, tokens)
+            else:
+                self.keys.reserve(key, tokens)
         queue = self.queues[workload_class]
         wait = self.config.queue_timeout_s if timeout is None else max(0.0, min(timeout, self.config.queue_timeout_s))
         try:
             await queue.acquire(wait)
         except BaseException:
             if limited:
-                self.keys.settle(key, tokens, 0, refund_request=True)
+                self.settle(key, tokens, 0, refund_request=True)
             raise
         return Ticket(self, key if limited else None, queue, tokens)
 
@@ -238,6 +268,13 @@ class Admission:
         bucket as it is then; see the module docstring on what a change does to a bucket."""
         self.config = self.config.model_copy(update={"default": default, "keys": dict(keys)})
         self.keys.update(self.config)
+        if self.quota is not None:
+            self.quota.update(self.config)
+
+    def settle(self, key: str, reserved: int, used: int, *, refund_request: bool = False) -> None:
+        """Correct `key`'s reservation with the real usage, wherever its budget lives."""
+        (self.quota if self.quota is not None else self.keys).settle(key, reserved, used,
+                                                                     refund_request=refund_request)
 
 
 class Ticket:
@@ -256,4 +293,4 @@ class Ticket:
         self._done = True
         self._queue.release()
         if self._key is not None:
-            self._admission.keys.settle(self._key, self.reserved, used_tokens)
+            self._admission.settle(self._key, self.reserved, used_tokens)

@@ -51,6 +51,21 @@ class AdmissionConfig(FleetModel):
         False,
         description="Route each class only to workers registered with pool 'short' or 'long' (workers without a pool serve both)",
     )
+    fleet_quota: str | None = Field(
+        None, description="zk://host:port[,host:port]/cluster: per-key limits hold for all gateways given the same "
+        "URL together, through leases from ZooKeeper (unset: each gateway enforces them on its own)",
+    )
+    fleet_quota_lease_fraction: float = Field(
+        0.1, gt=0, le=1, description="Fleet quota: a gateway leases at most this fraction of a key's limit divided by "
+        "the number of gateways at a time; bounds what idle gateways hold unspent (under-admission)",
+    )
+    fleet_quota_lease_wait_s: float = Field(
+        1.0, gt=0, description="Fleet quota: longest a request waits for a lease before this gateway falls back to "
+        "its share of the limit (limit / gateways)",
+    )
+    fleet_quota_idle_return_s: float = Field(
+        10.0, gt=0, description="Fleet quota: a key unused on this gateway this long gives its unspent lease back",
+    )
 
     def limits_for(self, key: str) -> KeyLimits:
         return self.keys.get(key, self.default)

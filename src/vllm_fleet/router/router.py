@@ -27,6 +27,7 @@ from vllm_fleet.router.context import Connect, StreamContext
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import make_policy
+from vllm_fleet.router.quota import FleetQuota
 from vllm_fleet.router.pool import Pool
 from vllm_fleet.router.snapshot import SERVING, PoolSnapshot
 from vllm_fleet.router.stream import RoutedStream
@@ -42,11 +43,13 @@ class Router:
     Metrics go to `metrics_registry` (default: prometheus_client's global registry).
     `connect(address)` gives the client each stream attempt goes through (default: the
     ClientPool's `get`); health, Info and Load polling always use the ClientPool.
+    `quota` (started and closed by the caller) makes key budgets fleet-wide (router/quota.py).
     """
 
     def __init__(self, registry: Registry, config: RouterConfig | None = None, pool: ClientPool | None = None, *,
                  own_registry: bool = True, metrics_registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.monotonic, connect: Connect | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, connect: Connect | None = None,
+                 quota: FleetQuota | None = None) -> None:
         self.registry = registry
         self.config = config or RouterConfig()
         self.clients = pool or ClientPool()
@@ -56,7 +59,7 @@ class Router:
         self._policy = make_policy(self.config.policy, load_bound=self.config.affinity_load_bound)
         self._budget = RetryBudget(ratio=self.config.retry_budget_ratio, min_per_s=self.config.retry_budget_min_per_s,
                                    window_s=self.config.retry_budget_window_s, clock=clock)
-        self._admission = Admission(self.config.admission, clock=clock)
+        self._admission = Admission(self.config.admission, clock=clock, quota=quota)
         self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock)
         self._tickets = itertools.count()
         self._context = StreamContext(

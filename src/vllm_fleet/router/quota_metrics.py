@@ -1,0 +1,32 @@
+"""Prometheus metrics of the fleet-wide quota (router/quota.py), in the gateway's registry.
+
+    vllm_fleet_quota_fallback        1 while this gateway admits from its local share (ZooKeeper unreachable)
+    vllm_fleet_quota_gateways        gateways sharing the quota, as last seen in ZooKeeper
+    vllm_fleet_quota_leases_total    leases by result: granted, refused, returned, unavailable
+
+One QuotaMetrics exists per prometheus registry, as for RouterMetrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+_by_registry: dict[int, QuotaMetrics] = {}
+
+
+class QuotaMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        common = {"namespace": "vllm_fleet", "subsystem": "quota", "registry": registry}
+        self.fallback = Gauge("fallback", "1 while this gateway admits keys from its local share of their limits "
+                              "because ZooKeeper does not answer, else 0", **common)
+        self.gateways = Gauge("gateways", "Gateways sharing the fleet-wide quota, as last seen in ZooKeeper", **common)
+        self.leases = Counter("leases", "Quota leases by result (granted, refused, returned, unavailable)",
+                              ["result"], **common)
+
+    @classmethod
+    def for_registry(cls, registry: CollectorRegistry | None = None) -> QuotaMetrics:
+        registry = registry or REGISTRY
+        metrics = _by_registry.get(id(registry))
+        if metrics is None:
+            metrics = _by_registry[id(registry)] = cls(registry)
+        return metrics
