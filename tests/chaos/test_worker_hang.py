@@ -15,6 +15,7 @@ import pytest
 from chaos_support import collect, router_for, text_request
 from support import wait_until
 from vllm_fleet.router import RouterConfig
+from vllm_fleet.router.watchdog import PATIENCE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,3 +52,31 @@ async def test_sigstopped_worker_is_detected_and_avoided(workers):
             victim.signal(signal.SIGCONT)
     print(f"\n[figure] SIGSTOP: detection {detection_s * 1000:.0f} ms (health poll 0.5 s), "
           f"requests sent to it after detection {sent_after}/20, its 8 in-flight streams migrated")
+
+
+async def test_streams_leave_a_worker_whose_engine_stalls_even_if_it_stays_serving(workers, tmp_path):
+    """The worker's own stall check is off (an older worker): it stays SERVING and its Load keeps
+    reporting the requests it holds. Held requests are not progress, so the router's watchdog moves
+    the streams at the stall limit, not after PATIENCE times it."""
+    stall_file = tmp_path / "stall"
+    victim, = await workers(1, mock_tokens_per_s=40, mock_ttft_ms=5, mock_stall_file=str(stall_file),
+                            no_engine_stall_check=True)
+    healthy, = await workers(1, mock_tokens_per_s=40, mock_ttft_ms=5)
+    stall_limit = 10.0
+    config = RouterConfig(policy="round_robin", health_poll_interval_s=0.5, load_poll_interval_s=0.5,
+                          stall_timeout_s=stall_limit, first_chunk_timeout_s=600)
+    async with router_for([victim.address, healthy.address], config) as router:
+        await wait_until(lambda: len(router.snapshot().eligible()) == 2, timeout=20, message="both workers serving")
+        firsts = [asyncio.Event() for _ in range(8)]
+        streams = [router.stream(text_request(f"held-{i}", f"p{i}", 400)) for i in range(8)]
+        in_flight = [asyncio.ensure_future(collect(s, first)) for s, first in zip(streams, firsts)]
+        await wait_until(lambda: all(f.is_set() for f in firsts), timeout=20, message="every stream's first chunk")
+        stall_file.touch()
+        # Done well before PATIENCE × the limit (60 s), which the stale `running > 0` used to earn.
+        await wait_until(lambda: all(t.done() for t in in_flight), timeout=(PATIENCE - 1.5) * stall_limit,
+                         message="every stream finished elsewhere")
+        answers = [t.result() for t in in_flight]
+        assert router.snapshot().get(victim.address).state == "serving"  # it never said otherwise
+    assert all(finish == "length" for _, finish in answers)
+    assert sum(s.migrations for s in streams) >= 4
+    stall_file.unlink()

@@ -60,8 +60,11 @@ class StallWatchdog:
             self._handle = self._loop.call_at(now + self._limit, self._check)
             return
         waited = now - since
-        if waited < self._limit or (waited < PATIENCE * self._limit and self._progressing()):
-            self._handle = self._loop.call_at(max(since + self._limit, now + self._limit / 4), self._check)
+        if waited < self._limit:  # a newer read, or the loop ran this a hair early: look at its limit
+            self._handle = self._loop.call_at(since + self._limit, self._check)
+            return
+        if waited < PATIENCE * self._limit and self._progressing():
+            self._handle = self._loop.call_at(now + self._limit / 4, self._check)
             return
         self.fired = True
         if self._task is not None:

@@ -15,6 +15,7 @@ tool/reasoning parsers, and with `mock_script` answers every prompt with the scr
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import os
 import time
@@ -46,6 +47,7 @@ _WORDS = (
 VOCAB = _SPECIALS + [" " + w for w in _WORDS]
 EOS = 0
 _STEP_S = 0.01
+RATE_WINDOW_S = 5  # Load's output tokens/s covers this many seconds
 
 
 def mock_next_token(previous: list[int], sample: int, first: bool) -> int:
@@ -71,8 +73,9 @@ class MockEngine(Engine):
         self._slots = asyncio.Semaphore(config.max_num_seqs) if config.max_num_seqs else None
         self._waiting = 0
         self._tasks: dict[str, asyncio.Event] = {}
-        self._tokens_out = 0
-        self._started = time.monotonic()
+        # [second, tokens] of the last seconds: Load's rate is over RATE_WINDOW_S, as the real
+        # engine's is, so a stalled mock reports 0 tokens/s rather than a lifetime average.
+        self._recent: collections.deque[list[int]] = collections.deque()
         self._alive = False
         self.tokenizer = None        # a real tokenizer, with mock_tokenizer
         self._script: MockScript | None = None
@@ -183,7 +186,7 @@ class MockEngine(Engine):
                 if self.config.mock_stall_file:
                     await _wait_while_exists(self.config.mock_stall_file)
                 count = len(deltas[0].token_ids)
-                self._tokens_out += count * n
+                self._count_output(count * n)
                 yield deltas
                 next_step += count / self.config.mock_tokens_per_s
                 await asyncio.sleep(max(0.0, next_step - time.monotonic()))
@@ -231,14 +234,23 @@ class MockEngine(Engine):
         # Requests are aborted by cancelling their consumer; nothing else holds state.
         return None
 
+    def _count_output(self, tokens: int) -> None:
+        second = int(time.monotonic())
+        if self._recent and self._recent[-1][0] == second:
+            self._recent[-1][1] += tokens
+            return
+        self._recent.append([second, tokens])
+        while self._recent[0][0] <= second - RATE_WINDOW_S:
+            self._recent.popleft()
+
     def load(self) -> WorkerLoad:
-        elapsed = max(1e-3, time.monotonic() - self._started)
+        since = int(time.monotonic()) - RATE_WINDOW_S
         capacity = self.config.max_num_seqs or 256
         return WorkerLoad(
             running=self._active,
             waiting=self._waiting,
             kv_cache_usage=min(1.0, self._active / capacity),
-            output_tokens_per_s=self._tokens_out / elapsed,
+            output_tokens_per_s=sum(n for second, n in self._recent if second > since) / RATE_WINDOW_S,
         )
 
     @property
