@@ -8,6 +8,7 @@ included. A resumed input's budget comes off vLLM's params too.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +23,7 @@ from vllm_fleet.worker.openai_request import build_vllm_request, request_body
 from vllm_fleet.worker.prepare import prepare_input
 from vllm_fleet.worker.sampling import truncate_prompt, vllm_sampling_params
 from vllm_fleet.worker.validation import Limits, validate_request
+from vllm_fleet.worker.vllm_prompt import VllmPrompts
 
 pytest.importorskip("vllm")
 
@@ -204,3 +206,16 @@ async def test_a_resumed_input_spends_its_tokens_from_vllms_params():
     prepared = await prepare_input(engine, 0, request)
     assert (prepared.engine_params.max_tokens, prepared.engine_params.min_tokens) == (7, 2)
     assert prepared.prompt_token_ids[-3:] == resume and prepared.prompt_len == 3
+
+
+@pytest.mark.parametrize("body", [{"chat_template": "{{ 'x' }}"}, {"chat_template_kwargs": {"chat_template": "x"}}])
+async def test_a_request_may_not_bring_its_own_chat_template(body):
+    """As vllm serve without --trust-request-chat-template; refused before anything is rendered."""
+    model_config = SimpleNamespace(generation_config="auto", max_model_len=2048)
+    llm = SimpleNamespace(vllm_config=SimpleNamespace(model_config=model_config))
+    prompts = VllmPrompts(llm, object(), {}, parser_cls=None, enable_auto_tool_choice=False)
+    request = GenerateRequest("r", [GenerateInput(messages=USER)],
+                              openai=OpenAIOptions("chat", json.dumps(body).encode()))
+    with pytest.raises(InvalidRequestError) as refused:
+        await prompts.prepare(request.inputs[0], request)
+    assert refused.value.param == "chat_template"

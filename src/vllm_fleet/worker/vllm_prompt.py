@@ -129,6 +129,12 @@ class VllmPrompts:
 
     async def _render_chat(self, request: Any) -> tuple[list[int], str | None]:
         """The chat prompt through vLLM's renderer, with the same template arguments as vllm serve."""
+        # As vllm serve without --trust-request-chat-template: the model's template only (a
+        # template is code the worker would run).
+        kwargs = request.chat_template_kwargs or {}
+        if request.chat_template is not None or kwargs.get("chat_template") is not None:
+            raise InvalidRequestError("a request may not bring its own chat template; the model's is used",
+                                      param="chat_template")
         tool_dicts = None if request.tools is None else [tool.model_dump() for tool in request.tools]
         try:
             chat_params = request.build_chat_params(None, CHAT_TEMPLATE_CONTENT_FORMAT).with_defaults(
