@@ -56,6 +56,11 @@ def env_hf_hub_cache() -> Path:
     return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
+def env_hf_endpoint() -> str:
+    """The Hugging Face hub's address: $HF_ENDPOINT (a mirror) or https://huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
 def env_hf_offline() -> bool:
     """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set: never contact the Hugging Face hub."""
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""

@@ -40,3 +40,5 @@ def test_gpus_plans_a_recorded_machine_as_json(capsys):
     assert first["env"] == {"CUDA_VISIBLE_DEVICES": "MIG-GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77/1/0"}
     assert first["argv"][first["argv"].index("--max-model-len") + 1] == "8192"
     assert first["capacity"]["kv_tokens"] > 8192
+    # no Qwen3-8B in the (empty) HF cache and no hub: the plan says its numbers come from a built-in copy
+    assert any(note.startswith("model config from a built-in copy") for note in out["notes"])

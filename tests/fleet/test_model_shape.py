@@ -5,11 +5,13 @@ huggingface_hub layout (refs → commit → snapshot symlinks into blobs); no te
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -125,15 +127,13 @@ def test_offline_with_an_empty_cache_says_where_it_looked_and_what_to_do(hf_cach
 
 
 def test_an_unreachable_hub_fails_fast_with_its_error(hf_cache, monkeypatch):
-    import huggingface_hub.constants
-
     with socket.socket() as probe:  # a port nothing listens on: the connection is refused at once
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     monkeypatch.delenv("HF_HUB_OFFLINE")
     for proxy in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(proxy, raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     with pytest.raises(ModelError) as caught:
         load_shape("acme/Missing-7B")
     assert f"hub: http://127.0.0.1:{port} unreachable (127.0.0.1:{port}:" in str(caught.value)
@@ -165,3 +165,64 @@ def test_node_dry_run_plans_a_cached_model(hf_cache):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "plan for acme/Tiny (1 workers" in done.stdout
+
+
+class _FakeHub(http.server.BaseHTTPRequestHandler):
+    """The hub's `/{repo}/resolve/{revision}/{file}` endpoint for one repo: what hf_hub_download asks."""
+
+    files = {"/acme/Remote/resolve/main/config.json": json.dumps(TINY).encode(),
+             "/acme/Remote/resolve/main/model.safetensors.index.json":
+                 json.dumps({"metadata": {"total_size": 3 * 1024**3}}).encode()}
+
+    def do_HEAD(self):
+        self._answer(send_body=False)
+
+    def do_GET(self):
+        self._answer(send_body=True)
+
+    def _answer(self, send_body: bool) -> None:
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("X-Repo-Commit", MAIN_COMMIT)
+        self.send_header("ETag", f'"{hashlib.sha256(body).hexdigest()}"')
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+
+    def log_message(self, *args):  # keep test output clean
+        pass
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    import huggingface_hub.constants
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    for proxy in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(proxy, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    # huggingface_hub read HF_HUB_OFFLINE once, at import, under this suite's offline fixture
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    yield
+    server.shutdown()
+    server.server_close()
+
+
+def test_hub_download_fills_the_cache_when_the_hub_answers(hf_cache, fake_hub):
+    shape = load_shape("acme/Remote")
+    assert (shape.num_layers, shape.weight_bytes()) == (30, 3 * 1024**3)
+    snapshot = hf_cache / "models--acme--Remote" / "snapshots" / MAIN_COMMIT
+    assert shape.source == f"the hub, now cached in {snapshot}"
+    assert json.loads((snapshot / "config.json").read_text()) == TINY
+    with pytest.raises(ModelError, match="hub: RepositoryNotFoundError"):
+        load_shape("acme/Elsewhere")

@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_fleet.config import env_hf_hub_cache, env_hf_offline
+from vllm_fleet.config import env_hf_endpoint, env_hf_hub_cache, env_hf_offline
 from vllm_fleet.errors import ModelError
 
 logger = logging.getLogger(__name__)
@@ -139,23 +139,25 @@ def _from_hub(repo_id: str, cache: Path, revision: str | None, looked: list[str]
         looked.append("hub: not asked, HF_HUB_OFFLINE is set")
         return None
     try:
-        from huggingface_hub import constants, hf_hub_download
+        from huggingface_hub import hf_hub_download
     except ImportError:
         looked.append("hub: not asked, huggingface_hub is not installed")
         return None
-    unreachable = _unreachable(constants.ENDPOINT, HUB_PROBE_TIMEOUT_S)
+    endpoint = env_hf_endpoint()
+    unreachable = _unreachable(endpoint, HUB_PROBE_TIMEOUT_S)
     if unreachable:
-        looked.append(f"hub: {constants.ENDPOINT} unreachable ({unreachable})")
+        looked.append(f"hub: {endpoint} unreachable ({unreachable})")
         return None
     try:
-        path = hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache, etag_timeout=HUB_TIMEOUT_S)
+        path = hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache, endpoint=endpoint,
+                               etag_timeout=HUB_TIMEOUT_S)
     except (OSError, ValueError) as exc:  # huggingface_hub's not-found / gated / HTTP errors are OSErrors
-        looked.append(f"hub: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        looked.append(f"hub: {_first_line(exc)}" + (f" ({_first_line(exc.__cause__)})" if exc.__cause__ else ""))
         return None
     weights = 0
     try:
         weights = _index_bytes(Path(hf_hub_download(repo_id, _INDEX, revision=revision, cache_dir=cache,
-                                                    etag_timeout=HUB_TIMEOUT_S)))
+                                                    endpoint=endpoint, etag_timeout=HUB_TIMEOUT_S)))
     except (OSError, ValueError):
         logger.info("%s has no %s on the hub; weights are counted from its config", repo_id, _INDEX)
     return ModelConfig(name=_display(repo_id, revision), config=_read_json(Path(path)),
@@ -214,6 +216,11 @@ def _not_found(model: str, repo_id: str, revision: str | None, looked: list[str]
 
 def _download_command(repo_id: str, revision: str | None) -> str:
     return f"hf download {repo_id} config.json {_INDEX}" + (f" --revision {revision}" if revision else "")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def _display(repo_id: str, revision: str | None) -> str:
