@@ -139,7 +139,7 @@ def test_an_unreachable_hub_fails_fast_with_its_error(hf_cache, monkeypatch):
     assert f"hub: http://127.0.0.1:{port} unreachable (127.0.0.1:{port}:" in str(caught.value)
 
 
-def test_local_folder_comes_first(hf_cache, tmp_path, capsys):
+def test_local_folder_comes_first(hf_cache, tmp_path):
     folder = tmp_path / "acme" / "Tiny"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({**TINY, "num_hidden_layers": 3}))
