@@ -54,6 +54,7 @@ class HttpConnection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.answered = False  # whether the current request got a status line
+        self.events = 0  # SSE data events received over this connection
 
     async def open(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
@@ -90,6 +91,7 @@ class HttpConnection:
             data = await self.reader.readexactly(size + 2)
             if size == 0:
                 return ttft, tokens
+            self.events += data.count(b"data: {")
             if ttft is None and b'"text":"' in data and b'"text":""' not in data:
                 ttft = time.perf_counter() - started
             pending += data[:-2]

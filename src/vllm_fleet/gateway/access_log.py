@@ -43,6 +43,8 @@ class RequestRecord:
     error: str | None = None
 
     def emit(self) -> None:
+        if not logger.isEnabledFor(logging.INFO):  # building the fields costs more than the check
+            return
         duration_ms = (time.perf_counter() - self.started) * 1000
         fields = {
             "request_id": self.request_id, "method": self.method, "path": self.path, "status": self.status,

@@ -9,7 +9,6 @@ the handler abort the worker request — as soon as the client goes away.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -121,27 +120,34 @@ class StreamResponse:
 
 
 async def until_disconnect(http: HttpRequest, work: Awaitable) -> object:
-    """Run `work`; if the client disconnects first, cancel it and raise ClientGone.
+    """Run `work` in this task; if the client disconnects first, cancel it and raise ClientGone.
 
     Cancelling the handler is what makes a gone client abort its worker request: the handler's
-    `finally` closes the router stream, which cancels the gRPC call.
+    `finally` closes the router stream, which cancels the gRPC call. The work runs in the
+    caller's task and one watcher task cancels it: one task per request, not two.
     """
-    task = asyncio.ensure_future(work)
+    current = asyncio.current_task()
+    gone = finished = False
+
+    def on_disconnect(_: asyncio.Future) -> None:
+        nonlocal gone
+        # `finished`: a callback already scheduled when the work returned must not cancel what
+        # this task does next.
+        if not finished and not watcher.cancelled() and watcher.exception() is None:
+            gone = True
+            current.cancel()
+
     watcher = asyncio.ensure_future(_wait_disconnect(http))
+    watcher.add_done_callback(on_disconnect)
     try:
-        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        raise ClientGone()
+        return await work
+    except asyncio.CancelledError:
+        # Ours (the client left) unless someone else cancelled this task too (server shutdown).
+        if gone and current.uncancel() == 0:
+            raise ClientGone() from None
+        raise
     finally:
-        if not task.done():
-            # We were cancelled ourselves (server shutdown): take the work down with us.
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        finished = True
         watcher.cancel()
 
 

@@ -1,7 +1,9 @@
 """Server-sent events in OpenAI's streaming format, built without re-parsing anything.
 
 Each event is a preformatted prefix (id, object, created, model: fixed for the request) plus
-`json.dumps` of one small choice dict. A worker chunk may carry several coalesced tokens; it
+the JSON of one small choice dict, encoded by orjson (a tenth of json.dumps' cost; identical bytes
+for the strings, ints, bools and nulls of an event). Events with logprobs keep json's encoder: its
+float spelling (1e-05, -Infinity) is what clients saw before. A worker chunk may carry several coalesced tokens; it
 becomes one event, whose delta has the chunk's content, `reasoning` (the key vLLM 0.32 sends)
 and `tool_calls` pieces. The stream ends with an optional usage event and `data: [DONE]`; an error
 after the first byte becomes an error event, then `[DONE]`.
@@ -10,6 +12,8 @@ after the first byte becomes an error event, then `[DONE]`.
 from __future__ import annotations
 
 import json
+
+import orjson
 
 from vllm_fleet.gateway.api_error import ApiError
 from vllm_fleet.gateway.formats import DONE, CompletionLogprobs, UsageTally, chat_logprobs, tool_call_deltas
@@ -31,6 +35,8 @@ class StreamEncoder:
         # '{"id":...,"model":"m"' — the rest of each event is appended to this fixed head.
         self._head = "data: " + _dumps(head)[:-1] + ',"choices":['
         self._tail = ',"usage":null}\n\n' if plan.include_usage else "}\n\n"
+        self._head_bytes = self._head.encode()
+        self._tail_bytes = b"]" + self._tail.encode()
         self._started: set[int] = set()
         self._completion_logprobs: dict[int, CompletionLogprobs] = {}
 
@@ -47,7 +53,9 @@ class StreamEncoder:
             # vLLM's continuous_usage_stats: this choice's usage so far on every event.
             usage = _dumps(self.usage.body_of(chunk.index, chunk.sample))
             return (self._head + _dumps(body) + '],"usage":' + usage + "}\n\n").encode()
-        return (self._head + _dumps(body) + "]" + self._tail).encode()
+        if chunk.logprobs is not None:
+            return (self._head + _dumps(body) + "]" + self._tail).encode()
+        return self._head_bytes + orjson.dumps(body) + self._tail_bytes
 
     def _chat_choice(self, choice: int, chunk: Chunk, first: bool) -> dict:
         delta: dict = {}
