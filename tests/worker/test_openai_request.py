@@ -219,3 +219,20 @@ async def test_a_request_may_not_bring_its_own_chat_template(body):
     with pytest.raises(InvalidRequestError) as refused:
         await prompts.prepare(request.inputs[0], request)
     assert refused.value.param == "chat_template"
+
+
+async def test_the_typed_n_frames_an_openai_request_as_the_router_resumes_one_sample():
+    """Migration of an n=3 request resumes each sample alone: typed n=1, body still n=3."""
+    model_config = SimpleNamespace(generation_config="auto", max_model_len=2048, is_encoder_decoder=False)
+    renderer = SimpleNamespace()
+
+    async def render_cmpl_async(prompts, tok_params):
+        return [{"type": "token", "prompt_token_ids": [5, 6, 7]}]
+
+    renderer.render_cmpl_async = render_cmpl_async
+    llm = SimpleNamespace(vllm_config=SimpleNamespace(model_config=model_config), renderer=renderer)
+    prompts = VllmPrompts(llm, object(), {}, parser_cls=None, enable_auto_tool_choice=False)
+    request = GenerateRequest("r", [GenerateInput(token_ids=[5, 6, 7])], SamplingParams(n=1),
+                              openai=OpenAIOptions("completion", b'{"n": 3, "max_tokens": 4}'))
+    prompt = await prompts.prepare(request.inputs[0], request)
+    assert prompt.params.n == 1 and prompt.params.max_tokens == 4 and prompt.prompt_token_ids == [5, 6, 7]

@@ -65,7 +65,7 @@ class VllmPrompts:
 
     async def prepare(self, item: GenerateInput, request: GenerateRequest) -> EnginePrompt:
         if request.openai is not None:
-            return await self._openai(item, request.openai)
+            return await self._openai(item, request.openai, request.params.n or 1)
         params = vllm_sampling_params(request.params, self._defaults)
         prompt_ids = truncate_prompt(await self.tokenize(item), request.params.truncate_prompt_tokens,
                                      self._model_config.max_model_len, params.max_tokens)
@@ -95,7 +95,7 @@ class VllmPrompts:
                                       param="messages") from None
         return self._tokenizer.encode(text, add_special_tokens=False)
 
-    async def _openai(self, item: GenerateInput, openai: OpenAIOptions) -> EnginePrompt:
+    async def _openai(self, item: GenerateInput, openai: OpenAIOptions, samples: int) -> EnginePrompt:
         from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
         from vllm.sampling_params import RequestOutputKind
 
@@ -122,6 +122,9 @@ class VllmPrompts:
         except vllm_error_types() as exc:
             raise invalid_request(exc) from None
         params.output_kind = RequestOutputKind.DELTA
+        # The typed n frames the stream, and the router lowers it to 1 when it resumes each
+        # sample of an n>1 request on its own (the body still says the client's n).
+        params.n = samples
         echo_text = None
         if not chat and request.echo:
             echo_text = prompt_text if prompt_text is not None else self._tokenizer.decode(prompt_ids)
