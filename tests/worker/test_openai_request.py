@@ -60,7 +60,8 @@ def test_messages_carry_their_tool_fields_as_openai_dicts():
 
 
 def test_a_chat_body_becomes_vllms_request_with_its_structured_outputs():
-    request = chat({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}}},
+    schema = {"name": "p", "schema": {"type": "object"}}
+    request = chat({"response_format": {"type": "json_schema", "json_schema": schema},
                     "chat_template_kwargs": {"enable_thinking": False}, "min_tokens": 3, "ignore_eos": True})
     assert request.min_tokens == 3 and request.ignore_eos
     params = request.to_sampling_params(10, {})
