@@ -55,6 +55,7 @@ from vllm_fleet.router.quota_store import QuotaStoreUnavailable, ZooKeeperQuotaS
 logger = logging.getLogger(__name__)
 
 MAINTENANCE_INTERVAL_S = 1.0
+CLOSE_RETURN_TIMEOUT_S = 5.0   # a stop never waits long on ZooKeeper; an unreturned lease only refills
 
 
 @dataclass
@@ -98,6 +99,7 @@ class FleetQuota:
         self._gateways = 1
         self._local: KeyLimiter | None = None   # set while in fallback
         self._task: asyncio.Task | None = None
+        self._closing = False
 
     @property
     def in_fallback(self) -> bool:
@@ -112,12 +114,18 @@ class FleetQuota:
         self._task = asyncio.create_task(self._maintain())
 
     async def close(self) -> None:
+        """Give unspent leases back (bounded wait), then leave ZooKeeper."""
+        self._closing = True  # the session ending now is no outage
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if not self.in_fallback:
-            await self._return_idle(all_keys=True)
+            try:
+                await asyncio.wait_for(self._return_idle(all_keys=True), CLOSE_RETURN_TIMEOUT_S)
+            except (TimeoutError, QuotaStoreUnavailable) as exc:
+                logger.warning("fleet quota: unspent leases not returned on close (%s); they refill within a minute",
+                               type(exc).__name__)
         await self.store.close()
 
     def update(self, config: AdmissionConfig) -> None:
@@ -163,7 +171,8 @@ class FleetQuota:
             self._local.settle(key, reserved, used, refund_request=refund_request)
             if state is not None:
                 spent = state.fallback_spent
-                state.fallback_spent = Amount(spent.requests - (1 if refund_request else 0), spent.tokens + used - reserved)
+                state.fallback_spent = Amount(spent.requests - (1 if refund_request else 0),
+                                              spent.tokens + used - reserved)
             return
         if state is None:
             return
@@ -260,7 +269,9 @@ class FleetQuota:
                 limits, wall = state.limits, self._wall()
                 await self.store.update(key, lambda s: give_back(s, limits, wall, spare))
                 self._metrics.leases.labels("returned").inc()
-            if state.requests == 0 and state.tokens == 0 and state.blocked_until <= now:
+            # Forget the key only if nothing touched it during the write (a request may have).
+            quiet = state.refill is None or state.refill.done()
+            if quiet and state.requests == 0 and state.tokens == 0 and state.blocked_until <= self._clock():
                 del self._keys[key]
 
     # -- fallback ----------------------------------------------------------------------------
@@ -276,7 +287,7 @@ class FleetQuota:
             self._enter_fallback("the ZooKeeper session is suspended")
 
     def _enter_fallback(self, why: str) -> None:
-        if self._local is not None:
+        if self._local is not None or self._closing:
             return
         n = self._gateways
         self._local = KeyLimiter(_shares(self._config, n), self._clock)

@@ -88,10 +88,12 @@ def lease(state: dict | None, limits: KeyLimits, now: float, need: Amount, want:
     granted = {}
     for name, field in DIMENSIONS:
         if getattr(limits, field):
-            granted[name] = max(need.get(name), min(want.get(name), levels[name]))
+            granted[name] = max(need.get(name), min(want.get(name), max(0.0, levels[name])))
             levels[name] -= granted[name]
         else:
             granted[name] = want.get(name)  # unlimited: nothing shared to take
+    if not any(granted[name] for name, field in DIMENSIONS if getattr(limits, field)):
+        return None, Lease(Amount(), _amount(levels))  # an empty bucket and nothing needed: no write
     return _stored(levels, limits), Lease(Amount(**granted), _amount(levels))
 
 

@@ -96,6 +96,7 @@ class ZooKeeperQuotaStore:
         client, self._client = self._client, None
         if client is None:
             return
+        client.remove_listener(self._on_state)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, client.stop)
         client.close()
