@@ -31,7 +31,12 @@ def register(subparsers) -> None:
     source = parser.add_argument_group("workers")
     source.add_argument("--workers", help="Static worker list: host:port[,host:port...]")
     source.add_argument("--registry", help="Registry: zk://host:port[,host:port]/cluster")
-    add_options(parser.add_argument_group("gateway"), GatewayConfig)
+    group = parser.add_argument_group("gateway")
+    add_options(group, GatewayConfig)
+    group.add_argument("--processes", type=int, default=1, metavar="N",
+                       help="Serve from N gateway processes on one port (SO_REUSEPORT), one core each; each has "
+                       "its own router, breakers, in-flight counts, per-key limits (shared only with --fleet-quota) "
+                       "and metrics (/metrics answers for the process that took the connection). Default 1")
     add_router_options(parser)
     parser.set_defaults(handler=_serve)
     _register_keys(parser.add_subparsers(dest="gateway_command", metavar="keys"))
@@ -46,8 +51,18 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("pass exactly one of --workers host:port[,...] or --registry zk://...")
     config = from_args(GatewayConfig, args)
     router_config = router_config_from_args(args)
+    limits = _limits_source(args, router_config)
+    if args.processes != 1:
+        from vllm_fleet.gateway.multiprocess import Supervisor
+
+        def child(index: int, port: int) -> int:  # runs in a forked process: its own registry and router
+            registry = open_registry(args.registry or args.workers)
+            return _run(_serve_async(config.model_copy(update={"port": port}), router_config, registry, limits,
+                                     reuse_port=True))
+
+        return Supervisor(child, args.processes, config.host, config.port).run()
     registry = open_registry(args.registry or args.workers)
-    return _run(_serve_async(config, router_config, registry, _limits_source(args, router_config)))
+    return _run(_serve_async(config, router_config, registry, limits))
 
 
 def _limits_source(args: argparse.Namespace, router_config: RouterConfig) -> LimitsSource:
@@ -73,10 +88,10 @@ def _run(coro) -> int:
 
 
 async def _serve_async(config: GatewayConfig, router_config: RouterConfig, registry: Registry,
-                       limits: LimitsSource) -> int:
+                       limits: LimitsSource, *, reuse_port: bool = False) -> int:
     from vllm_fleet.gateway.server import GatewayServer
 
-    server = GatewayServer(config, router_config, registry, limits=limits)
+    server = GatewayServer(config, router_config, registry, limits=limits, reuse_port=reuse_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

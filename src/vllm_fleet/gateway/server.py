@@ -52,10 +52,13 @@ def worker_client_options(config: GatewayConfig) -> ClientOptions:
                          tls_key=read(config.worker_tls_key), multiplex=config.worker_multiplex)
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """`reuse_port`: one of several gateway processes on this port (multiprocess.py)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -71,8 +74,9 @@ class GatewayServer:
 
     def __init__(self, config: GatewayConfig, router_config: RouterConfig, registry: Registry, *,
                  ready_timeout_s: float = 30.0, shutdown_grace_s: float = 30.0,
-                 limits: LimitsSource | None = None) -> None:
+                 limits: LimitsSource | None = None, reuse_port: bool = False) -> None:
         self.config = config
+        self.reuse_port = reuse_port
         self.registry = registry
         self.reloader = Reloader(config.api_key_file, limits or LimitsSource.fixed(router_config.admission),
                                  interval_s=config.reload_interval_s)
@@ -109,7 +113,7 @@ class GatewayServer:
         except Exception as exc:  # serve anyway: /ready says 503 until workers come
             logger.warning("no worker ready after %.0fs (%s); serving, /ready is 503 until one is",
                            self.ready_timeout_s, exc)
-        sock = bind_socket(self.config.host, self.config.port)
+        sock = bind_socket(self.config.host, self.config.port, reuse_port=self.reuse_port)
         self.port = sock.getsockname()[1]
         uv_config = uvicorn.Config(
             self.app, http=header_limit_protocol(self.config.max_header_bytes), loop="none", lifespan="off",

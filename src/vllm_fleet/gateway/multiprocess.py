@@ -1,0 +1,143 @@
+"""`vllm-fleet gateway --processes N`: N full gateway processes on one port, and a parent that keeps them.
+
+One Python process serves on one core; the gateway scales across cores as N processes. Each
+child is a whole gateway (its own router, breakers, outstanding counts, admission limits,
+metrics) listening on the same host:port with SO_REUSEPORT, so the kernel spreads new
+connections over the children (by a hash of the connection's addresses: a keep-alive connection
+stays with one child). No request crosses processes and nothing is shared on the hot path.
+
+The parent binds the address first (without listening) with SO_REUSEPORT: that refuses an
+address in use before any child starts, turns port 0 into the port the children share, and
+keeps the port while a child restarts. The parent serves nothing itself: it forwards SIGTERM,
+SIGINT (both: drain and stop) and SIGHUP (reload keys and limits) to the children, restarts a
+child that dies after it served for a while, and stops everything when one dies at start
+(a bad flag or file fails in every child alike).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing.connection import wait
+
+from vllm_fleet.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# A child that exits sooner than this after its start failed to start: restarting it would fail again.
+START_WINDOW_S = 10.0
+
+
+def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
+    """Bind host:port with SO_REUSEPORT, not listening; (the socket, its port). ConfigError if taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock, sock.getsockname()[1]
+
+
+class Supervisor:
+    """Runs `child(index, port)` in N forked processes until SIGTERM/SIGINT; the exit code is 0
+    after a drain, else that of a child that failed at start."""
+
+    def __init__(self, child: Callable[[int, int], int], processes: int, host: str, port: int) -> None:
+        if processes < 1:
+            raise ConfigError(f"--processes must be at least 1, not {processes}")
+        self.child = child
+        self.processes = processes
+        self._reserved, self.port = reserve_port(host, port)
+        # fork: the children inherit the parsed configuration; nothing (no loop, no thread) runs yet.
+        self._context = multiprocessing.get_context("fork")
+        self._children: dict[int, tuple[multiprocessing.process.BaseProcess, float]] = {}
+        self._stopping = False
+        self._pending: list[int] = []
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        try:
+            for index in range(self.processes):
+                self._start(index)
+            logger.info("gateway: %d processes on port %d (pids %s)", self.processes, self.port,
+                        ", ".join(str(p.pid) for p, _ in self._children.values()))
+            return self._supervise()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._reserved.close()
+
+    def _start(self, index: int) -> None:
+        process = self._context.Process(target=_child_main, args=(self.child, index, self.port),
+                                        name=f"gateway-{index}", daemon=False)
+        process.start()
+        self._children[index] = (process, time.monotonic())
+
+    def _on_signal(self, signum: int, frame) -> None:
+        # Only note it here: the loop below forwards it (a handler should do little).
+        self._pending.append(signum)
+
+    def _forward(self, signum: int) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            self._stopping = True
+            signum = signal.SIGTERM  # the children drain on either
+        for process, _ in self._children.values():
+            if process.is_alive():
+                os.kill(process.pid, signum)
+
+    def _supervise(self) -> int:
+        code = 0
+        while self._children:
+            wait([p.sentinel for p, _ in self._children.values()], timeout=0.2)
+            while self._pending:
+                self._forward(self._pending.pop(0))
+            for index, (process, started) in list(self._children.items()):
+                if process.is_alive():
+                    continue
+                process.join()
+                del self._children[index]
+                if self._stopping:
+                    continue
+                if time.monotonic() - started < START_WINDOW_S:
+                    logger.error("gateway process %d exited with %s at start; stopping the others", index,
+                                 process.exitcode)
+                    code = process.exitcode or 1
+                    self._forward(signal.SIGTERM)
+                    continue
+                logger.warning("gateway process %d (pid %s) exited with %s; starting it again", index, process.pid,
+                               process.exitcode)
+                self._start(index)
+        return code
+
+
+def _child_main(child: Callable[[int, int], int], index: int, port: int) -> None:
+    # The parent's handlers note signals for its loop; a child handles its own in its event loop.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    code = _exit_code(child, index, port)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # not multiprocessing's exit path: it would run the parent's atexit handlers
+
+
+def _exit_code(child: Callable[[int, int], int], index: int, port: int) -> int:
+    try:
+        return int(child(index, port) or 0)
+    except ConfigError as exc:
+        print(f"vllm-fleet gateway (process {index}): error: {exc}", flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BaseException:
+        logger.exception("gateway process %d failed", index)
+        return 1

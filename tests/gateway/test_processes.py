@@ -1,0 +1,121 @@
+"""`vllm-fleet gateway --processes 2`: two gateway processes on one port, one parent.
+
+Which process answered a connection is read from the kernel (Linux): the server side of the
+client's TCP connection is a socket inode in /proc/net/tcp*, held open by exactly one child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from support import wait_until, worker_env
+from vllm_fleet.processes import GatewayProcess
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc")]
+MODEL = "mock-procs"
+DONE_LAST_CHUNK = b"data: [DONE]\n\n\r\n0\r\n\r\n"  # [DONE], then the end of the chunked body
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def serving_pid(client_port: int, server_port: int, pids: list[int]) -> int | None:
+    """The pid holding the server side of the connection from `client_port` to `server_port`."""
+    inode = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote = int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)
+            if local == server_port and remote == client_port:
+                inode = fields[9]
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        if f"socket:[{inode}]" in links:
+            return pid
+    return None
+
+
+async def stream_on_new_connection(port: int, pids: list[int], max_tokens: int) -> tuple[int | None, asyncio.Task]:
+    """Open a keep-alive connection, start a streamed completion on it; (the child serving it,
+    the task reading the answer to its end). Kept alive, the connection is still there to look up
+    however fast the answer is."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    client_port = writer.get_extra_info("sockname")[1]
+    body = (b'{"model":"%s","prompt":"once upon","max_tokens":%d,"stream":true}' % (MODEL.encode(), max_tokens))
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    pid = serving_pid(client_port, port, pids)
+
+    async def rest() -> bytes:
+        try:
+            return head + await reader.readuntil(DONE_LAST_CHUNK)
+        finally:
+            writer.close()
+
+    return pid, asyncio.ensure_future(rest())
+
+
+async def test_two_processes_share_one_port_and_both_answer(mock_worker_factory):
+    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=2000, mock_ttft_ms=1)
+    async with GatewayProcess(["--workers", worker.address, "--processes", "2"], worker_env()) as gateway:
+        await gateway.wait_ready(timeout=60)
+        await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
+        pids = children(gateway.pid)
+        seen: set[int] = set()
+        for _ in range(64):  # the kernel picks a child per connection by its address hash
+            pid, reading = await stream_on_new_connection(gateway.port, pids, 4)
+            answer = await reading
+            assert answer.endswith(DONE_LAST_CHUNK), answer[-200:]
+            seen.add(pid)
+            if seen == set(pids):
+                break
+        assert seen == set(pids), f"connections were served by {seen} of {pids}"
+
+
+async def test_sigterm_drains_the_streams_of_both_processes(mock_worker_factory):
+    # 40 tokens at 20/s: each stream runs ~2 s, so SIGTERM arrives while both are mid-stream.
+    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=20, mock_ttft_ms=1)
+    async with GatewayProcess(["--workers", worker.address, "--processes", "2"], worker_env()) as gateway:
+        await gateway.wait_ready(timeout=60)
+        await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
+        pids = children(gateway.pid)
+        streams: dict[int, asyncio.Task] = {}
+        for _ in range(64):
+            pid, reading = await stream_on_new_connection(gateway.port, pids, 40)
+            if pid in streams:
+                reading.cancel()
+            else:
+                streams[pid] = reading
+            if len(streams) == 2:
+                break
+        assert set(streams) == set(pids)
+        gateway.signal(signal.SIGTERM)
+        answers = await asyncio.wait_for(asyncio.gather(*streams.values()), 60)
+        for answer in answers:  # whole answers: the last token, the finish reason, then [DONE]
+            assert b'"finish_reason":"length"' in answer and answer.endswith(DONE_LAST_CHUNK), answer[-300:]
+        assert await asyncio.wait_for(gateway.wait_exit(), 60) == 0
+        assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # the parent reaped both
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{gateway.url}/health", timeout=5)
