@@ -24,9 +24,10 @@ busy, if it was idle):
   worker checks every `health_interval_s`, so detection ≤ max_s + one interval).
 - A long prefill is not a stall: while a held request has produced nothing yet, its prompt may be
   in the very step the others wait on, so the bound grows with those prompts' tokens, uncapped.
-  The default rate (10 s per 1,000 tokens, about 100 prompt tokens/s) is far below any real
-  engine's prefill (a 135M model on one CPU core does thousands per second), so it only delays
-  detection while prompts are pending; it never cuts a prefill short.
+  The default (10 s per 1,000 prompt tokens: an engine that prefills only 100 tokens/s) is meant
+  to be slower than any engine we run, so it only delays detection while prompts are pending and
+  does not cut a prefill short; raise it for a slower engine. A request whose first step waits
+  on something else (e.g. compiling a large structured-output grammar) gets only this allowance.
 - The first output an engine ever produces may come after lazy initialisation (kernel
   compilation, autotuning), so it gets `cold_start_s`.
 - A tick that comes late (the worker's own loop was blocked: CPU starvation, a long GC) is not
