@@ -12,6 +12,8 @@ from hypothesis import given, strategies as st
 
 from vllm_fleet.protocol import worker_pb2 as pb
 from vllm_fleet.protocol.convert import (
+    adapters_from_pb,
+    adapters_to_pb,
     chunk_from_pb,
     chunk_to_pb,
     info_from_pb,
@@ -22,6 +24,7 @@ from vllm_fleet.protocol.convert import (
     request_to_pb,
 )
 from vllm_fleet.protocol.types import (
+    Adapter,
     CHAT_ROLES,
     ChatMessage,
     Chunk,
@@ -81,7 +84,7 @@ requests = st.builds(
     session_id=text, priority=i32, stream_interval_ms=u32,
     openai=st.none() | st.builds(OpenAIOptions, endpoint=st.sampled_from(["chat", "completion"]),
                                  body_json=st.binary(max_size=40)),
-    constrained=st.booleans(),
+    constrained=st.booleans(), adapter=text,
 )
 
 # A chunk's canonical form: finish/stop reasons are None or non-empty, logprobs None or non-empty
@@ -101,11 +104,12 @@ chunks = st.builds(
 )
 infos = st.builds(
     WorkerInfo, model=text, max_model_len=u32, engine=text, version=text, engine_version=text,
-    settings=st.dictionaries(text, text, max_size=4), device=text, worker_id=text,
+    settings=st.dictionaries(text, text, max_size=4), device=text, worker_id=text, pool=text,
 )
 loads = st.builds(
     WorkerLoad, running=u32, waiting=u32, kv_cache_usage=f32, prefix_cache_hit_rate=f32,
-    output_tokens_per_s=f32, in_flight=u32, draining=st.booleans(),
+    output_tokens_per_s=f32, in_flight=u32, draining=st.booleans(), adapters=st.lists(text, max_size=3),
+    max_adapters=u32,
 )
 
 
@@ -133,6 +137,11 @@ def test_chunk_round_trip_inside_a_mux_event(chunk):
 @given(infos)
 def test_worker_info_round_trip(info):
     assert info_from_pb(_over_the_wire(info_to_pb(info))) == info
+
+
+@given(st.lists(st.builds(Adapter, name=text, path=text, rank=u32, base_model=text), max_size=3), u32)
+def test_adapter_list_round_trip(adapters, max_adapters):
+    assert adapters_from_pb(_over_the_wire(adapters_to_pb(adapters, max_adapters))) == (adapters, max_adapters)
 
 
 @given(loads)

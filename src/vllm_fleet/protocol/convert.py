@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vllm_fleet.protocol import worker_pb2 as pb
 from vllm_fleet.protocol.types import (
+    Adapter,
     ChatMessage,
     Chunk,
     Constraint,
@@ -127,6 +128,7 @@ def request_to_pb(request: GenerateRequest) -> pb.GenerateRequest:
         priority=request.priority,
         stream_interval_ms=request.stream_interval_ms,
         constrained=request.constrained,
+        adapter=request.adapter,
     )
     if request.openai is not None:
         msg.openai.endpoint = request.openai.endpoint
@@ -147,6 +149,7 @@ def request_from_pb(msg: pb.GenerateRequest) -> GenerateRequest:
         stream_interval_ms=msg.stream_interval_ms,
         openai=openai,
         constrained=msg.constrained,
+        adapter=msg.adapter,
     )
 
 
@@ -224,7 +227,7 @@ def info_to_pb(info: WorkerInfo) -> pb.WorkerInfo:
     return pb.WorkerInfo(
         model=info.model, max_model_len=info.max_model_len, engine=info.engine, version=info.version,
         engine_version=info.engine_version, settings=info.settings, device=info.device,
-        worker_id=info.worker_id,
+        worker_id=info.worker_id, pool=info.pool,
     )
 
 
@@ -232,7 +235,7 @@ def info_from_pb(msg: pb.WorkerInfo) -> WorkerInfo:
     return WorkerInfo(
         model=msg.model, max_model_len=msg.max_model_len, engine=msg.engine, version=msg.version,
         engine_version=msg.engine_version, settings=dict(msg.settings), device=msg.device,
-        worker_id=msg.worker_id,
+        worker_id=msg.worker_id, pool=msg.pool,
     )
 
 
@@ -240,7 +243,8 @@ def load_to_pb(load: WorkerLoad) -> pb.WorkerLoad:
     return pb.WorkerLoad(
         running=load.running, waiting=load.waiting, kv_cache_usage=load.kv_cache_usage,
         prefix_cache_hit_rate=load.prefix_cache_hit_rate, output_tokens_per_s=load.output_tokens_per_s,
-        in_flight=load.in_flight, draining=load.draining,
+        in_flight=load.in_flight, draining=load.draining, adapters=load.adapters,
+        max_adapters=load.max_adapters,
     )
 
 
@@ -248,5 +252,17 @@ def load_from_pb(msg: pb.WorkerLoad) -> WorkerLoad:
     return WorkerLoad(
         running=msg.running, waiting=msg.waiting, kv_cache_usage=msg.kv_cache_usage,
         prefix_cache_hit_rate=msg.prefix_cache_hit_rate, output_tokens_per_s=msg.output_tokens_per_s,
-        in_flight=msg.in_flight, draining=msg.draining,
+        in_flight=msg.in_flight, draining=msg.draining, adapters=list(msg.adapters),
+        max_adapters=msg.max_adapters,
     )
+
+
+def adapters_to_pb(adapters: list[Adapter], max_adapters: int) -> pb.AdapterList:
+    return pb.AdapterList(
+        adapters=[pb.Adapter(name=a.name, path=a.path, rank=a.rank, base_model=a.base_model) for a in adapters],
+        max_adapters=max_adapters,
+    )
+
+
+def adapters_from_pb(msg: pb.AdapterList) -> tuple[list[Adapter], int]:
+    return [Adapter(a.name, a.path, a.rank, a.base_model) for a in msg.adapters], msg.max_adapters

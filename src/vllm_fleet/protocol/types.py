@@ -116,6 +116,7 @@ class GenerateRequest:
     # Decoding follows a grammar (set by whoever builds an OpenAI request with one; a typed
     # `params.constraint` implies it): such a stream cannot resume elsewhere after its first token.
     constrained: bool = False
+    adapter: str = ""          # a LoRA adapter to generate with; "" = the base model
 
     @property
     def grammar_constrained(self) -> bool:
@@ -184,6 +185,7 @@ class WorkerInfo:
     settings: dict[str, str] = field(default_factory=dict)
     device: str = ""
     worker_id: str = ""
+    pool: str = ""             # the workload pool it serves (e.g. short | long); "" = any
 
 
 @dataclass(slots=True)
@@ -195,3 +197,15 @@ class WorkerLoad:
     output_tokens_per_s: float = 0.0
     in_flight: int = 0
     draining: bool = False
+    adapters: list[str] = field(default_factory=list)  # LoRA adapters loaded now
+    max_adapters: int = 0                               # adapter slots; 0 = LoRA off
+
+
+@dataclass(slots=True)
+class Adapter:
+    """A LoRA adapter a worker holds: requests name it as their model."""
+
+    name: str
+    path: str
+    rank: int = 0
+    base_model: str = ""

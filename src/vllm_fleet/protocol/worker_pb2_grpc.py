@@ -59,6 +59,21 @@ class WorkerStub:
                 request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.LoadRequest.SerializeToString,
                 response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.WorkerLoad.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/vllm_fleet.v1.Worker/LoadAdapter',
+                request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/vllm_fleet.v1.Worker/UnloadAdapter',
+                request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.FromString,
+                _registered_method=True)
+        self.ListAdapters = channel.unary_unary(
+                '/vllm_fleet.v1.Worker/ListAdapters',
+                request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.ListAdaptersRequest.SerializeToString,
+                response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -100,6 +115,26 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """LoRA adapters: load one at run time (a name already loaded is ALREADY_EXISTS), unload one
+        (requests running on it finish first), list them. Each answers with the adapters held now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAdapters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +162,21 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Load,
                     request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.LoadRequest.FromString,
                     response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.WorkerLoad.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.SerializeToString,
+            ),
+            'ListAdapters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAdapters,
+                    request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.ListAdaptersRequest.FromString,
+                    response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +314,87 @@ class Worker:
             '/vllm_fleet.v1.Worker/Load',
             vllm__fleet_dot_protocol_dot_worker__pb2.LoadRequest.SerializeToString,
             vllm__fleet_dot_protocol_dot_worker__pb2.WorkerLoad.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vllm_fleet.v1.Worker/LoadAdapter',
+            vllm__fleet_dot_protocol_dot_worker__pb2.LoadAdapterRequest.SerializeToString,
+            vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vllm_fleet.v1.Worker/UnloadAdapter',
+            vllm__fleet_dot_protocol_dot_worker__pb2.UnloadAdapterRequest.SerializeToString,
+            vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAdapters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vllm_fleet.v1.Worker/ListAdapters',
+            vllm__fleet_dot_protocol_dot_worker__pb2.ListAdaptersRequest.SerializeToString,
+            vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.FromString,
             options,
             channel_credentials,
             insecure,
