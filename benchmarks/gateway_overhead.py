@@ -2,14 +2,24 @@
 
     python benchmarks/gateway_overhead.py [--quick]
 
-One run, on mock workers (the named stand-in engine: fixed TTFT, set token pace), three figures:
+    python benchmarks/gateway_overhead.py [--quick] [--processes N] [--src OTHER/src] [--json FILE]
 
-1. Added TTFT at 200 req/s (open loop, Poisson): P50/P99 of time-to-first-token through the
-   gateway minus the same percentile straight to the worker over gRPC, same rate, same run.
-2. The highest rate one gateway process sustains with P99 added TTFT <= 10 ms (a rate sweep,
-   each rate compared with a direct run at that rate).
-3. Streamed tokens/s through one gateway process: many long streams from a fast mock worker,
-   worker-side coalescing (--stream-interval-ms), counted from each stream's final usage.
+One run, on mock workers (the named stand-in engine: fixed TTFT, set token pace), the figures of
+issue #17's target 3, and a table of them against the targets:
+
+1. Added TTFT at 200 and at 1,000 req/s (open loop, Poisson): P50/P99 of time-to-first-token
+   through the gateway minus the same percentile straight to the worker over gRPC, same rate.
+2. The highest rate the gateway sustains with P99 added TTFT <= 10 ms (a rate sweep, each rate
+   compared with a direct run at that rate).
+3. Streamed tokens/s through the gateway, twice: at ONE TOKEN PER SSE EVENT (mock worker at 100
+   tokens/s per sequence, i.e. one token per ~10 ms engine step, gateway --stream-interval-ms 0,
+   many concurrent streams), and coalesced (fast mock worker, --stream-interval-ms 20: about 400
+   tokens per event). Counted from each stream's final usage; events counted at the client.
+   With the worker and this load generator on the same cores, tokens/s is capped by the machine;
+   tokens per gateway CPU-second is what one gateway core would carry.
+
+`--src` runs another checkout's src/ (PYTHONPATH of the worker and gateway) for before/after
+runs; `--processes N` passes `--processes N` to the gateway (CPU counted over all its processes).
 
 The load generator (this process: a lean HTTP/1.1 keep-alive client, so that client cost does
 not pose as gateway cost; gRPC via our WorkerClient for the direct runs) is a separate process
@@ -37,13 +47,22 @@ ERRORS: dict[str, int] = {}
 QUIET = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}  # the worker's and gateway's own logging is not what we measure
 
 
+SETUP = {"src": None, "processes": 1}  # from the command line
+
+
+def _env() -> dict[str, str]:
+    return {**QUIET, **({"PYTHONPATH": SETUP["src"]} if SETUP["src"] else {})}
+
+
 def mock_worker(ttft_ms: int, tokens_per_s: int, *extra: str) -> WorkerProcess:
     return WorkerProcess(["--engine", "mock", "--served-model-name", MODEL, "--mock-ttft-ms", str(ttft_ms),
-                          "--mock-tokens-per-s", str(tokens_per_s), *extra], QUIET, stop_grace_s=15)
+                          "--mock-tokens-per-s", str(tokens_per_s), *extra], _env(), stop_grace_s=15)
 
 
 def gateway_for(worker: WorkerProcess, *extra: str) -> GatewayProcess:
-    return GatewayProcess(["--workers", worker.address, "--no-access-log", *extra], QUIET, stop_grace_s=15)
+    processes = ["--processes", str(SETUP["processes"])] if SETUP["processes"] != 1 else []
+    return GatewayProcess(["--workers", worker.address, "--no-access-log", *processes, *extra], _env(),
+                          stop_grace_s=15)
 
 
 class HttpConnection:
@@ -168,10 +187,33 @@ async def open_loop(rate: float, duration: float, send) -> tuple[list[float], in
     return ttfts, errors, len(times) / max(sent_over, 1e-9)
 
 
+def _stat(pid: int) -> list[str]:
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads), from /proc."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of a process (all its threads) and of its live children
+    (`--processes N`: the gateway processes under the parent), from /proc."""
+    total = 0.0
+    for candidate in [pid, *children_of(pid)]:
+        try:
+            fields = _stat(candidate)
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if int(_stat(int(entry))[1]) == pid:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
 
 
 def completion_body(max_tokens: int) -> bytes:
@@ -211,85 +253,131 @@ async def ttft_pair(rate: float, duration: float, pool: HttpPool, worker: Worker
     }
 
 
-async def throughput(port: int, streams: int, max_tokens: int, gateway_pid: int) -> tuple[float, int, float]:
-    """(tokens/s, tokens, gateway CPU seconds) of `streams` concurrent streams of `max_tokens`."""
+async def throughput(port: int, streams: int, max_tokens: int, gateway_pid: int) -> dict:
+    """Tokens/s, tokens, SSE events and gateway CPU seconds of `streams` concurrent streams of `max_tokens`."""
     pool = HttpPool(port)
     body = completion_body(max_tokens)
+    # Open the connections first: a connection's first request is not what we measure.
+    await asyncio.gather(*(pool.stream("/v1/completions", completion_body(2), time.perf_counter())
+                           for _ in range(streams)))
+    events_before = sum(c.events for c in pool.idle)
     cpu_before = cpu_seconds(gateway_pid)
     started = time.perf_counter()
     results = await asyncio.gather(*(pool.stream("/v1/completions", body, time.perf_counter()) for _ in range(streams)))
     elapsed = time.perf_counter() - started
     cpu = cpu_seconds(gateway_pid) - cpu_before
+    events = sum(c.events for c in pool.idle) - events_before
     pool.close()
     tokens = sum(t for _, t in results)
-    return tokens / elapsed, tokens, cpu
+    return {"streams": streams, "tokens_per_s": tokens / elapsed, "tokens": tokens, "events": events,
+            "tokens_per_event": tokens / max(events, 1), "seconds": elapsed, "gateway_cpu_s": cpu,
+            "gateway_cpu_us_per_event": cpu / max(events, 1) * 1e6, "tokens_per_gateway_cpu_s": tokens / max(cpu, 1e-9)}
 
 
 async def main(args: argparse.Namespace) -> dict:
     duration = 4.0 if args.quick else 10.0
-    results: dict = {}
+    results: dict = {"processes": SETUP["processes"], "src": SETUP["src"] or "this checkout"}
     worker = mock_worker(5, 2000)
     async with worker, gateway_for(worker) as gateway, WorkerClient(worker.address) as client:
         await worker.wait_serving(60)
         await gateway.wait_ready(60)
         await latency_figures(args, duration, gateway, client, results)
-    # Throughput: a fast worker, long outputs, worker-side coalescing every 20 ms.
+    # One token per SSE event: 100 tokens/s per sequence is one token per mock engine step.
+    worker = mock_worker(1, 100, "--mock-max-model-len", "65536")
+    async with worker, gateway_for(worker, "--stream-interval-ms", "0") as gateway:
+        await worker.wait_serving(60)
+        await gateway.wait_ready(60)
+        results["per_token"] = await throughput(gateway.port, args.streams, int(100 * duration), gateway.pid)
+    print(json.dumps({"one_token_per_event": results["per_token"]}), flush=True)
+    # Coalesced: a fast worker, long outputs, worker-side coalescing every 20 ms.
     worker = mock_worker(1, 20000, "--mock-max-model-len", "65536")
     async with worker, gateway_for(worker, "--stream-interval-ms", "20") as gateway:
         await worker.wait_serving(60)
         await gateway.wait_ready(60)
         await throughput(gateway.port, 4, 2000, gateway.pid)  # warm-up
-        tps, tokens, cpu = await throughput(gateway.port, 64, 8000 if args.quick else 20000, gateway.pid)
-    results["tokens_per_s"] = tps
-    results["tokens"] = tokens
-    results["tokens_per_gateway_cpu_s"] = tokens / max(cpu, 1e-9)
-    print(json.dumps({"tokens_per_s": round(tps), "tokens": tokens, "gateway_cpu_s": cpu}), flush=True)
+        results["coalesced"] = await throughput(gateway.port, 64, 8000 if args.quick else 20000, gateway.pid)
+    print(json.dumps({"coalesced": results["coalesced"]}), flush=True)
+    results["load_average_end"] = os.getloadavg()[0]
     return results
+
+
+def _passes(point: dict) -> bool:
+    return point["added_p99_ms"] <= 10 and not point["errors"] and point["achieved_rate"] >= 0.95 * point["rate"]
 
 
 async def latency_figures(args: argparse.Namespace, duration: float, gateway: GatewayProcess, client: WorkerClient,
                           results: dict) -> None:
-    """Added TTFT at 200 req/s, then the rate sweep up to P99 added TTFT > 10 ms."""
+    """Added TTFT at 200 and 1,000 req/s, then the rate sweep up to P99 added TTFT > 10 ms."""
     pool = HttpPool(gateway.port)
     await ttft_pair(50, 1.0, pool, client, gateway.pid)  # warm-up: connections, caches
-    results["at_200"] = await ttft_pair(200, duration, pool, client, gateway.pid)
-    print(json.dumps(results["at_200"]), flush=True)
+    for rate in (200, 1000):
+        results[f"at_{rate}"] = await ttft_pair(rate, duration if rate == 200 else duration / 2, pool, client,
+                                                gateway.pid)
+        print(json.dumps(results[f"at_{rate}"]), flush=True)
     sweep = []
-    for rate in ([400, 800, 1200] if args.quick else [300, 400, 500, 600, 800, 1000, 1200, 1500]):
+    for rate in ([600, 1500] if args.quick else [400, 600, 800, 1200, 1500]):
         point = await ttft_pair(rate, duration / 2, pool, client, gateway.pid)
         print(json.dumps(point), flush=True)
         if ERRORS:
             print("errors:", ERRORS, flush=True)
         sweep.append(point)
-        if point["added_p99_ms"] > 10 or point["errors"] or point["achieved_rate"] < 0.95 * rate:
+        if not _passes(point):
             break
     results["sweep"] = sweep
-    ok = [p["rate"] for p in [results["at_200"], *sweep]
-          if p["added_p99_ms"] <= 10 and not p["errors"] and p["achieved_rate"] >= 0.95 * p["rate"]]
+    ok = [p["rate"] for p in [results["at_200"], results["at_1000"], *sweep] if _passes(p)]
     results["max_rate_p99_added_le_10ms"] = max(ok) if ok else None
     pool.close()
 
 
 def report(results: dict) -> str:
-    at = results["at_200"]
-    lines = [
-        f"added TTFT at 200 req/s: P50 {at['added_p50_ms']:+.2f} ms, P99 {at['added_p99_ms']:+.2f} ms "
-        f"(direct P50/P99 {at['direct_p50_ms']:.2f}/{at['direct_p99_ms']:.2f} ms, gateway "
-        f"{at['gateway_p50_ms']:.2f}/{at['gateway_p99_ms']:.2f} ms, {at['requests']} requests)",
-        f"gateway CPU per request at 200 req/s: {at['gateway_cpu_us_per_request']:.0f} us (all its threads); "
-        f"1-min load average during the run: {at['load_average']:.1f} on 2 cores",
-        f"highest rate with P99 added <= 10 ms: {results['max_rate_p99_added_le_10ms']} req/s",
-        f"streamed tokens/s through one gateway: {results['tokens_per_s']:,.0f} ({results['tokens']:,} tokens; "
-        f"{results['tokens_per_gateway_cpu_s']:,.0f} tokens per gateway CPU-second)",
+    lines = [f"gateway: {results['processes']} process(es), {results['src']}"]
+    for rate in (200, 1000):
+        at = results[f"at_{rate}"]
+        lines.append(
+            f"added TTFT at {rate} req/s (achieved {at['achieved_rate']:.0f}, errors {at['errors']}): "
+            f"P50 {at['added_p50_ms']:+.2f} ms, P99 {at['added_p99_ms']:+.2f} ms (direct P50/P99 "
+            f"{at['direct_p50_ms']:.2f}/{at['direct_p99_ms']:.2f} ms, gateway {at['gateway_p50_ms']:.2f}/"
+            f"{at['gateway_p99_ms']:.2f} ms); gateway CPU {at['gateway_cpu_us_per_request']:.0f} us per request; "
+            f"load average {at['load_average']:.1f} on {os.cpu_count()} cores")
+    lines.append(f"highest rate with P99 added <= 10 ms: {results['max_rate_p99_added_le_10ms']} req/s")
+    for name, label in (("per_token", "ONE token per SSE event"), ("coalesced", "coalesced 20 ms")):
+        t = results[name]
+        lines.append(f"streamed tokens/s, {label}: {t['tokens_per_s']:,.0f} ({t['tokens']:,} tokens in {t['events']:,} "
+                     f"events, {t['tokens_per_event']:.1f} tokens/event, {t['streams']} streams); gateway CPU "
+                     f"{t['gateway_cpu_us_per_event']:.1f} us/event = {t['tokens_per_gateway_cpu_s']:,.0f} tokens "
+                     f"per gateway CPU-second")
+    return "\n".join(lines + [""] + target_table(results))
+
+
+def target_table(results: dict) -> list[str]:
+    """Issue #17 target 3, met or not, from these figures."""
+    a200, a1000 = results["at_200"], results["at_1000"]
+    one, many = results["per_token"], results["coalesced"]
+    rows = [
+        ("added TTFT P99 at 200 req/s <= 2 ms", f"{a200['added_p99_ms']:+.2f} ms", a200["added_p99_ms"] <= 2),
+        ("added TTFT P99 at 1,000 req/s <= 10 ms", f"{a1000['added_p99_ms']:+.2f} ms (achieved "
+         f"{a1000['achieved_rate']:.0f} req/s, {a1000['errors']} errors)", _passes(a1000)),
+        (">= 1,000 req/s sustained (P99 added <= 10 ms, no errors)", f"{results['max_rate_p99_added_le_10ms']} req/s",
+         (results["max_rate_p99_added_le_10ms"] or 0) >= 1000),
+        (">= 100,000 tokens/s, ONE token per SSE event", f"{one['tokens_per_s']:,.0f} tokens/s measured; "
+         f"{one['tokens_per_gateway_cpu_s']:,.0f} per gateway CPU-s", one["tokens_per_s"] >= 100_000),
+        (">= 100,000 tokens/s, coalesced (20 ms)", f"{many['tokens_per_s']:,.0f} tokens/s measured; "
+         f"{many['tokens_per_gateway_cpu_s']:,.0f} per gateway CPU-s", many["tokens_per_s"] >= 100_000),
     ]
-    return "\n".join(lines)
+    lines = ["| target (issue #17, 3) | measured | met |", "|---|---|---|"]
+    lines += [f"| {target} | {value} | {'yes' if met else 'NO'} |" for target, value, met in rows]
+    return lines
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="Shorter runs (a smoke test of the script)")
     parser.add_argument("--json", help="Also write the raw figures to this file")
+    parser.add_argument("--src", help="Run this checkout's src/ in the worker and gateway (before/after runs)")
+    parser.add_argument("--processes", type=int, default=1, help="Gateway processes (gateway --processes N)")
+    parser.add_argument("--streams", type=int, default=200, help="Concurrent streams at one token per event")
     options = parser.parse_args()
+    SETUP.update(src=options.src, processes=options.processes)
     try:
         import uvloop
 

@@ -37,18 +37,18 @@ PY_SPY = str(Path(sys.executable).parent / "py-spy")
 # (component, pattern on "function (file:line)"): the innermost frame matching any pattern wins.
 COMPONENTS = [
     ("metrics (prometheus)", r"prometheus_client|gateway/metrics\.py"),
-    ("logging", r"/logging/|access_log\.py|vllm_fleet/logs\.py"),
+    ("logging", r"\(logging/|access_log\.py|vllm_fleet/logs\.py"),
     ("body JSON + pydantic validation", r"pydantic|json/decoder|translate\.py:\d+\)$|parse_body|schemas\.py"),
     ("field table (fields/forward)", r"gateway/fields\.py|gateway/forward\.py"),
     ("plan (translate)", r"gateway/translate\.py"),
-    ("gRPC client (grpc, protobuf, mux)", r"/grpc/|_cython|protobuf|client/mux\.py|client/worker_client\.py|"
+    ("gRPC client: C-core poller thread", r"^Thread\.run \(threading\.py"),
+    ("gRPC client (grpc, protobuf, mux)", r"\(grpc/|_cython|protobuf|client/mux\.py|client/worker_client\.py|"
                                           r"protocol/convert\.py|protocol/types\.py"),
     ("router admission/pick", r"router/admission\.py|router/router\.py|router/balancer|router/pick|router/pool|"
                               r"router/breaker|router/quota"),
     ("router stream (retry/migration loop)", r"router/stream\.py|router/"),
     ("chunk -> SSE JSON", r"gateway/sse\.py|gateway/formats\.py|gateway/aggregate\.py|json/encoder|orjson"),
-    ("HTTP write (uvicorn send, transport)", r"httptools_impl\.py.*\bsend\b|\bsend \(.*httptools|write \(|"
-                                             r"StreamResponse|Response\.send|asgi\.py:\d+\)$"),
+    ("HTTP write (uvicorn send, transport)", r"RequestResponseCycle\.send|StreamResponse\.send|Response\.send"),
     ("HTTP parse + ASGI (uvicorn, httptools)", r"uvicorn|httptools|header_limit\.py|from_scope|gateway/asgi\.py"),
     ("request handling (app, completions)", r"gateway/app\.py|gateway/completions\.py|gateway/call\.py"),
     ("asyncio loop, tasks, queues", r"asyncio|uvloop"),
