@@ -141,6 +141,10 @@ class WorkerConfig(FleetModel):
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus metrics port (off when unset)")
     worker_id: str | None = Field(None, description="Stable id of this worker (default host:port)")
     device: str = Field("cpu", description="Device label reported in Info (e.g. 'GPU 0', 'MIG 1g.18gb')")
+    pool: str = Field(
+        "", description="Workload pool this worker serves, reported in Info (e.g. 'short' or 'long': routers with "
+        "class_pools send that class here); empty: any pool"
+    )
     max_n: int = Field(16, ge=1, description="Largest n (samples per input) accepted")
     max_inputs: int = Field(1024, ge=1, description="Most inputs accepted in one Generate request")
     max_logprobs: int = Field(20, ge=0, description="Most top logprobs per token accepted")

@@ -264,6 +264,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         info = self.engine.info()
         info.version = __version__
         info.device = self.config.device
+        info.pool = self.config.pool
         info.worker_id = self.config.worker_id or f"{self.config.host}:{self.config.port}"
         return info
 
