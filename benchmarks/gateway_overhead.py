@@ -47,16 +47,18 @@ ERRORS: dict[str, int] = {}
 QUIET = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}  # the worker's and gateway's own logging is not what we measure
 
 
-SETUP = {"src": None, "processes": 1}  # from the command line
+SETUP = {"src": None, "worker_src": None, "processes": 1}  # from the command line
 
 
-def _env() -> dict[str, str]:
-    return {**QUIET, **({"PYTHONPATH": SETUP["src"]} if SETUP["src"] else {})}
+def _env(src: str | None = None) -> dict[str, str]:
+    src = src or SETUP["src"]
+    return {**QUIET, **({"PYTHONPATH": src} if src else {})}
 
 
 def mock_worker(ttft_ms: int, tokens_per_s: int, *extra: str) -> WorkerProcess:
     return WorkerProcess(["--engine", "mock", "--served-model-name", MODEL, "--mock-ttft-ms", str(ttft_ms),
-                          "--mock-tokens-per-s", str(tokens_per_s), *extra], _env(), stop_grace_s=15)
+                          "--mock-tokens-per-s", str(tokens_per_s), *extra], _env(SETUP["worker_src"]),
+                         stop_grace_s=15)
 
 
 def gateway_for(worker: WorkerProcess, *extra: str) -> GatewayProcess:
@@ -374,10 +376,12 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="Shorter runs (a smoke test of the script)")
     parser.add_argument("--json", help="Also write the raw figures to this file")
     parser.add_argument("--src", help="Run this checkout's src/ in the worker and gateway (before/after runs)")
+    parser.add_argument("--worker-src", help="Run the mock worker from this src/ (default: as --src), so that "
+                        "before/after runs differ in the gateway only")
     parser.add_argument("--processes", type=int, default=1, help="Gateway processes (gateway --processes N)")
     parser.add_argument("--streams", type=int, default=200, help="Concurrent streams at one token per event")
     options = parser.parse_args()
-    SETUP.update(src=options.src, processes=options.processes)
+    SETUP.update(src=options.src, worker_src=options.worker_src, processes=options.processes)
     try:
         import uvloop
 

@@ -83,10 +83,15 @@ def env_for(src: str | None) -> dict[str, str]:
     return {**QUIET, **({"PYTHONPATH": src} if src else {})}
 
 
+def worker_env(args) -> dict[str, str]:
+    return env_for(args.worker_src or args.src)
+
+
 async def requests_phase(args, out: Path) -> dict:
     worker = WorkerProcess(["--engine", "mock", "--served-model-name", "mock-bench", "--mock-ttft-ms", "5",
-                            "--mock-tokens-per-s", "2000"], env_for(args.src), stop_grace_s=15)
-    async with worker, GatewayProcess(["--workers", worker.address, "--no-access-log"], env_for(args.src),
+                            "--mock-tokens-per-s", "2000"], worker_env(args), stop_grace_s=15)
+    async with worker, GatewayProcess(["--workers", worker.address, "--no-access-log", *args.gateway_arg],
+                                      env_for(args.src),
                                       stop_grace_s=15) as gateway:
         await worker.wait_serving(60)
         await gateway.wait_ready(60)
@@ -110,9 +115,10 @@ async def requests_phase(args, out: Path) -> dict:
 
 async def events_phase(args, out: Path) -> dict:
     worker = WorkerProcess(["--engine", "mock", "--served-model-name", "mock-bench", "--mock-ttft-ms", "1",
-                            "--mock-tokens-per-s", "100", "--mock-max-model-len", "65536"], env_for(args.src),
+                            "--mock-tokens-per-s", "100", "--mock-max-model-len", "65536"], worker_env(args),
                            stop_grace_s=15)
-    async with worker, GatewayProcess(["--workers", worker.address, "--no-access-log", "--stream-interval-ms", "0"],
+    async with worker, GatewayProcess(["--workers", worker.address, "--no-access-log", "--stream-interval-ms", "0",
+                                       *args.gateway_arg],
                                       env_for(args.src), stop_grace_s=15) as gateway:
         await worker.wait_serving(60)
         await gateway.wait_ready(60)
@@ -166,8 +172,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="Folder for the raw py-spy profiles and the tables")
     parser.add_argument("--src", help="Run this checkout's src/ (PYTHONPATH) instead of the installed package")
+    parser.add_argument("--worker-src", help="Run the mock worker from this src/ (default: as --src)")
     parser.add_argument("--tag", default="after", help="Name prefix of the output files")
     parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--gateway-arg", action="append", default=[], help="An extra gateway argument (repeatable)")
     parser.add_argument("--rate", type=float, default=300.0, help="Requests per second of the requests load")
     parser.add_argument("--streams", type=int, default=100, help="Concurrent streams of the events load")
     asyncio.run(main(parser.parse_args()))
