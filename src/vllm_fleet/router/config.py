@@ -51,6 +51,10 @@ class AdmissionConfig(FleetModel):
         False,
         description="Route each class only to workers registered with pool 'short' or 'long' (workers without a pool serve both)",
     )
+    class_pool_fallback: bool = Field(
+        False, description="With --class-pools: when no worker of a class's pool (or without a pool) can take a "
+        "request, send it to a worker of another pool instead of failing it with no worker (off: pools stay apart)",
+    )
     fleet_quota: str | None = Field(
         None, description="zk://host:port[,host:port]/cluster: per-key limits hold for all gateways given the same "
         "URL together, through leases from ZooKeeper (unset: each gateway enforces them on its own)",

@@ -29,6 +29,7 @@ class RequestFeatures:
     max_tokens: int = 0            # output tokens budgeted, all inputs and samples
     workload_class: str = SHORT
     pool: str | None = None        # restrict to workers of this pool (class pools)
+    pool_fallback: bool = False    # when `pool` has no routable worker, take any pool's
     ticket: int = 0
 
     @property
@@ -66,6 +67,7 @@ def features_of(
     long_prompt_tokens: int,
     long_max_tokens: int,
     class_pools: bool = False,
+    class_pool_fallback: bool = False,
     ticket: int = 0,
 ) -> RequestFeatures:
     samples = max(1, request.params.n or 1)
@@ -83,5 +85,6 @@ def features_of(
         max_tokens=max_tokens,
         workload_class=workload_class,
         pool=workload_class if class_pools else None,
+        pool_fallback=class_pools and class_pool_fallback,
         ticket=ticket,
     )

@@ -38,6 +38,8 @@ class Policy(abc.ABC):
     def rank(self, features: RequestFeatures, snapshot: PoolSnapshot) -> list[str]:
         """Eligible workers for `features`, best first."""
         workers = snapshot.eligible(features.model, features.pool)
+        if not workers and features.pool_fallback:  # the class's pool is empty or down: any pool (configured)
+            workers = snapshot.eligible(features.model)
         if not workers:
             return []
         return [w.address for w in self.order(features, workers)]

@@ -81,7 +81,8 @@ class WorkerState:
         return WorkerView(
             address=self.address,
             model=info.model if info else self.record.model,
-            pool=self.record.pool,
+            # The worker's own word (Info, from its --pool) wins; the registry record covers the time before Info.
+            pool=info.pool if info and info.pool else self.record.pool,
             state=self.state(ejected),
             breaker=self.breaker.state,
             health=self.health,

@@ -9,6 +9,7 @@ the Router, and stream.py does not import this module.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -20,6 +21,7 @@ from vllm_fleet.client import ClientPool
 from vllm_fleet.errors import InvalidRequestError, UnknownModelError
 from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.registry import Registry
+from vllm_fleet.router.adapters import AdapterPlacement
 from vllm_fleet.router.admission import Admission
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.config import KeyLimits, RouterConfig
@@ -61,10 +63,12 @@ class Router:
                                    window_s=self.config.retry_budget_window_s, clock=clock)
         self._admission = Admission(self.config.admission, clock=clock, quota=quota)
         self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock)
+        self.adapters = AdapterPlacement(self._pool.snapshot, self.clients.get,
+                                         overlay_s=max(5.0, 3 * self.config.load_poll_interval_s), clock=clock)
         self._tickets = itertools.count()
         self._context = StreamContext(
             policy=self._policy, pool=self._pool, budget=self._budget, admission=self._admission,
-            metrics=self._metrics, config=self.config, connect=connect or self.clients.get,
+            metrics=self._metrics, config=self.config, connect=connect or self.clients.get, adapters=self.adapters,
         )
         for name, queue in self._admission.queues.items():
             self._metrics.watch_queue(name, lambda q=queue: q.depth)
@@ -117,6 +121,8 @@ class Router:
             if view.state == SERVING:
                 return worker.info
             found = found or worker.info
+        if found is None and (base := self.adapters.base_of(model)) is not None:
+            return self.model_info(base)  # an adapter: its base model's context length
         return found
 
     def queue_depths(self) -> dict[str, int]:
@@ -154,12 +160,23 @@ class Router:
         if not request.inputs:
             raise InvalidRequestError("the request has no inputs", param="prompt")
         admission = self.config.admission
+        request, model = self._resolve_adapter(request, model)
         features = features_of(
             request, model=self._resolve_model(model), prefix_chars=self.config.prefix_chars,
             default_max_tokens=self.config.default_max_tokens, long_prompt_tokens=admission.long_prompt_tokens,
-            long_max_tokens=admission.long_max_tokens, class_pools=admission.class_pools, ticket=next(self._tickets),
+            long_max_tokens=admission.long_max_tokens, class_pools=admission.class_pools,
+            class_pool_fallback=admission.class_pool_fallback, ticket=next(self._tickets),
         )
         return RoutedStream(self._context, request, features, key=key, deadline=deadline)
+
+    def _resolve_adapter(self, request: GenerateRequest, model: str | None) -> tuple[GenerateRequest, str | None]:
+        """A model that names a LoRA adapter (not a served model) runs as that adapter on its base."""
+        if model is None or model in self._pool.snapshot().known_models():
+            return request, model
+        base = self.adapters.base_of(model)
+        if base is None:
+            return request, model  # _resolve_model says 404
+        return dataclasses.replace(request, adapter=model), base
 
     def _resolve_model(self, model: str | None) -> str | None:
         known = self._pool.snapshot().known_models()

@@ -23,7 +23,7 @@ class WorkerView:
 
     address: str
     model: str = ""
-    pool: str = ""                    # the registry's worker pool (workload class), "" = any
+    pool: str = ""                    # the worker's pool (workload class: Info, else its registry record), "" = any
     state: str = SERVING
     breaker: str = CLOSED
     health: str = "SERVING"           # last gRPC health answer
