@@ -116,6 +116,14 @@ class EngineConfig(FleetModel):
     reasoning_parser: str | None = Field(
         None, description="vLLM reasoning parser for the model (e.g. qwen3, deepseek_r1): splits reasoning from content"
     )
+    # LoRA adapters (#16): vLLM's enable_lora/max_loras/max_lora_rank; off unless asked for.
+    lora: list[str] = Field(
+        default_factory=list, description="A LoRA adapter to load at start, as name=path (a PEFT folder); repeatable"
+    )
+    max_loras: int = Field(
+        0, ge=0, description="Adapter slots (vLLM's max_loras); 0 = LoRA off, or one per --lora when some are given"
+    )
+    max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank accepted (vLLM's max_lora_rank)")
     # The mock engine (never a default): deterministic tokens at a set pace.
     mock_tokens_per_s: float = Field(50.0, gt=0, description="Mock engine: tokens per second per sequence")
     mock_ttft_ms: float = Field(20.0, ge=0, description="Mock engine: fixed delay before the first token")
@@ -131,6 +139,12 @@ class EngineConfig(FleetModel):
         None, description="Mock engine (test double of a wedged engine): while this file exists, running requests "
         "produce nothing and stay running, and the worker process stays up"
     )
+
+
+    @property
+    def adapter_slots(self) -> int:
+        """Adapter slots this engine runs with: --max-loras, else one per --lora (0 = LoRA off)."""
+        return self.max_loras or len(self.lora)
 
 
 class WorkerConfig(FleetModel):

@@ -1,4 +1,5 @@
-"""Async client for one worker: generate (an async iterator of chunks), abort, info, load, health.
+"""Async client for one worker: generate (an async iterator of chunks), abort, info, load, health,
+and its LoRA adapters (load_adapter, unload_adapter, list_adapters).
 
 One long-lived channel per client. By default every generate() of a client shares one
 GenerateMany call (mux.py: the worker batches all ready chunks into one message); with
@@ -21,8 +22,8 @@ from vllm_fleet.client.errors import error_from_rpc
 from vllm_fleet.client.mux import Multiplexer, MuxUnsupported
 from vllm_fleet.errors import WorkerTimeoutError
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2 as pb, worker_pb2_grpc
-from vllm_fleet.protocol.convert import chunk_from_pb, info_from_pb, load_from_pb, request_to_pb
-from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerInfo, WorkerLoad
+from vllm_fleet.protocol.convert import adapters_from_pb, chunk_from_pb, info_from_pb, load_from_pb, request_to_pb
+from vllm_fleet.protocol.types import Adapter, Chunk, GenerateRequest, WorkerInfo, WorkerLoad
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,29 @@ class WorkerClient:
     async def load(self, *, timeout: float = 2.0) -> WorkerLoad:
         try:
             return load_from_pb(await self._stub.Load(pb.LoadRequest(), timeout=timeout))
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, self.address) from None
+
+    async def load_adapter(self, name: str, path: str, *, timeout: float = 120.0) -> tuple[list[Adapter], int]:
+        """Load LoRA adapter `name` from `path` (a folder on the worker's machine); the adapters
+        held afterwards and the worker's slots. Loading what is loaded from the same path is a no-op."""
+        try:
+            return adapters_from_pb(await self._stub.LoadAdapter(pb.LoadAdapterRequest(name=name, path=path),
+                                                                 timeout=timeout))
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, self.address) from None
+
+    async def unload_adapter(self, name: str, *, timeout: float = 300.0) -> tuple[list[Adapter], int]:
+        """Unload `name` once the requests running on it finished (`timeout` covers that wait)."""
+        try:
+            return adapters_from_pb(await self._stub.UnloadAdapter(pb.UnloadAdapterRequest(name=name),
+                                                                   timeout=timeout))
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, self.address) from None
+
+    async def list_adapters(self, *, timeout: float = 5.0) -> tuple[list[Adapter], int]:
+        try:
+            return adapters_from_pb(await self._stub.ListAdapters(pb.ListAdaptersRequest(), timeout=timeout))
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, self.address) from None
 

@@ -97,10 +97,20 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def generate(
-        self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0
+        self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0,
+        adapter: Any = None,
     ) -> AsyncIterator[list[SampleDelta]]:
-        """Stream deltas. `params` is what this engine's `prepare` made (EnginePrompt.params).
+        """Stream deltas. `params` is what this engine's `prepare` made (EnginePrompt.params);
+        `adapter` a HeldAdapter (adapters.py) to generate with, None for the base model.
         Cancelling the consumer must abort the request in the engine."""
+
+    async def add_adapter(self, adapter: Any) -> None:
+        """Load a LoRA adapter (a HeldAdapter, checked by the registry); the engine's errors propagate."""
+        raise NotImplementedError(f"the {self.name} engine has no LoRA adapters")
+
+    async def remove_adapter(self, adapter: Any) -> None:
+        """Free an adapter's slot; no request runs on it any more."""
+        raise NotImplementedError(f"the {self.name} engine has no LoRA adapters")
 
     @abc.abstractmethod
     async def abort(self, engine_request_ids: list[str]) -> None: ...

@@ -33,6 +33,7 @@ from vllm_fleet.protocol.types import (
     WorkerInfo,
     WorkerLoad,
 )
+from vllm_fleet.worker.adapters import HeldAdapter
 from vllm_fleet.worker.engine import Engine, EnginePrompt, SampleDelta
 from vllm_fleet.worker.mock_stops import apply_stop_strings
 from vllm_fleet.worker.mock_script import MockScript, load_tokenizer
@@ -50,17 +51,19 @@ _STEP_S = 0.01
 RATE_WINDOW_S = 5  # Load's output tokens/s covers this many seconds
 
 
-def mock_next_token(previous: list[int], sample: int, first: bool) -> int:
+def mock_next_token(previous: list[int], sample: int, first: bool, adapter: str = "") -> int:
     """The deterministic next token after `previous` (the prompt plus what was generated).
 
     It depends only on the last two tokens (and, for the first answer token, the sample
     number), so a stream resumed elsewhere from prompt + tokens-so-far continues exactly as
-    the uninterrupted one would.
+    the uninterrupted one would. A LoRA adapter's name salts every token: an adapter answers
+    differently from the base model, and the same on every worker that holds it.
     """
     a = previous[-1] if previous else 0
     b = previous[-2] if len(previous) > 1 else 0
     salt = sample if first else 0
-    digest = hashlib.blake2b(f"{a}:{b}:{salt}".encode(), digest_size=4).digest()
+    key = f"{a}:{b}:{salt}" if not adapter else f"{a}:{b}:{salt}:{adapter}"
+    digest = hashlib.blake2b(key.encode(), digest_size=4).digest()
     return len(_SPECIALS) + int.from_bytes(digest, "little") % len(_WORDS)
 
 
@@ -162,7 +165,8 @@ class MockEngine(Engine):
         return "".join(VOCAB[i] for i in token_ids if i >= len(_SPECIALS))
 
     async def generate(
-        self, engine_request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, priority: int = 0
+        self, engine_request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, priority: int = 0,
+        adapter: HeldAdapter | None = None,
     ) -> AsyncIterator[list[SampleDelta]]:
         n = params.n or 1
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(prompt_token_ids)
@@ -179,7 +183,8 @@ class MockEngine(Engine):
             if self._script is not None:
                 steps = self._scripted_steps(prompt_token_ids, max_tokens, params, n)
             else:
-                steps = self._hashed_steps(prompt_token_ids, max_tokens, params, n)
+                steps = self._hashed_steps(prompt_token_ids, max_tokens, params, n,
+                                           adapter.name if adapter is not None else "")
             steps = apply_stop_strings(steps, params, self.decode)  # held-back text and all, as vLLM
             next_step = time.monotonic()
             for deltas in steps:
@@ -196,7 +201,7 @@ class MockEngine(Engine):
                 self._slots.release()
 
     def _hashed_steps(self, prompt_token_ids: list[int], max_tokens: int, params: SamplingParams,
-                      n: int) -> Iterator[list[SampleDelta]]:
+                      n: int, adapter: str = "") -> Iterator[list[SampleDelta]]:
         """The deterministic hashed tokens, ~10 ms of tokens per step."""
         per_step = max(1, round(self.config.mock_tokens_per_s * _STEP_S))
         position = 0
@@ -207,7 +212,7 @@ class MockEngine(Engine):
             for sample in range(n):
                 ids = []
                 for k in range(count):
-                    token = mock_next_token(sequences[sample], sample, first=position + k == 0)
+                    token = mock_next_token(sequences[sample], sample, first=position + k == 0, adapter=adapter)
                     sequences[sample] = [sequences[sample][-1], token]
                     ids.append(token)
                 done = position + count >= max_tokens
@@ -229,6 +234,13 @@ class MockEngine(Engine):
         for step in self._script.steps(prompt_token_ids, max_tokens, skip_special_tokens=skip):
             yield [SampleDelta(sample=sample, text=step.text, token_ids=list(step.token_ids),
                                finish_reason=step.finish_reason) for sample in range(n)]
+
+    async def add_adapter(self, adapter: HeldAdapter) -> None:
+        # The registry checked the folder; the mock holds no weights, only the name (it salts tokens).
+        await asyncio.sleep(self.config.mock_ttft_ms / 1000)  # a load takes a moment, as a real one does
+
+    async def remove_adapter(self, adapter: HeldAdapter) -> None:
+        return None
 
     async def abort(self, engine_request_ids: list[str]) -> None:
         # Requests are aborted by cancelling their consumer; nothing else holds state.

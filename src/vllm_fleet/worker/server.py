@@ -93,6 +93,7 @@ class WorkerServer:
         await self._server.start()
         logger.info("worker listening on %s (engine %s loading)", self.address, self.engine.name)
         await self.engine.start()
+        await self.service.load_static_adapters(getattr(getattr(self.engine, "config", None), "lora", []))  # --lora
         _settle_garbage_collector()
         await self._set_health(SERVING)
         logger.info("worker %s SERVING model %s", self.address, self.engine.info().model)

@@ -19,12 +19,19 @@ from dataclasses import dataclass, field
 import grpc
 
 from vllm_fleet import __version__
-from vllm_fleet.config import WorkerConfig
-from vllm_fleet.errors import DuplicateRequestError, InvalidRequestError, WorkerUnavailableError
+from vllm_fleet.config import EngineConfig, WorkerConfig
+from vllm_fleet.errors import (
+    ConfigError,
+    DuplicateRequestError,
+    FleetError,
+    InvalidRequestError,
+    WorkerUnavailableError,
+)
 from vllm_fleet.logs import request_id_var
 from vllm_fleet.protocol import PARAM_METADATA_KEY, worker_pb2 as pb, worker_pb2_grpc
-from vllm_fleet.protocol.convert import chunk_to_pb, info_to_pb, load_to_pb, request_from_pb
+from vllm_fleet.protocol.convert import adapters_to_pb, chunk_to_pb, info_to_pb, load_to_pb, request_from_pb
 from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerInfo
+from vllm_fleet.worker.adapters import AdapterRegistry, HeldAdapter
 from vllm_fleet.worker.engine import Engine, SampleDelta
 from vllm_fleet.worker.engine_watch import EngineWatch, StallBounds
 from vllm_fleet.worker.metrics import WorkerMetrics
@@ -57,6 +64,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.idle.set()
         # Engine progress, noted by the pumps and judged by the server's monitor.
         self.watch = EngineWatch(StallBounds.of(config), enabled=config.engine_stall_check)
+        engine_config = getattr(engine, "config", None)  # LoRA settings are engine settings
+        self.adapters = AdapterRegistry(
+            engine_config.adapter_slots if isinstance(engine_config, EngineConfig) else 0,
+            engine_config.max_lora_rank if isinstance(engine_config, EngineConfig) else 0,
+            base_model=lambda: self.engine.info().model)
 
     # ------------------------------------------------------------------------------- Generate
 
@@ -146,11 +158,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self.metrics.requests.labels("invalid").inc()
             logger.info("rejected: %s", exc)
             raise
-        async for chunk in self._stream(request_id, request, prepared):
-            yield chunk
+        held = self.adapters.acquire(request.adapter) if request.adapter else None
+        try:
+            async for chunk in self._stream(request_id, request, prepared, held):
+                yield chunk
+        finally:
+            if held is not None:  # an unload waiting for this request may go on
+                self.adapters.release(held)
 
-    async def _stream(self, request_id: str, request: GenerateRequest,
-                      prepared: list[PreparedInput]) -> AsyncIterator[Chunk]:
+    async def _stream(self, request_id: str, request: GenerateRequest, prepared: list[PreparedInput],
+                      adapter: HeldAdapter | None = None) -> AsyncIterator[Chunk]:
         loop = asyncio.get_running_loop()
         started = loop.time()
         interval_ms = request.stream_interval_ms or self.config.default_stream_interval_ms
@@ -160,7 +177,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         active.events = events
         outcome = "error"
         try:
-            self._start_inputs(request_id, request, prepared, active, events)
+            self._start_inputs(request_id, request, prepared, active, events, adapter)
             while stream.open_inputs:
                 match await _next_event(events, stream.next_deadline(), loop):
                     case Deltas(index, deltas):
@@ -187,7 +204,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await self._close(request_id, active, all_done=(outcome == "ok"))
 
     def _start_inputs(self, request_id: str, request: GenerateRequest, prepared: list[PreparedInput],
-                      active: _Active, events: asyncio.Queue[StreamEvent]) -> None:
+                      active: _Active, events: asyncio.Queue[StreamEvent], adapter: HeldAdapter | None) -> None:
         for index, item in enumerate(prepared):
             self.metrics.prompt_tokens.inc(item.prompt_len)
             if item.exhausted:  # a resume that used up max_tokens already: it ends at once
@@ -196,15 +213,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 continue
             engine_id = f"{request_id}-{index}"
             active.engine_ids.append(engine_id)
-            active.tasks.append(asyncio.create_task(self._pump(index, engine_id, item, request.priority, events)))
+            active.tasks.append(asyncio.create_task(self._pump(index, engine_id, item, request.priority, events,
+                                                               adapter)))
 
     async def _pump(self, index: int, engine_id: str, item: PreparedInput, priority: int,
-                    events: asyncio.Queue[StreamEvent]) -> None:
+                    events: asyncio.Queue[StreamEvent], adapter: HeldAdapter | None = None) -> None:
         """Relay one engine request's output as events; cancelling the task aborts the request."""
         self.watch.submitted(engine_id, len(item.prompt_token_ids))
         try:
             async for deltas in self.engine.generate(engine_id, item.prompt_token_ids, item.engine_params,
-                                                     priority=priority):
+                                                     priority=priority, adapter=adapter):
                 self.watch.produced(engine_id)
                 events.put_nowait(Deltas(index, deltas))
             events.put_nowait(Ended(index, aborted=False))
@@ -275,7 +293,49 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         load = self.engine.load()
         load.in_flight = len(self.active)
         load.draining = self.draining
+        load.adapters = self.adapters.names()
+        load.max_adapters = self.adapters.slots
         return load_to_pb(load)
+
+    # ------------------------------------------------------------------------------- adapters
+
+    async def LoadAdapter(self, request: pb.LoadAdapterRequest, context: grpc.aio.ServicerContext) -> pb.AdapterList:
+        try:
+            await self.adapters.load(request.name, request.path, self.engine.add_adapter, self.engine.remove_adapter)
+        except Exception as exc:
+            await self._abort_call(context, exc)
+        return self._adapter_list()
+
+    async def UnloadAdapter(self, request: pb.UnloadAdapterRequest,
+                            context: grpc.aio.ServicerContext) -> pb.AdapterList:
+        try:
+            await self.adapters.unload(request.name, self.engine.remove_adapter)
+        except Exception as exc:
+            await self._abort_call(context, exc)
+        return self._adapter_list()
+
+    async def ListAdapters(self, request: pb.ListAdaptersRequest, context: grpc.aio.ServicerContext) -> pb.AdapterList:
+        return self._adapter_list()
+
+    def _adapter_list(self) -> pb.AdapterList:
+        return adapters_to_pb(self.adapters.listing(), self.adapters.slots)
+
+    async def _abort_call(self, context: grpc.aio.ServicerContext, exc: Exception) -> None:
+        status = self._status(exc)
+        metadata = ((PARAM_METADATA_KEY, status.param),) if status.param else ()
+        await context.abort(status.code, status.message, trailing_metadata=metadata)
+
+    async def load_static_adapters(self, specs: list[str]) -> None:
+        """The --lora name=path adapters, before the worker turns SERVING; ConfigError if one cannot load."""
+        for spec in specs:
+            name, sep, path = spec.partition("=")
+            if not sep or not name.strip() or not path.strip():
+                raise ConfigError(f"--lora {spec!r} is not name=path")
+            try:
+                await self.adapters.load(name.strip(), path.strip(), self.engine.add_adapter,
+                                         self.engine.remove_adapter)
+            except FleetError as exc:
+                raise ConfigError(f"--lora {spec!r}: {exc}") from None
 
 
 async def _next_event(events: asyncio.Queue[StreamEvent], deadline: float | None,

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from vllm_fleet.config import EngineConfig
-from vllm_fleet.errors import ConfigError, ModelError
+from vllm_fleet.errors import ConfigError, InvalidRequestError, ModelError
 from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, TokenLogprob, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
@@ -59,6 +59,8 @@ def engine_kwargs(config: EngineConfig, model_path: str, served_name: str) -> di
         except json.JSONDecodeError:
             value = raw
         kwargs[key.strip().replace("-", "_")] = value
+    if config.adapter_slots:  # LoRA costs memory and a slower step: on only when asked for
+        kwargs.update(enable_lora=True, max_loras=config.adapter_slots, max_lora_rank=config.max_lora_rank)
     return kwargs
 
 
@@ -225,12 +227,15 @@ class VllmEngine(Engine):
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)
 
     async def generate(
-        self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0
+        self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0,
+        adapter: Any = None,
     ) -> AsyncIterator[list[SampleDelta]]:
         """`params`: vLLM's SamplingParams with output kind DELTA, as `prepare` made them."""
         from vllm.inputs import TokensPrompt
 
-        extra = {"priority": priority} if self._priority_scheduling else {}
+        extra: dict[str, Any] = {"priority": priority} if self._priority_scheduling else {}
+        if adapter is not None:
+            extra["lora_request"] = self._lora_request(adapter)
         stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, engine_request_id, **extra)
         refused = vllm_error_types()
         try:
@@ -273,6 +278,26 @@ class VllmEngine(Engine):
                 top=[(tid, tok, lp) for tid, tok, lp, _ in top],
             ))
         return result
+
+    def _lora_request(self, adapter: Any) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(adapter.name, adapter.lora_id, adapter.path, base_model_name=self._served_name)
+
+    async def add_adapter(self, adapter: Any) -> None:
+        """Load the adapter's weights now (not at its first request), so a bad folder fails the load."""
+        try:
+            loaded = await self._llm.add_lora(self._lora_request(adapter))
+        except (ValueError, TypeError, OSError, RuntimeError) as exc:
+            if not self.healthy:
+                raise
+            raise InvalidRequestError(f"vLLM could not load the adapter at lora_path {adapter.path!r}: {exc}",
+                                      param="lora_path") from None
+        if not loaded:
+            raise InvalidRequestError(f"vLLM refused the adapter at lora_path {adapter.path!r}", param="lora_path")
+
+    async def remove_adapter(self, adapter: Any) -> None:
+        await self._llm.remove_lora(adapter.lora_id)
 
     async def abort(self, engine_request_ids: list[str]) -> None:
         if self._llm is not None and engine_request_ids and not self._llm.errored:
