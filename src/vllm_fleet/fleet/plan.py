@@ -38,6 +38,7 @@ class WorkerSpec:
     env: dict[str, str] = field(default_factory=dict)
     mig_profile: str = ""
     capacity: cap.Capacity | None = None
+    pool: str = ""                       # workload pool (fleet files); "" = any
 
     @property
     def address(self) -> str:
@@ -45,8 +46,9 @@ class WorkerSpec:
 
     def argv(self, python: str = sys.executable) -> list[str]:
         """The worker's command line."""
+        pool = ["--pool", self.pool] if self.pool else []
         return [python, "-m", "vllm_fleet.cli", "worker", "--host", self.host, "--port", str(self.port),
-                "--device", self.device, "--worker-id", self.worker_id, *engine_options(self.engine)]
+                "--device", self.device, "--worker-id", self.worker_id, *pool, *engine_options(self.engine)]
 
     def capacity_summary(self) -> dict[str, float]:
         """What the registry advertises (WorkerRecord.capacity)."""
@@ -149,9 +151,9 @@ def _place_gpus(plan: Plan, inventory: Inventory, config: PlanConfig, shape: Mod
 
 def _add_gpu_worker(plan: Plan, config: PlanConfig, shape: ModelShape | None, label: str, device: cap.DeviceSpec,
                     uuids: list[str], *, tp: int, mig_profile: str = "") -> None:
-    engine = _engine_config(config, tensor_parallel_size=tp, gpu_memory_utilization=config.gpu_memory_utilization)
-    spec = WorkerSpec(worker_id=_worker_id(len(plan.workers)), device=label, port=0, host=config.host, engine=engine,
-                      env={"CUDA_VISIBLE_DEVICES": ",".join(uuids)}, mig_profile=mig_profile)
+    engine = engine_config(config, tensor_parallel_size=tp, gpu_memory_utilization=config.gpu_memory_utilization)
+    spec = WorkerSpec(worker_id=node_worker_id(len(plan.workers)), device=label, port=0, host=config.host,
+                      engine=engine, env={"CUDA_VISIBLE_DEVICES": ",".join(uuids)}, mig_profile=mig_profile)
     _check(plan, config, shape, spec, device)
 
 
@@ -167,7 +169,7 @@ def _place_cpu(plan: Plan, inventory: Inventory, config: PlanConfig, shape: Mode
     by_cores = len(cpu.cores) // per_worker
     if by_cores == 0:
         raise ConfigError(f"--cores-per-worker {per_worker} exceeds the {len(cpu.cores)} cores this process may use")
-    kv_gib = config.kv_cache_space_gb or _default_kv_gib(shape, config)
+    kv_gib = config.kv_cache_space_gb or default_kv_gib(shape, config)
     count = config.cpu_workers or min(by_cores, _workers_by_memory(shape, config, kv_gib, cpu.memory_bytes))
     if count > by_cores:
         raise ConfigError(
@@ -177,13 +179,13 @@ def _place_cpu(plan: Plan, inventory: Inventory, config: PlanConfig, shape: Mode
     share = cpu.memory_bytes // count
     for i in range(count):
         cores = format_cores(cpu.cores[i * per_worker:(i + 1) * per_worker])
-        engine = _engine_config(config, cpu_cores=cores, kv_cache_space_gb=kv_gib)
-        spec = WorkerSpec(worker_id=_worker_id(i), device=f"cpu {cores}", port=0, host=config.host, engine=engine)
+        engine = engine_config(config, cpu_cores=cores, kv_cache_space_gb=kv_gib)
+        spec = WorkerSpec(worker_id=node_worker_id(i), device=f"cpu {cores}", port=0, host=config.host, engine=engine)
         device = cap.DeviceSpec(name="cpu", kind="cpu", memory_bytes=share, kv_cache_space_bytes=kv_gib * cap.GiB)
         _check(plan, config, shape, spec, device)
 
 
-def _default_kv_gib(shape: ModelShape | None, config: PlanConfig) -> int:
+def default_kv_gib(shape: ModelShape | None, config: PlanConfig) -> int:
     """Whole GiB (VLLM_CPU_KVCACHE_SPACE takes an integer) holding 4 full-length sequences."""
     if shape is None:
         return 1
@@ -203,12 +205,12 @@ def _workers_by_memory(shape: ModelShape | None, config: PlanConfig, kv_gib: int
 # Shared
 
 
-def _worker_id(number: int) -> str:
+def node_worker_id(number: int) -> str:
     # Unique across nodes, stable across restarts of the same worker.
     return f"{socket.gethostname()}-w{number}"
 
 
-def _engine_config(config: PlanConfig, **fields: object) -> EngineConfig:
+def engine_config(config: PlanConfig, **fields: object) -> EngineConfig:
     values: dict[str, object] = {"engine": config.engine, **fields}
     for name in ("model", "max_model_len", "max_num_seqs"):
         if getattr(config, name) is not None:
@@ -218,7 +220,8 @@ def _engine_config(config: PlanConfig, **fields: object) -> EngineConfig:
     if config.engine_arg:
         values["engine_arg"] = list(config.engine_arg)
     if config.engine == "mock":  # the mock engine ignores device settings; keep its command line short
-        values = {k: v for k, v in values.items() if k in ("engine", "model", "max_num_seqs", "cpu_cores")}
+        kept = ("engine", "model", "served_model_name", "max_num_seqs", "cpu_cores")
+        values = {k: v for k, v in values.items() if k in kept}
     return EngineConfig(**values)
 
 
