@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from vllm_fleet.protocol.types import Chunk, GenerateRequest
+from vllm_fleet.router.adapters import AdapterPlacement
 from vllm_fleet.router.admission import Admission
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.config import RouterConfig
@@ -39,3 +40,4 @@ class StreamContext:
     metrics: RouterMetrics
     config: RouterConfig
     connect: Connect           # address -> the client one attempt streams from
+    adapters: AdapterPlacement | None = None  # LoRA requests: which workers hold the adapter, loading it

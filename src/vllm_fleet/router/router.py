@@ -64,7 +64,7 @@ class Router:
         self._admission = Admission(self.config.admission, clock=clock, quota=quota)
         self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock)
         self.adapters = AdapterPlacement(self._pool.snapshot, self.clients.get,
-                                         overlay_s=max(5.0, 3 * self.config.load_poll_interval_s), clock=clock)
+                                         overlay_s=max(1.0, 3 * self.config.load_poll_interval_s), clock=clock)
         self._tickets = itertools.count()
         self._context = StreamContext(
             policy=self._policy, pool=self._pool, budget=self._budget, admission=self._admission,

@@ -157,6 +157,8 @@ class RoutedStream:
         tried: set[str] = set()
         try:
             while True:
+                if self.request.adapter and ctx.adapters is not None:  # a LoRA request: some worker holds it
+                    await ctx.adapters.place(self.request.adapter, self.features.model or "", self.features.pool)
                 address, lease = self._pick(tried)
                 self.attempts += 1
                 self.worker = address
@@ -175,6 +177,8 @@ class RoutedStream:
                     # Overload is a capacity signal and a passed deadline is the caller's: neither
                     # says the worker is broken.
                     faultless = isinstance(exc, (WorkerOverloadedError, DeadlineExceededError))
+                    if isinstance(exc, WorkerOverloadedError) and self.request.adapter and ctx.adapters is not None:
+                        ctx.adapters.forget(address, self.request.adapter)  # evicted or unloading there
                     verdict = None if faultless else False
                     if all(s.finished for s in self._samples.values()):
                         # The stream broke after every sample's last chunk: the answer is whole. A
@@ -199,7 +203,10 @@ class RoutedStream:
     def _pick(self, tried: set[str]) -> tuple[str, Lease]:
         """The best-ranked worker not tried yet whose breaker lets this request through."""
         ctx = self._context
-        ranked = ctx.policy.rank(self.features, ctx.pool.snapshot())
+        snapshot = ctx.pool.snapshot()
+        ranked = ctx.policy.rank(self.features, snapshot)
+        if self.request.adapter and ctx.adapters is not None:
+            ranked = ctx.adapters.prefer_holders(self.request.adapter, ranked, snapshot)
         for address in [a for a in ranked if a not in tried] + [a for a in ranked if a in tried]:
             lease = ctx.pool.try_acquire(address, self._remaining_cost())
             if lease is not None:
