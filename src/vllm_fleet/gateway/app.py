@@ -9,6 +9,8 @@
     GET  /metrics                Prometheus (admin key when keys are configured)
     GET  /dashboard              status page: static HTML/JS (no auth; it holds no data)
     GET  /dashboard/state.json   the page's data (admin key when keys are configured)
+    POST /v1/load_lora_adapter   LoRA adapters, in vLLM's shape (admin key; gateway/adapters.py)
+    POST /v1/unload_lora_adapter
 
 The path of one request: request id → route (404/405) → authenticate the route's need
 (401/403) → `handler(Call)` → Response or StreamResponse. Any exception a handler raises
@@ -27,6 +29,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.gateway.access_log import RequestRecord, request_id_from
+from vllm_fleet.gateway.adapters import AdapterAdmin, adapter_card, adapter_cards
 from vllm_fleet.gateway.api_error import ApiError, from_exception, unauthorized
 from vllm_fleet.gateway.asgi import ClientGone, HttpRequest, Response, until_disconnect
 from vllm_fleet.gateway.call import AuthNeed, Call, Route, worker_request_id
@@ -56,6 +59,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics(router, metrics_registry)
         self.completions = CompletionHandler(router, config, self.metrics)
         self.dashboard = Dashboard(router, registry, self.metrics.totals)
+        self.adapter_admin = AdapterAdmin(router, config)
         self._openapi = Response.json(openapi_document(config))
         self._routes: dict[tuple[str, str], Route] = {
             ("GET", "/health"): Route("none", self._health),
@@ -68,6 +72,8 @@ class GatewayApp:
             ("GET", "/dashboard"): Route("none", self.dashboard.page),
             ("GET", "/dashboard/app.js"): Route("none", self.dashboard.script),
             ("GET", "/dashboard/state.json"): Route("admin", self.dashboard.state),
+            ("POST", "/v1/load_lora_adapter"): Route("admin", self.adapter_admin.load),
+            ("POST", "/v1/unload_lora_adapter"): Route("admin", self.adapter_admin.unload),
         }
         # GET /v1/models/{model}: the one route with a path parameter.
         self._model_route = Route("key", self._model)
@@ -178,10 +184,14 @@ class GatewayApp:
         return self._openapi
 
     async def _models(self, call: Call) -> Response:
-        return Response.json({"object": "list", "data": [self._model_card(m) for m in self.router.models()]})
+        cards = [self._model_card(m) for m in self.router.models()]
+        return Response.json({"object": "list", "data": cards + adapter_cards(self.router)})
 
     async def _model(self, call: Call) -> Response:
         model = call.http.path[len(MODEL_PREFIX):]
+        adapter = self.router.adapters.catalog().get(model)
+        if adapter is not None and model not in self.router.models():
+            return Response.json(adapter_card(adapter.name, adapter.path, adapter.base))
         if self.router.model_info(model) is None:
             raise ApiError(404, f"model {model!r} is not served here", param="model", code="model_not_found")
         return Response.json(self._model_card(model))

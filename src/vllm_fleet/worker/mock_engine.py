@@ -82,6 +82,7 @@ class MockEngine(Engine):
         self._alive = False
         self.tokenizer = None        # a real tokenizer, with mock_tokenizer
         self._script: MockScript | None = None
+        self._adapter_ids: set[int] = set()  # loaded adapters: a request on a removed one fails, as in vLLM
 
     async def start(self) -> None:
         if self.config.mock_script and not self.config.mock_tokenizer:
@@ -188,6 +189,8 @@ class MockEngine(Engine):
             steps = apply_stop_strings(steps, params, self.decode)  # held-back text and all, as vLLM
             next_step = time.monotonic()
             for deltas in steps:
+                if adapter is not None and adapter.lora_id not in self._adapter_ids:
+                    raise RuntimeError(f"adapter {adapter.name!r} was removed while a request ran on it")
                 if self.config.mock_stall_file:
                     await _wait_while_exists(self.config.mock_stall_file)
                 count = len(deltas[0].token_ids)
@@ -238,9 +241,10 @@ class MockEngine(Engine):
     async def add_adapter(self, adapter: HeldAdapter) -> None:
         # The registry checked the folder; the mock holds no weights, only the name (it salts tokens).
         await asyncio.sleep(self.config.mock_ttft_ms / 1000)  # a load takes a moment, as a real one does
+        self._adapter_ids.add(adapter.lora_id)
 
     async def remove_adapter(self, adapter: HeldAdapter) -> None:
-        return None
+        self._adapter_ids.discard(adapter.lora_id)
 
     async def abort(self, engine_request_ids: list[str]) -> None:
         # Requests are aborted by cancelling their consumer; nothing else holds state.
