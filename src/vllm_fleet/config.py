@@ -173,13 +173,13 @@ class WorkerConfig(FleetModel):
         True, description="Watch engine progress: a stalled engine makes the worker fail its requests and exit"
     )
     engine_stall_floor_s: float = Field(
-        2.0, gt=0, description="Engine stall: shortest silence (requests running, no output) judged a stall"
+        4.0, gt=0, description="Engine stall: shortest silence (requests running, no output) judged a stall"
     )
     engine_stall_step_factor: float = Field(
         10.0, gt=0, description="Engine stall: silence allowed, in multiples of the longest recent engine step"
     )
     engine_stall_max_s: float = Field(
-        4.0, gt=0, description="Engine stall: longest silence allowed while every running request has produced "
+        10.0, gt=0, description="Engine stall: longest silence allowed while every running request has produced "
         "output (prompts still pending add their prefill allowance on top)"
     )
     engine_stall_prefill_s_per_1k: float = Field(

@@ -10,7 +10,7 @@ from vllm_fleet.config import WorkerConfig
 from vllm_fleet.worker.engine_watch import EngineWatch, StallBounds
 
 TICK = 0.5
-BOUNDS = StallBounds.of(WorkerConfig())  # floor 2 s, 10 × step, cap 4 s, 10 s per 1k pending, cold 60 s
+BOUNDS = StallBounds.of(WorkerConfig())  # floor 4 s, 10 × step, cap 10 s, 10 s per 1k pending, cold 60 s
 
 
 class Clock:
@@ -75,14 +75,14 @@ def test_slow_steps_widen_the_bound_up_to_its_cap():
     clock = Clock()
     watch = watch_with(clock)
     watch.submitted("a-0", 5)
-    run_steps(watch, clock, ["a-0"], steps=10, step_s=0.3)  # 10 × 0.3 s = 3 s: above the floor
-    assert watch.bound_s() == pytest.approx(3.0)
+    run_steps(watch, clock, ["a-0"], steps=10, step_s=0.5)  # 10 × 0.5 s = 5 s: above the floor
+    assert watch.bound_s() == pytest.approx(5.0)
     stall, after = silent_for(watch, clock, 30)
-    assert stall is not None and after >= stall.bound_s > 2.9
+    assert stall is not None and after >= stall.bound_s > 4.9
     clock.now += 40  # the slow steps leave the window ...
     slow = watch_with(clock)
     slow.submitted("b-0", 5)
-    run_steps(slow, clock, ["b-0"], steps=10, step_s=1.0)  # ... and 10 × 1 s is capped
+    run_steps(slow, clock, ["b-0"], steps=10, step_s=1.5)  # ... and 10 × 1.5 s is capped
     assert slow.bound_s() == BOUNDS.max_s
 
 

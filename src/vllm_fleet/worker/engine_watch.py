@@ -20,8 +20,12 @@ busy, if it was idle):
   mean: a step that once took long (a prefill chunk, a contended CPU) may take long again, and a
   false verdict costs a worker restart.
 - The floor keeps fast engines (steps of 10-50 ms) from being judged on scheduling noise; the
-  cap `max_s` keeps detection of a stall among decoding requests within a few seconds (the
-  worker checks every `health_interval_s`, so detection ≤ max_s + one interval).
+  cap `max_s` keeps detection of a stall among decoding requests within seconds (the worker
+  checks every `health_interval_s`, so detection ≤ max_s + one interval). Defaults 4 s and 10 s:
+  with a 2 s floor and a 4 s cap a healthy real worker on the shared 2-core test machine was
+  judged stalled (2.6 s of silence against a 2.3 s bound, recent steps ~0.23 s, while other
+  engines ran); the SIGSTOP scenario of benchmarks/engine_stall.py (steps ~0.28 s) is still
+  caught within the floor plus one tick (≤ 4.5 s).
 - A long prefill is not a stall: while a held request has produced nothing yet, its prompt may be
   in the very step the others wait on, so the bound grows with those prompts' tokens, uncapped.
   The default (10 s per 1,000 prompt tokens: an engine that prefills only 100 tokens/s) is meant
