@@ -39,6 +39,12 @@ def env_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "vllm-fleet"
 
 
+def env_parent_pid() -> int | None:
+    """VLLM_FLEET_PARENT_PID: set by a supervisor for a child that must die with it."""
+    value = os.environ.get("VLLM_FLEET_PARENT_PID", "")
+    return int(value) if value.isdigit() else None
+
+
 def env_log_level() -> str:
     return os.environ.get("VLLM_FLEET_LOG_LEVEL", "INFO").upper()
 

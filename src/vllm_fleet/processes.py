@@ -82,16 +82,25 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _exit)
 
 
-def die_with_parent(parent_pid: int) -> Callable[[], None]:
-    """preexec_fn: SIGKILL this child when the parent dies (Linux), even by SIGKILL."""
-    def preexec() -> None:
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:  # not Linux: the process group kill on stop still applies
-            return
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-    return preexec
+# Set for a child started with die_with_parent=True: the pid whose death must end it. Only our
+# own CLI reads it, so die_with_parent applies to `python -m vllm_fleet.cli ...` children.
+PARENT_PID_ENV = "VLLM_FLEET_PARENT_PID"
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Arrange for this process to get SIGKILL when `parent_pid` (its parent) dies, even by SIGKILL
+    (Linux; elsewhere the owner's process-group kill on stop still applies).
+
+    A child calls this itself, early in its own main (the CLI does when PARENT_PID_ENV is set),
+    not through Popen's preexec_fn: preexec_fn runs Python in a forked copy of a parent whose
+    gRPC threads hold locks, and a supervisor's restart crashed there with SIGSEGV.
+    """
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 class ServiceProcess:
@@ -130,11 +139,13 @@ class ServiceProcess:
     def start(self) -> Self:
         if self.running:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
-        preexec = die_with_parent(os.getpid()) if self.die_with_parent else None
+        env = {**os.environ, **(self.env or {})}
+        if self.die_with_parent:  # the child arms it itself (die_with_parent): no preexec_fn
+            env[PARENT_PID_ENV] = str(os.getpid())
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command, env={**os.environ, **(self.env or {})}, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec,
+                self.command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         logger.debug("%s started: pid %s, log %s", self.name, self.process.pid, self.log_path)
         return self

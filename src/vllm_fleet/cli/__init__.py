@@ -9,8 +9,10 @@ import pkgutil
 import sys
 
 from vllm_fleet import __version__
+from vllm_fleet.config import env_parent_pid
 from vllm_fleet.errors import FleetError
 from vllm_fleet.logs import setup_logging
+from vllm_fleet.processes import die_with_parent
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     setup_logging(args.log_level, json_lines=args.log_json)
+    parent_pid = env_parent_pid()
+    if parent_pid is not None:  # started by a supervisor that wants us gone when it dies
+        die_with_parent(parent_pid)
     try:
         return int(args.handler(args) or 0)
     except FleetError as exc:
