@@ -41,8 +41,13 @@ def plan_text(plan: Plan) -> str:
         rows.append([w.worker_id, w.address, w.device, binding,
                      f"{c.kv_tokens:,}" if c else "-", f"{c.max_model_len:,}" if c else "-",
                      str(c.concurrent_sequences(c.max_model_len)) if c else "-"])
+    header = ["worker", "address", "device", "binding", "KV tokens", "max_model_len", "full-length seqs"]
+    names = [w.engine.served_model_name or w.engine.model or "default" for w in plan.workers]
+    if len(set(names)) > 1 or any(w.pool for w in plan.workers):  # a fleet file: which model, which pool
+        header[1:1] = ["model", "pool"]
+        rows = [[row[0], name, w.pool or "any", *row[1:]] for row, name, w in zip(rows, names, plan.workers)]
     text = f"plan for {plan.model} ({len(plan.workers)} workers, devices from {plan.source}):\n"
-    text += _table(["worker", "address", "device", "binding", "KV tokens", "max_model_len", "full-length seqs"], rows)
+    text += _table(header, rows)
     for note in plan.notes:
         text += f"\nnote: {note}"
     return text + "\n"

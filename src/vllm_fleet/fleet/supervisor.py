@@ -159,10 +159,11 @@ class ManagedWorker:
         try:
             model = (await client.info()).model
         except WorkerError:
-            model = self.spec.engine.model or ""
+            model = self.spec.engine.served_model_name or self.spec.engine.model or ""
+        # The pool is in the record too, so routers see it before they have fetched the worker's Info.
         record = WorkerRecord(
             address=_advertised(self.spec), model=model, device=self.spec.device, mig_profile=self.spec.mig_profile,
-            worker_id=self.spec.worker_id, capacity=self.spec.capacity_summary(),
+            worker_id=self.spec.worker_id, capacity=self.spec.capacity_summary(), pool=self.spec.pool,
         )
         try:
             await self.registry.register(record)
