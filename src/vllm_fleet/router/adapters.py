@@ -84,7 +84,7 @@ class AdapterPlacement:
 
     def base_of(self, name: str) -> str | None:
         """The base model of adapter `name`, or None if the fleet knows no such adapter."""
-        entry = self.catalog().get(name)
+        entry = self._registered.get(name) or self.catalog().get(name)
         return entry.base if entry is not None else None
 
     def prefer_holders(self, name: str, ranked: Sequence[str], snapshot: PoolSnapshot) -> list[str]:

@@ -162,7 +162,7 @@ class Router:
         admission = self.config.admission
         request, model = self._resolve_adapter(request, model)
         features = features_of(
-            request, model=self._resolve_model(model), prefix_chars=self.config.prefix_chars,
+            request, model=model, prefix_chars=self.config.prefix_chars,
             default_max_tokens=self.config.default_max_tokens, long_prompt_tokens=admission.long_prompt_tokens,
             long_max_tokens=admission.long_max_tokens, class_pools=admission.class_pools,
             class_pool_fallback=admission.class_pool_fallback, ticket=next(self._tickets),
@@ -170,13 +170,15 @@ class Router:
         return RoutedStream(self._context, request, features, key=key, deadline=deadline)
 
     def _resolve_adapter(self, request: GenerateRequest, model: str | None) -> tuple[GenerateRequest, str | None]:
-        """A model that names a LoRA adapter (not a served model) runs as that adapter on its base."""
-        if model is None or model in self._pool.snapshot().known_models():
-            return request, model
-        base = self.adapters.base_of(model)
-        if base is None:
-            return request, model  # _resolve_model says 404
-        return dataclasses.replace(request, adapter=model), base
+        """The model to route to; one that names a LoRA adapter (not a served model) runs as
+        that adapter on its base model. Looked up only for a name that is no served model."""
+        try:
+            return request, self._resolve_model(model)
+        except UnknownModelError:
+            base = self.adapters.base_of(model or "")
+            if base is None:
+                raise
+            return dataclasses.replace(request, adapter=model), base
 
     def _resolve_model(self, model: str | None) -> str | None:
         known = self._pool.snapshot().known_models()
