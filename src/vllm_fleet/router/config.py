@@ -49,11 +49,12 @@ class AdmissionConfig(FleetModel):
     queue_timeout_s: float = Field(10.0, ge=0, description="How long a request may wait in its class queue")
     class_pools: bool = Field(
         False,
-        description="Route each class only to workers registered with pool 'short' or 'long' (workers without a pool serve both)",
+        description="Route each class only to workers whose pool (worker --pool, or the fleet file) is 'short' or "
+        "'long' (workers without a pool serve both)",
     )
     class_pool_fallback: bool = Field(
-        False, description="With --class-pools: when no worker of a class's pool (or without a pool) can take a "
-        "request, send it to a worker of another pool instead of failing it with no worker (off: pools stay apart)",
+        False, description="With --class-pools: when a class's pool has no serving worker of the model (nor one "
+        "without a pool), use another pool's workers instead of failing with no worker (off: pools stay apart)",
     )
     fleet_quota: str | None = Field(
         None, description="zk://host:port[,host:port]/cluster: per-key limits hold for all gateways given the same "
