@@ -81,6 +81,13 @@ def test_two_mock_models_on_cpu_cores_get_their_cores_pools_and_ports(tmp_path):
     assert option(argv, "--pool") == "short" and option(argv, "--served-model-name") == "alpha"
     assert option(argv, "--cpu-cores") == "0"
     assert len({w.worker_id for w in plan.workers}) == 3
+    assert not plan.notes
+
+
+def test_a_pool_no_workload_class_maps_to_is_pointed_out():
+    plan = build_fleet_plan(cpu_node(), fleet({"model": "m", "devices": "cpu:0", "pool": "batch"}, engine="mock"))
+    assert plan.notes == ["pool 'batch' is not a workload class (short, long): routers with --class-pools send it "
+                          "nothing"]
 
 
 def test_mig_instances_and_gpu_shares_side_by_side():

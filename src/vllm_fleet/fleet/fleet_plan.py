@@ -27,6 +27,7 @@ from vllm_fleet.fleet.plan import Plan, WorkerSpec, default_kv_gib, engine_confi
 # and each process's CUDA context lies outside the other workers' shares: shares of one GPU
 # that add up to 1.0 would fail the last worker's start, so some room is kept free.
 MAX_GPU_SHARE_TOTAL = 0.95
+CLASS_POOLS = ("short", "long")   # the router's workload classes (router/features.py)
 
 
 @dataclass
@@ -81,6 +82,8 @@ def build_fleet_plan(inventory: Inventory, fleet: FleetFile, shapes: dict[str, M
     for offset, worker in enumerate(plan.workers):
         worker.port = fleet.base_port + offset
     plan.notes += [f"{name}: model config from {s.source}" for name, s in shapes.items() if s.from_builtin]
+    plan.notes += [f"pool {pool!r} is not a workload class (short, long): routers with --class-pools send it nothing"
+                   for pool in sorted({e.pool for e in fleet.models} - {"", *CLASS_POOLS})]
     return plan
 
 
