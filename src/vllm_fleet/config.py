@@ -16,7 +16,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vllm_fleet.errors import ConfigError
 
@@ -77,6 +77,10 @@ def env_hf_offline() -> bool:
 # Engine and worker
 
 
+# The adapter ranks vLLM accepts as max_lora_rank (vllm/config/lora.py, MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
 class EngineConfig(FleetModel):
     """Which engine a worker runs and how. vLLM options pass through unchanged."""
 
@@ -129,7 +133,9 @@ class EngineConfig(FleetModel):
     max_loras: int = Field(
         0, ge=0, description="Adapter slots (vLLM's max_loras); 0 = LoRA off, or one per --lora when some are given"
     )
-    max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank accepted (vLLM's max_lora_rank)")
+    max_lora_rank: int = Field(
+        16, ge=1, description="Largest adapter rank accepted (vLLM's max_lora_rank: 1, 8, 16, 32, 64, 128, 256, 320 or 512)"
+    )
     # The mock engine (never a default): deterministic tokens at a set pace.
     mock_tokens_per_s: float = Field(50.0, gt=0, description="Mock engine: tokens per second per sequence")
     mock_ttft_ms: float = Field(20.0, ge=0, description="Mock engine: fixed delay before the first token")
@@ -146,6 +152,13 @@ class EngineConfig(FleetModel):
         "produce nothing and stay running, and the worker process stays up"
     )
 
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _vllm_rank(cls, value: int) -> int:
+        if value not in LORA_RANKS:  # vLLM takes only these; said here, not at engine start
+            raise ValueError(f"must be one of {', '.join(map(str, LORA_RANKS))}")
+        return value
 
     @property
     def adapter_slots(self) -> int:

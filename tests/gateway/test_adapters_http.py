@@ -121,3 +121,16 @@ async def test_unloading_while_requests_run_loses_none(lora_gateway, tmp_path):
     assert reply.status_code == 200
     results = await asyncio.gather(*running)
     assert results == [(200, "length")] * count
+
+
+async def test_static_adapters_from_the_command_line(start_gateway, mock_worker_factory, tmp_path):
+    path = make_adapter(tmp_path / "static")
+    worker = await mock_worker_factory.start(served_model_name="static-base", mock_tokens_per_s=2000, mock_ttft_ms=2,
+                                             lora=f"sql={path}")
+    server = await start_gateway([worker.address], router=RouterConfig(load_poll_interval_s=0.2))
+    await wait_until(lambda: "sql" in server.router.adapters.catalog(), timeout=20, message="the --lora adapter")
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        models = (await http.get("/v1/models")).json()["data"]
+        assert {"id": "sql", "parent": "static-base"}.items() <= next(m for m in models if m["id"] == "sql").items()
+        reply = await http.post("/v1/completions", json={"model": "sql", "prompt": "select", "max_tokens": 4})
+        assert reply.status_code == 200 and reply.json()["model"] == "sql"

@@ -147,3 +147,19 @@ async def test_a_worker_without_lora_refuses_adapter_requests(tmp_path):
     with pytest.raises(InvalidRequestError) as off:
         await service.adapters.load("a", make_adapter(tmp_path / "a"), engine.add_adapter, engine.remove_adapter)
     assert off.value.param == "lora_name"
+
+
+async def test_bad_lora_options_are_config_errors_naming_the_option(tmp_path):
+    from vllm_fleet.config import validated
+    from vllm_fleet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--max-lora-rank"):
+        validated(EngineConfig, {"engine": "mock", "max_lora_rank": 12})  # vLLM takes 8 or 16, not 12
+    config = EngineConfig(engine="mock", mock_ttft_ms=1, lora=["no-equals-sign", f"x={tmp_path / 'missing'}"])
+    assert config.adapter_slots == 2  # one slot per --lora when --max-loras is not given
+    engine = MockEngine(config)
+    service = WorkerService(engine, WorkerConfig(), WorkerMetrics(CollectorRegistry()))
+    with pytest.raises(ConfigError, match="name=path"):
+        await service.load_static_adapters(config.lora[:1])
+    with pytest.raises(ConfigError, match="lora_path"):
+        await service.load_static_adapters(config.lora[1:])
