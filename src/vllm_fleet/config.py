@@ -134,7 +134,8 @@ class EngineConfig(FleetModel):
         0, ge=0, description="Adapter slots (vLLM's max_loras); 0 = LoRA off, or one per --lora when some are given"
     )
     max_lora_rank: int = Field(
-        16, ge=1, description="Largest adapter rank accepted (vLLM's max_lora_rank: 1, 8, 16, 32, 64, 128, 256, 320 or 512)"
+        16, ge=1, description="Largest adapter rank accepted (vLLM's max_lora_rank: 1, 8, 16, 32, 64, 128, 256, "
+                              "320 or 512)"
     )
     # The mock engine (never a default): deterministic tokens at a set pace.
     mock_tokens_per_s: float = Field(50.0, gt=0, description="Mock engine: tokens per second per sequence")
