@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -119,3 +121,35 @@ async def test_sigterm_drains_the_streams_of_both_processes(mock_worker_factory)
         assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # the parent reaped both
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{gateway.url}/health", timeout=5)
+
+
+async def test_a_child_that_dies_is_started_again_and_the_port_keeps_serving(mock_worker_factory):
+    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=2000, mock_ttft_ms=1)
+    async with GatewayProcess(["--workers", worker.address, "--processes", "2"], worker_env()) as gateway:
+        await gateway.wait_ready(timeout=60)
+        await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
+        first = children(gateway.pid)
+        os.kill(first[0], signal.SIGKILL)
+        await wait_until(lambda: len(set(children(gateway.pid)) - set(first)) == 1
+                         and len(children(gateway.pid)) == 2, timeout=30, message="the killed child replaced")
+        await gateway.wait_ready(timeout=30)
+        pids = children(gateway.pid)
+        seen: set[int] = set()
+        for _ in range(64):
+            pid, reading = await stream_on_new_connection(gateway.port, pids, 4)
+            assert (await reading).endswith(DONE_LAST_CHUNK)
+            seen.add(pid)
+            if seen == set(pids):
+                break
+        assert seen == set(pids), f"connections were served by {seen} of {pids}"
+        assert gateway.running
+
+
+def test_a_child_that_cannot_start_stops_the_gateway(tmp_path):
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text("this is not a keys file\n")
+    done = subprocess.run([sys.executable, "-m", "vllm_fleet.cli", "gateway", "--workers", "127.0.0.1:1",
+                           "--port", "0", "--processes", "2", "--api-key-file", str(keys)],
+                          env=worker_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert str(keys) in done.stdout + done.stderr

@@ -55,10 +55,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.processes != 1:
         from vllm_fleet.gateway.multiprocess import Supervisor
 
-        def child(index: int, port: int) -> int:  # runs in a forked process: its own registry and router
+        def child(index: int, port: int, listening) -> int:  # a forked process: its own registry and router
             registry = open_registry(args.registry or args.workers)
             return _run(_serve_async(config.model_copy(update={"port": port}), router_config, registry, limits,
-                                     reuse_port=True))
+                                     reuse_port=True, on_listening=listening))
 
         return Supervisor(child, args.processes, config.host, config.port).run()
     registry = open_registry(args.registry or args.workers)
@@ -88,7 +88,7 @@ def _run(coro) -> int:
 
 
 async def _serve_async(config: GatewayConfig, router_config: RouterConfig, registry: Registry,
-                       limits: LimitsSource, *, reuse_port: bool = False) -> int:
+                       limits: LimitsSource, *, reuse_port: bool = False, on_listening=None) -> int:
     from vllm_fleet.gateway.server import GatewayServer
 
     server = GatewayServer(config, router_config, registry, limits=limits, reuse_port=reuse_port)
@@ -100,6 +100,8 @@ async def _serve_async(config: GatewayConfig, router_config: RouterConfig, regis
     loop.add_signal_handler(signal.SIGHUP, server.reload)
     await server.start()
     print(f"vllm-fleet gateway: listening on {server.url}", file=sys.stderr, flush=True)
+    if on_listening is not None:
+        on_listening()
     waiter = asyncio.ensure_future(server.wait())
     await asyncio.wait({waiter, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
     await server.stop()

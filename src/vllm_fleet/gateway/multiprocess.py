@@ -9,8 +9,8 @@ stays with one child). No request crosses processes and nothing is shared on the
 The parent binds the address first (without listening) with SO_REUSEPORT: that refuses an
 address in use before any child starts, turns port 0 into the port the children share, and
 keeps the port while a child restarts. The parent serves nothing itself: it forwards SIGTERM,
-SIGINT (both: drain and stop) and SIGHUP (reload keys and limits) to the children, restarts a
-child that dies after it served for a while, and stops everything when one dies at start
+SIGINT (both: drain and stop) and SIGHUP (reload keys and limits) to the children, starts again
+a child that dies after it listened, and stops everything when one dies before it listened
 (a bad flag or file fails in every child alike).
 """
 
@@ -22,17 +22,12 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
 from vllm_fleet.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-# A child that exits sooner than this after its start failed to start: restarting it would fail again.
-START_WINDOW_S = 10.0
-
 
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     """Bind host:port with SO_REUSEPORT, not listening; (the socket, its port). ConfigError if taken."""
@@ -48,11 +43,15 @@ def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     return sock, sock.getsockname()[1]
 
 
-class Supervisor:
-    """Runs `child(index, port)` in N forked processes until SIGTERM/SIGINT; the exit code is 0
-    after a drain, else that of a child that failed at start."""
+# child(index, port, listening): serve until a signal; call listening() once the port is served.
+Child = Callable[[int, int, Callable[[], None]], int]
 
-    def __init__(self, child: Callable[[int, int], int], processes: int, host: str, port: int) -> None:
+
+class Supervisor:
+    """Runs `child` in N forked processes until SIGTERM/SIGINT; the exit code is 0 after a
+    drain, else that of a child that failed at start."""
+
+    def __init__(self, child: Child, processes: int, host: str, port: int) -> None:
         if processes < 1:
             raise ConfigError(f"--processes must be at least 1, not {processes}")
         self.child = child
@@ -60,7 +59,8 @@ class Supervisor:
         self._reserved, self.port = reserve_port(host, port)
         # fork: the children inherit the parsed configuration; nothing (no loop, no thread) runs yet.
         self._context = multiprocessing.get_context("fork")
-        self._children: dict[int, tuple[multiprocessing.process.BaseProcess, float]] = {}
+        # index → (process, set once it listens: an exit before that is a failed start)
+        self._children: dict[int, tuple[multiprocessing.process.BaseProcess, object]] = {}
         self._stopping = False
         self._pending: list[int] = []
 
@@ -78,10 +78,11 @@ class Supervisor:
             self._reserved.close()
 
     def _start(self, index: int) -> None:
-        process = self._context.Process(target=_child_main, args=(self.child, index, self.port),
+        listening = self._context.Event()
+        process = self._context.Process(target=_child_main, args=(self.child, index, self.port, listening),
                                         name=f"gateway-{index}", daemon=False)
         process.start()
-        self._children[index] = (process, time.monotonic())
+        self._children[index] = (process, listening)
 
     def _on_signal(self, signum: int, frame) -> None:
         # Only note it here: the loop below forwards it (a handler should do little).
@@ -101,14 +102,14 @@ class Supervisor:
             wait([p.sentinel for p, _ in self._children.values()], timeout=0.2)
             while self._pending:
                 self._forward(self._pending.pop(0))
-            for index, (process, started) in list(self._children.items()):
+            for index, (process, listening) in list(self._children.items()):
                 if process.is_alive():
                     continue
                 process.join()
                 del self._children[index]
                 if self._stopping:
                     continue
-                if time.monotonic() - started < START_WINDOW_S:
+                if not listening.is_set():
                     logger.error("gateway process %d exited with %s at start; stopping the others", index,
                                  process.exitcode)
                     code = process.exitcode or 1
@@ -120,21 +121,21 @@ class Supervisor:
         return code
 
 
-def _child_main(child: Callable[[int, int], int], index: int, port: int) -> None:
+def _child_main(child: Child, index: int, port: int, listening) -> None:
     # The parent's handlers note signals for its loop; a child handles its own in its event loop.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
-    code = _exit_code(child, index, port)
+    code = _exit_code(child, index, port, listening.set)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # not multiprocessing's exit path: it would run the parent's atexit handlers
 
 
-def _exit_code(child: Callable[[int, int], int], index: int, port: int) -> int:
+def _exit_code(child: Child, index: int, port: int, listening: Callable[[], None]) -> int:
     try:
-        return int(child(index, port) or 0)
+        return int(child(index, port, listening) or 0)
     except ConfigError as exc:
-        print(f"vllm-fleet gateway (process {index}): error: {exc}", flush=True)
+        print(f"vllm-fleet gateway (process {index}): error: {exc}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         return 130
