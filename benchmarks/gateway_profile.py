@@ -110,7 +110,8 @@ async def requests_phase(args, out: Path) -> dict:
         spy.wait(60)
         pool.close()
     served = len(ttfts) + errors
-    return {"requests": served, "errors": errors, "rate": rate, "gateway_cpu_s": cpu, "us_per_request": cpu / served * 1e6}
+    return {"requests": served, "errors": errors, "rate": rate, "gateway_cpu_s": cpu,
+            "us_per_request": cpu / served * 1e6}
 
 
 async def events_phase(args, out: Path) -> dict:
