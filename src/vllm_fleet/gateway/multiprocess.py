@@ -26,20 +26,14 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 
 from vllm_fleet.errors import ConfigError
+from vllm_fleet.gateway.sockets import bind_socket
 
 logger = logging.getLogger(__name__)
 
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     """Bind host:port with SO_REUSEPORT, not listening; (the socket, its port). ConfigError if taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock = bind_socket(host, port, reuse_port=True)
+    sock.setblocking(True)
     return sock, sock.getsockname()[1]
 
 

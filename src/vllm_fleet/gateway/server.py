@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from pathlib import Path
 
 import uvicorn
@@ -28,6 +27,7 @@ from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.header_limit import header_limit_protocol
 from vllm_fleet.gateway.keys import KeyStore
 from vllm_fleet.gateway.reload import LimitsSource, Reloader
+from vllm_fleet.gateway.sockets import bind_socket
 from vllm_fleet.registry import Registry
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.quota import fleet_quota_from_config
@@ -50,22 +50,6 @@ def worker_client_options(config: GatewayConfig) -> ClientOptions:
 
     return ClientOptions(tls_ca=read(config.worker_tls_ca), tls_cert=read(config.worker_tls_cert),
                          tls_key=read(config.worker_tls_key), multiplex=config.worker_multiplex)
-
-
-def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """`reuse_port`: one of several gateway processes on this port (multiprocess.py)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.setblocking(False)
-    return sock
 
 
 class GatewayServer:

@@ -34,6 +34,16 @@ REGISTRY_CONNECTED = Gauge(
 )
 
 
+
+def call_on_loop(loop: asyncio.AbstractEventLoop | None, callback, *args) -> None:
+    """Run `callback(*args)` on `loop` from one of kazoo's threads; nothing once the loop is gone."""
+    if loop is None or loop.is_closed():
+        return
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # loop closed between the check and the call
+        pass
+
 class ZooKeeperRegistry(Registry):
     """Registry backed by ZooKeeper ephemeral nodes under /vllm-fleet/<cluster>/workers/."""
 
@@ -218,13 +228,7 @@ class ZooKeeperRegistry(Registry):
                 logger.exception("registry: could not re-register %s", record.address)
 
     def _call_on_loop(self, callback, *args) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # loop closed between the check and the call
-            pass
+        call_on_loop(self._loop, callback, *args)
 
     def _set_connected(self, connected: bool) -> None:
         if connected == self._connected:

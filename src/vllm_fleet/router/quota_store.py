@@ -24,6 +24,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from vllm_fleet.errors import ConfigError, FleetError
+from vllm_fleet.registry.zookeeper import call_on_loop
 
 logger = logging.getLogger(__name__)
 
@@ -188,13 +189,7 @@ class ZooKeeperQuotaStore:
             logger.exception("fleet quota: could not rejoin the gateways after a new ZooKeeper session")
 
     def _call_on_loop(self, callback, *args) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # loop closed between the check and the call
-            pass
+        call_on_loop(self._loop, callback, *args)
 
     def _node(self, key: str) -> str:
         # Keys may be secrets (Router.stream's `key`) and may hold '/': store a digest.
