@@ -130,7 +130,16 @@ async def test_static_adapters_from_the_command_line(start_gateway, mock_worker_
     server = await start_gateway([worker.address], router=RouterConfig(load_poll_interval_s=0.2))
     await wait_until(lambda: "sql" in server.router.adapters.catalog(), timeout=20, message="the --lora adapter")
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
-        models = (await http.get("/v1/models")).json()["data"]
-        assert {"id": "sql", "parent": "static-base"}.items() <= next(m for m in models if m["id"] == "sql").items()
+        async def card() -> dict:
+            models = (await http.get("/v1/models")).json()["data"]
+            return next(m for m in models if m["id"] == "sql")
+
+        # Its folder is asked of the worker that reported it (so the router can place it elsewhere too).
+        await wait_until(lambda: _root_is(card, path), timeout=10, message="the adapter's folder")
+        assert (await card())["parent"] == "static-base"
         reply = await http.post("/v1/completions", json={"model": "sql", "prompt": "select", "max_tokens": 4})
         assert reply.status_code == 200 and reply.json()["model"] == "sql"
+
+
+async def _root_is(card, path: str) -> bool:
+    return (await card())["root"] == path

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from fakes import FakeClock, snapshot
+from support import wait_until
 from vllm_fleet.errors import InvalidRequestError, NoWorkerError, UnknownModelError, WorkerOverloadedError
 from vllm_fleet.protocol.types import Adapter, WorkerLoad
 from vllm_fleet.router.adapters import AdapterPlacement
@@ -44,6 +45,9 @@ class FakeWorker:
 
     async def unload_adapter(self, name: str):
         self.held.remove(name)
+        return [Adapter(n, f"/a/{n}", 8, "m") for n in self.held], self.slots
+
+    async def list_adapters(self):
         return [Adapter(n, f"/a/{n}", 8, "m") for n in self.held], self.slots
 
 
@@ -109,3 +113,15 @@ async def test_a_refused_request_forgets_the_holder_until_load_says_otherwise():
     assert place.prefer_holders("sql", ["a"], snapshot(a.view())) == []
     clock.advance(60)
     assert place.prefer_holders("sql", ["a"], snapshot(a.view())) == ["a"]
+
+
+async def test_an_adapter_only_a_worker_reported_is_placed_elsewhere_once_that_worker_leaves():
+    holder, other = FakeWorker("a", held=("static",)), FakeWorker("b")
+    workers = [holder, other]
+    place = AdapterPlacement(lambda: snapshot(*(w.view() for w in workers)), {"a": holder, "b": other}.__getitem__,
+                             clock=FakeClock())
+    assert place.base_of("static") == "m"  # seen in a's Load; its path is asked of a
+    await wait_until(lambda: place.catalog()["static"].path == "/a/static", timeout=5, message="the path")
+    workers.remove(holder)  # a leaves the pool
+    await place.place("static", "m")
+    assert other.loads == ["static"]

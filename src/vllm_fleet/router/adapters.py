@@ -11,7 +11,8 @@ that is not loaded anywhere waits on the same load (single flight).
 
 What a worker holds is known from its Load answers; a load or unload we just did (whose
 reply lists the adapters held) counts for `overlay_s` seconds over an older Load, and a
-worker that refused a request for an adapter is taken not to hold it for that long.
+worker that refused a request for an adapter is taken not to hold it for that long. The path
+of an adapter first seen in a Load is asked of that worker (ListAdapters) once.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class AdapterClient(Protocol):
 
     async def unload_adapter(self, name: str) -> tuple[list[Adapter], int]: ...
 
+    async def list_adapters(self) -> tuple[list[Adapter], int]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class CatalogEntry:
@@ -67,6 +70,7 @@ class AdapterPlacement:
         self._seen: dict[str, str] = {}
         self._overlay: dict[str, tuple[frozenset[str], float]] = {}  # address -> (held, until)
         self._loading: dict[str, asyncio.Future[str]] = {}
+        self._learning: set[asyncio.Future] = set()
         self.loads = 0  # load RPCs this router sent (single flight: one per burst)
 
     # --- what is where --------------------------------------------------------------------
@@ -84,8 +88,32 @@ class AdapterPlacement:
             for name in self.held_by(worker):
                 if name not in entries and worker.model:
                     entries[name] = CatalogEntry(name, "", worker.model)
-                    self._seen[name] = worker.model
+                    if name not in self._seen:
+                        self._seen[name] = worker.model
+                        self._learn_soon(worker.address, name)
         return entries
+
+    def _learn_soon(self, address: str, name: str) -> None:
+        """Ask the worker that reported `name` for its path, so the adapter can be loaded on
+        other workers (and shows its folder in /v1/models) even after that worker leaves."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = asyncio.ensure_future(self._learn(address, name))
+        self._learning.add(task)
+        task.add_done_callback(self._learning.discard)
+
+    async def _learn(self, address: str, name: str) -> None:
+        try:
+            held, _ = await self._connect(address).list_adapters()
+        except FleetError as exc:
+            logger.info("adapter %s: could not ask %s for its path: %s", name, address, exc)
+            return
+        for adapter in held:
+            # Not if an unload came meanwhile (it forgot the name) or an admin registered it.
+            if adapter.name == name and name in self._seen and name not in self._registered and adapter.path:
+                self.remember(name, adapter.path, adapter.base_model or self._seen[name])
 
     def base_of(self, name: str) -> str | None:
         """The base model of adapter `name`, or None if the fleet knows no such adapter."""
