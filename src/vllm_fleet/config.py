@@ -209,6 +209,10 @@ class WorkerConfig(FleetModel):
     engine_stall_cold_start_s: float = Field(
         60.0, gt=0, description="Engine stall: silence allowed before the engine's first output ever (lazy compilation)"
     )
+    engine_stall_busy_max_s: float = Field(
+        60.0, gt=0, description="Engine stall: longest silence allowed while the engine's processes keep using CPU "
+        "(a slow step, not a hang; a stopped or blocked engine process uses none)"
+    )
     max_message_mb: int = Field(64, ge=1, description="Largest gRPC message, in MiB")
     tls_cert: str | None = Field(None, description="PEM certificate: serve gRPC over TLS")
     tls_key: str | None = Field(None, description="PEM private key for --tls-cert")

@@ -126,3 +126,22 @@ def test_a_disabled_watch_never_judges():
     watch.submitted("a-0", 5)
     run_steps(watch, clock, ["a-0"], steps=5, step_s=0.05)
     assert silent_for(watch, clock, 120)[0] is None
+
+
+def test_an_engine_using_cpu_gets_the_busy_bound_and_a_stopped_one_does_not():
+    """A slow step burns CPU in the engine processes; a stopped EngineCore burns none."""
+    clock = Clock()
+    busy, stopped = watch_with(clock), watch_with(clock)
+    for watch in (busy, stopped):
+        watch.submitted("a-0", 5)
+        run_steps(watch, clock, ["a-0"], steps=5, step_s=0.05)
+    for _ in range(int((BOUNDS.floor_s + 2 * TICK) / TICK)):
+        clock.now += TICK
+        assert busy.check(TICK, engine_busy=True) is None
+        stopped.check(TICK, engine_busy=False)
+    assert stopped.stall is not None            # past the short bound with no CPU used
+    assert busy.stall is None                   # the same silence, but the engine was working
+    for _ in range(int(BOUNDS.busy_max_s / TICK)):  # a spinning hang still ends
+        clock.now += TICK
+        busy.check(TICK, engine_busy=True)
+    assert busy.stall is not None and busy.stall.bound_s == BOUNDS.busy_max_s

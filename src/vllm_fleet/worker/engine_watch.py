@@ -36,6 +36,12 @@ busy, if it was idle):
   compilation, autotuning), so it gets `cold_start_s`.
 - A tick that comes late (the worker's own loop was blocked: CPU starvation, a long GC) is not
   judged: outputs that arrived meanwhile may not have been noted yet.
+- An engine whose processes keep using CPU is working on a slow step, not hung: the bound is then
+  `busy_max_s` (the server tells `check` whether the engine processes' CPU time advanced since
+  the last tick). A stopped or blocked EngineCore uses none, so it is still caught at the short
+  bound. On the shared 2-core test machine the short bound alone judged healthy workers stalled
+  (a first logprobs step, other engines running); a GPU engine that spins on a wedged kernel
+  uses CPU too, so such a hang is caught at `busy_max_s`.
 """
 
 from __future__ import annotations
@@ -61,12 +67,13 @@ class StallBounds:
     max_s: float
     prefill_s_per_1k: float
     cold_start_s: float
+    busy_max_s: float = 60.0
 
     @classmethod
     def of(cls, config: WorkerConfig) -> StallBounds:
         return cls(floor_s=config.engine_stall_floor_s, step_factor=config.engine_stall_step_factor,
                    max_s=config.engine_stall_max_s, prefill_s_per_1k=config.engine_stall_prefill_s_per_1k,
-                   cold_start_s=config.engine_stall_cold_start_s)
+                   cold_start_s=config.engine_stall_cold_start_s, busy_max_s=config.engine_stall_busy_max_s)
 
 
 @dataclass(frozen=True)
@@ -145,9 +152,10 @@ class EngineWatch:
             bound = max(bound, b.cold_start_s)
         return bound
 
-    def check(self, interval_s: float) -> Stall | None:
+    def check(self, interval_s: float, *, engine_busy: bool = False) -> Stall | None:
         """Called every `interval_s`: a Stall once the engine holds requests and has been silent
-        past its bound (the same Stall on every later call), else None."""
+        past its bound (the same Stall on every later call), else None. `engine_busy`: the engine
+        processes used CPU since the last call (then the bound is at least `busy_max_s`)."""
         if self.stall is not None:
             return self.stall
         now = self._clock()
@@ -157,6 +165,8 @@ class EngineWatch:
             return None
         silent = now - self._since
         bound = self.bound_s()
+        if engine_busy:
+            bound = max(bound, self.bounds.busy_max_s)
         if silent <= bound:
             return None
         self.stall = Stall(silent_s=silent, bound_s=bound, step_s=self.step_s(), engine_ids=tuple(self._held))

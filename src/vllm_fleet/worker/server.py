@@ -27,6 +27,7 @@ from vllm_fleet.config import EngineConfig, WorkerConfig
 from vllm_fleet.errors import ConfigError, WorkerUnavailableError
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2_grpc
 from vllm_fleet.worker.engine import Engine, build_engine
+from vllm_fleet.worker.engine_cpu import EngineCpu
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.service import WorkerService
 
@@ -66,6 +67,7 @@ class WorkerServer:
         self._stop = asyncio.Event()
         self._engine_died = False
         self._engine_stalled = False
+        self._engine_cpu = EngineCpu()
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -131,7 +133,9 @@ class WorkerServer:
                 self._engine_died = True
                 logger.error("the engine died; NOT_SERVING, exiting in %.0fs", _ENGINE_DEATH_EXIT_S)
                 asyncio.get_running_loop().call_later(_ENGINE_DEATH_EXIT_S, self._stop.set)
-            if healthy and not self._engine_stalled and self.service.watch.check(self.config.health_interval_s):
+            busy = self._engine_cpu.advanced()
+            if healthy and not self._engine_stalled and self.service.watch.check(self.config.health_interval_s,
+                                                                                  engine_busy=busy):
                 serving = False
                 await self._on_stall()
             if healthy:
