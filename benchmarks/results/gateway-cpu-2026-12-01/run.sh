@@ -4,10 +4,18 @@
 # after  = /tmp/h16-after:  HEAD d9a3f7e
 # The mock worker runs from the before tree in every run: before and after differ in the gateway only.
 # Rounds alternate the order, since the machine's load drifts.
+# Run from a clone: bash benchmarks/results/gateway-cpu-2026-12-01/run.sh  (makes both worktrees
+# under ${TMPDIR:-/tmp}; the venv comes from scripts/bootstrap.sh).
 set -u
-PY=/root/.cache/vllm-fleet/venv-py311/bin/python
-B=/tmp/h16-before/src; A=/tmp/h16-after/src
-OUT=$(cd "$(dirname "$0")" && pwd); cd /work/main
+OUT=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$OUT/../../.." && pwd); cd "$ROOT"
+[[ -n ${PY:-} ]] || source scripts/bootstrap.sh
+WT=${TMPDIR:-/tmp}
+[[ -d $WT/h16-after ]] || git worktree add --detach "$WT/h16-after" d9a3f7e
+if [[ ! -d $WT/h16-before ]]; then
+  git worktree add --detach "$WT/h16-before" d9a3f7e
+  git -C "$WT/h16-before" checkout 12d7af2 -- src/vllm_fleet/gateway/sse.py src/vllm_fleet/gateway/asgi.py src/vllm_fleet/gateway/access_log.py
+fi
+B=$WT/h16-before/src; A=$WT/h16-after/src
 stamp() { echo "=== $1 $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)"; }
 for tag in before after; do
   src=$B; [ $tag = after ] && src=$A

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Before/after #13, alternating, each checkout's own script against its own code.
-PY=/root/.cache/vllm-fleet/venv-py311/bin/python
-B=/work/before; A=/work/after13
-out=/tmp/bench13
-cd /tmp
+# Run from a clone: bash benchmarks/results/reshape-13/run.sh  (makes the two worktrees under
+# ${TMPDIR:-/tmp}; the venv comes from scripts/bootstrap.sh; output lands in $out).
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+[[ -n ${PY:-} ]] || source "$ROOT/scripts/bootstrap.sh"
+WT=${TMPDIR:-/tmp}
+B=$WT/reshape-before; A=$WT/reshape-after
+[[ -d $B ]] || git -C "$ROOT" worktree add --detach "$B" bb40c75
+[[ -d $A ]] || git -C "$ROOT" worktree add --detach "$A" 1e9d909
+out=${OUT:-$WT/bench13}; mkdir -p "$out"
+cd "$WT"
 for r in 1 2; do
   for side in before after; do
     dir=$B; [ $side = after ] && dir=$A
