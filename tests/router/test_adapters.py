@@ -25,6 +25,7 @@ class FakeWorker:
         self.running = running
         self.loads: list[str] = []
         self.gate: asyncio.Event | None = None
+        self.waiting_loads = 0  # loads held at the gate
         self.refuse: Exception | None = None
 
     def view(self) -> WorkerView:
@@ -34,6 +35,7 @@ class FakeWorker:
     async def load_adapter(self, name: str, path: str):
         self.loads.append(name)
         if self.gate is not None:
+            self.waiting_loads += 1
             await self.gate.wait()
         if self.refuse is not None:
             raise self.refuse
@@ -72,7 +74,8 @@ async def test_a_burst_for_an_unloaded_adapter_loads_it_once():
     place.remember("sql", "/a/sql", "m")  # in the catalog, loaded nowhere
     b.gate = asyncio.Event()
     burst = [asyncio.create_task(place.place("sql", "m")) for _ in range(32)]
-    await asyncio.sleep(0)
+    # Release the load only once it is in flight, with all 32 requests waiting on it.
+    await wait_until(lambda: b.waiting_loads == 1, timeout=10, message="the adapter load in flight")
     b.gate.set()
     await asyncio.gather(*burst)
     assert (a.loads, b.loads) == ([], ["sql"])
