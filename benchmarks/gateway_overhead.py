@@ -331,6 +331,16 @@ async def latency_figures(args: argparse.Namespace, duration: float, gateway: Ga
     pool.close()
 
 
+def run_on_uvloop(coroutine):
+    """Run `coroutine` on uvloop (the gateway's own loop) where installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coroutine)
+
+
 def report(results: dict) -> str:
     lines = [f"gateway: {results['processes']} process(es), {results['src']}"]
     for rate in (200, 1000):
@@ -382,14 +392,7 @@ if __name__ == "__main__":
     parser.add_argument("--streams", type=int, default=200, help="Concurrent streams at one token per event")
     options = parser.parse_args()
     SETUP.update(src=options.src, worker_src=options.worker_src, processes=options.processes)
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    with runner:
-        figures = runner.run(main(options))
+    figures = run_on_uvloop(main(options))
     if options.json:
         with open(options.json, "w") as handle:
             json.dump(figures, handle, indent=2)

@@ -94,13 +94,6 @@ if __name__ == "__main__":
     parser.add_argument("--json", help="Also write the raw figures to this file")
     options = parser.parse_args()
     overhead.SETUP["src"] = options.src
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    with runner:
-        figures = runner.run(main(options))
+    figures = overhead.run_on_uvloop(main(options))
     if options.json:
         Path(options.json).write_text(json.dumps(figures, indent=2))
