@@ -62,9 +62,13 @@ def mock_worker(ttft_ms: int, tokens_per_s: int, *extra: str) -> WorkerProcess:
 
 
 def gateway_for(worker: WorkerProcess, *extra: str) -> GatewayProcess:
+    return gateway_for_all([worker], *extra)
+
+
+def gateway_for_all(workers: list[WorkerProcess], *extra: str) -> GatewayProcess:
     processes = ["--processes", str(SETUP["processes"])] if SETUP["processes"] != 1 else []
-    return GatewayProcess(["--workers", worker.address, "--no-access-log", *processes, *extra], _env(),
-                          stop_grace_s=15)
+    return GatewayProcess(["--workers", ",".join(w.address for w in workers), "--no-access-log", *processes, *extra],
+                          _env(), stop_grace_s=15)
 
 
 class HttpConnection:

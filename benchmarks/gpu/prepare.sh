@@ -23,7 +23,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     "grpcio-health-checking==$(version grpcio-health-checking)" "nvidia-ml-py>=12" \
     "aiohttp==$(version aiohttp)" "yarl==$(version yarl)" "multidict==$(version multidict)" \
     "frozenlist==$(version frozenlist)" "propcache==$(version propcache)" "aiosignal==$(version aiosignal)" \
-    "aiohappyeyeballs==$(version aiohappyeyeballs)"
+    "aiohappyeyeballs==$(version aiohappyeyeballs)" "orjson==$(version orjson)"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$OUT/srv" \
     watchfiles model-hosting-container-standards jmespath supervisor python-multipart

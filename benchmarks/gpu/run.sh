@@ -10,6 +10,12 @@
 #                                  #  PART=bd: (b)‖(d), the gateway beside the stock server)
 #   benchmarks/gpu/run.sh pair     # two GPUs: 2 workers + gateway vs 2 stock servers + nginx
 #   benchmarks/gpu/run.sh tp2      # two GPUs: one stock server with tensor parallel 2
+#   benchmarks/gpu/run.sh short    # issue #17 target 2 on ONE GPU: many short requests (Qwen3-0.6B
+#                                  # shape, 256 in / 16 out) to the stock server, our gateway + worker
+#                                  # and (when $SMG_SITE holds it) SMG + vLLM's gRPC server; all started first,
+#                                  # each at SHORT_MEM of the GPU, then benched in turn, ROUNDS times
+#   benchmarks/gpu/run.sh scale    # issue #17 target 4: gateway --processes 1, 2, 4 on this host's
+#                                  # CPUs with mock workers (no GPU)
 #   benchmarks/gpu/run.sh mock     # our stack on the mock engine (checks the staging, no GPU)
 #   benchmarks/gpu/run.sh smoke    # tiny version of `single` (any machine, e.g. CPU + SmolLM2)
 #
@@ -321,6 +327,82 @@ http {
 NGINX
     start nginx "" "${NGINX:-nginx}" -c "$dir/nginx.conf" -p "$dir"
     wait_http http://127.0.0.1:$port 30
+}
+
+smg_engine() {  # smg_engine NAME GPU PORT: vLLM's own gRPC server (smg-grpc-servicer), the engine SMG routes to
+    local name=$1 gpu=$2 port=$3
+    # Its servicer's own warm-up is off: every system gets the same untimed pass (WARMUP) instead.
+    start "$name" "$gpu" env VLLM_CACHE_ROOT=${STOCK_CACHE_ROOT:-${TMPDIR:-/tmp}/vllm-cache-$name} \
+        SMG_VLLM_SERVICER_WARMUP=${SMG_WARMUP:-off} PYTHONPATH=$SMG_SITE:$FLEET_SITE:$SITE \
+        ${SMG_PY:-python3} -m ${SMG_ENGINE_MODULE:-vllm.entrypoints.grpc_server} --model "$MODEL" --served-model-name "$NAME" \
+        --host 127.0.0.1 --port "$port" $ENGINE_OPTS $VLLM_EXTRA
+}
+
+smg_gateway() {  # smg_gateway PORT ENGINE_PORT: the Rust gateway (it tokenizes, templates, detokenizes)
+    start "smg-$1" "" env PYTHONPATH=$SMG_SITE:$FLEET_SITE:$SITE ${SMG_PY:-python3} -m smg launch --host 127.0.0.1 --port "$1" \
+        --worker-urls "grpc://127.0.0.1:$2" --model-path "$MODEL" --policy round_robin \
+        --prometheus-port $(($1 + 100)) ${SMG_EXTRA:-}
+}
+
+short() {  # issue #17 target 2: many short requests; every system up (and done compiling) before any bench
+    local frac=${SHORT_MEM:-0.28} api=${API_SERVERS:-1} rounds=${ROUNDS:-2}
+    MODEL=${SHORT_MODEL:?set SHORT_MODEL (stage.sh makes the Qwen3-0.6B-shaped folder)} NAME=${SHORT_NAME:-qwen3-0.6b}
+    IN_LEN=${SHORT_IN:-256} OUT_LEN=${SHORT_OUT:-16} RATES=${SHORT_RATES:-100,200,400,inf}
+    NUM=${SHORT_NUM:-2000} INF_NUM=${SHORT_INF_NUM:-2048} WARMUP=${SHORT_WARMUP:-32}
+    ENGINE_OPTS=${SHORT_ENGINE_OPTS:-"--load-format dummy --dtype bfloat16 --max-model-len 4096 --gpu-memory-utilization $frac --max-num-seqs 1024 --max-num-batched-tokens 16384 --seed 0"}
+    VLLM_EXTRA="" FLEET_EXTRA=""
+    # One compile cache, filled by the first engine: the systems start one after another, never at once.
+    export STOCK_CACHE_ROOT=${TMPDIR:-/tmp}/vllm-cache-short VLLM_CACHE_ROOT=${TMPDIR:-/tmp}/vllm-cache-short
+    gpu_memory
+    local systems=()
+    vllm_server vllm-serve 0 $((BASE + 41)) --api-server-count "$api"
+    wait_http http://127.0.0.1:$((BASE + 41)) "$START_TIMEOUT" && systems+=("stock=http://127.0.0.1:$((BASE + 41))")
+    fleet_worker worker 0 $((BASE + 42))
+    if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 42)); then
+        gateway $((BASE + 43)) 127.0.0.1:$((BASE + 42)) --processes "$api"
+        wait_http http://127.0.0.1:$((BASE + 43)) 60 && systems+=("fleet=http://127.0.0.1:$((BASE + 43))")
+    fi
+    if [[ -d ${SMG_SITE:-/nonexistent}/smg ]]; then
+        smg_engine smg-engine 0 $((BASE + 44))
+        if wait_grpc_health "$START_TIMEOUT" 127.0.0.1:$((BASE + 44)); then
+            smg_gateway $((BASE + 45)) $((BASE + 44))
+            wait_http http://127.0.0.1:$((BASE + 45)) 120 && systems+=("smg=http://127.0.0.1:$((BASE + 45))")
+        fi
+    fi
+    log "short: up: ${systems[*]}"
+    local r order
+    for ((r = 1; r <= rounds; r++)); do
+        order=("${systems[@]}"); ((r % 2 == 0)) && order=($(printf '%s\n' "${systems[@]}" | tac))
+        for system in "${order[@]}"; do bench "short-${system%%=*}-r$r" "${system#*=}"; done
+    done
+}
+
+wait_grpc_health() {  # wait_grpc_health SECONDS host:port: the standard gRPC health service says SERVING
+    $FLEET_PY - "$@" <<'PYEOF'
+import sys, time, grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+deadline = time.monotonic() + float(sys.argv[1])
+channel = grpc.insecure_channel(sys.argv[2])
+stub = health_pb2_grpc.HealthStub(channel)
+while True:
+    try:
+        if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
+            sys.exit(0)
+    except grpc.RpcError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit(f"{sys.argv[2]}: not SERVING after {sys.argv[1]} s")
+    time.sleep(1)
+PYEOF
+}
+
+scale() {  # issue #17 target 4: one port, N gateway processes, mock workers; no GPU needed
+    $FLEET_PY benchmarks/gateway_scale.py --processes ${SCALE_N:-1 2 4} --client-processes ${SCALE_CLIENTS:-4} \
+        --mock-workers ${SCALE_WORKERS:-4} --seconds ${SCALE_SECONDS:-10} --rounds ${SCALE_ROUNDS:-2} \
+        --json "$RESULTS/scale.json" >"$RESULTS/scale.txt" 2>&1 || log "scale failed"
+    nproc >>"$RESULTS/scale.txt"; log "scale: $(tail -4 "$RESULTS/scale.txt" | tr '\n' ' ')"
+    [[ -n ${OUT:-} ]] && cp "$RESULTS/scale.txt" "$RESULTS/scale.json" "$OUT/" 2>/dev/null
+    return 0
 }
 
 mock() {  # our worker (mock engine), gateway, bench, summary and archive: checks the stack, no GPU

@@ -10,7 +10,8 @@
 #   run 2, carry .gpu/vllm.part01 .gpu/fleet (62 MiB together, under the 64 MiB a run carries):
 #       bash benchmarks/gpu/stage.sh part .gpu/vllm.part01 && bash benchmarks/gpu/stage.sh install &&
 #       source /tmp/gpu-env.sh && benchmarks/gpu/run.sh mock       # our stack alone, no GPU needed
-#   run 3, carry .gpu/deps .gpu/third_party.tgz .gpu/srv:
+#   run 3, carry .gpu/deps .gpu/third_party.tgz .gpu/srv (and .gpu/smg for SMG, issue #17: the wheels
+#       of `bash benchmarks/smg/install.sh download .gpu/smg`; it may need a run of its own):
 #       bash benchmarks/gpu/stage.sh install && source /tmp/gpu-env.sh && benchmarks/gpu/run.sh single
 #   later runs:  source /tmp/gpu-env.sh && benchmarks/gpu/run.sh pair ...
 # Start each run within seconds of the last one's end: a machine idle for 30 s is given back,
@@ -45,15 +46,22 @@ install)
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/deps/*.whl
         tar -xzf .gpu/third_party.tgz -C "$SITE"
     fi
+    if [[ -d .gpu/smg ]]; then  # SMG (issue #17): its gateway binary and vLLM's gRPC servicer
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$ROOT/smg-site" .gpu/smg/*.whl
+        echo "smg: $(ls .gpu/smg | tr '\n' ' ')"
+    fi
     if [[ -d .gpu/srv ]]; then  # what vLLM's OpenAI server imports beyond the engine's path
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/srv/*.whl
         echo "vLLM: $(du -sh $SITE | cut -f1) in $SITE"
     fi
     [[ -f $MODEL_DIR/tokenizer.json ]] || python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3.5-9b "$MODEL_DIR"
+    [[ -f $ROOT/models/qwen3-0.6b/tokenizer.json ]] ||
+        python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3-0.6b "$ROOT/models/qwen3-0.6b"
     cat >"$ROOT/gpu-env.sh" <<ENV
 export VLLM_PY="env PYTHONPATH=$SITE python3"
 export FLEET_PY="env PYTHONPATH=$FLEET_SITE:$PWD/src:$SITE python3"
 export MODEL=$MODEL_DIR NGINX=$ROOT/nginx/usr/sbin/nginx
+export SITE=$SITE FLEET_SITE=$FLEET_SITE SMG_SITE=$ROOT/smg-site SHORT_MODEL=$ROOT/models/qwen3-0.6b
 export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ENV
     echo "env in $ROOT/gpu-env.sh" ;;
