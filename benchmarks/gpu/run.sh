@@ -364,7 +364,7 @@ short() {  # issue #17 target 2: many short requests; every system up (and done 
     fi
     if [[ -d ${SMG_SITE:-/nonexistent}/smg ]]; then
         smg_engine smg-engine 0 $((BASE + 44))
-        if wait_grpc_health "$START_TIMEOUT" 127.0.0.1:$((BASE + 44)); then
+        if wait_grpc_health "$START_TIMEOUT" 127.0.0.1:$((BASE + 44)) "${PIDS[-1]}"; then
             smg_gateway $((BASE + 45)) $((BASE + 44))
             wait_http http://127.0.0.1:$((BASE + 45)) 120 && systems+=("smg=http://127.0.0.1:$((BASE + 45))")
         fi
@@ -377,11 +377,13 @@ short() {  # issue #17 target 2: many short requests; every system up (and done 
     done
 }
 
-wait_grpc_health() {  # wait_grpc_health SECONDS host:port: the standard gRPC health service says SERVING
+wait_grpc_health() {  # wait_grpc_health SECONDS host:port [PID]: the standard gRPC health service says
+    # SERVING; gives up at once if PID (the server, started by `start`) has exited
     $FLEET_PY - "$@" <<'PYEOF'
-import sys, time, grpc
+import os, sys, time, grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 deadline = time.monotonic() + float(sys.argv[1])
+pid = int(sys.argv[3]) if len(sys.argv) > 3 else None
 channel = grpc.insecure_channel(sys.argv[2])
 stub = health_pb2_grpc.HealthStub(channel)
 while True:
@@ -390,6 +392,11 @@ while True:
             sys.exit(0)
     except grpc.RpcError:
         pass
+    if pid is not None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            sys.exit(f"{sys.argv[2]}: its server (pid {pid}) exited before SERVING")
     if time.monotonic() > deadline:
         sys.exit(f"{sys.argv[2]}: not SERVING after {sys.argv[1]} s")
     time.sleep(1)

@@ -33,26 +33,29 @@ part)
     mkdir -p "$ROOT/stage" && cp "${2:?part file}" "$ROOT/stage/"
     ls -la "$ROOT/stage" ;;
 install)
+    # Each part once: a later run may find this run's ignored .gpu/ folders still in the repo folder.
+    done_once() { [[ -f $ROOT/stage/.done-$1 ]]; }
+    mark() { mkdir -p "$ROOT/stage" && touch "$ROOT/stage/.done-$1"; }
     if [[ -f .gpu/nginx.deb ]]; then
         dpkg -x .gpu/nginx.deb "$ROOT/nginx" && "$ROOT/nginx/usr/sbin/nginx" -v
     fi
-    if [[ -d .gpu/fleet ]]; then
+    if [[ -d .gpu/fleet ]] && ! done_once fleet; then
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$FLEET_SITE" .gpu/fleet/*.whl
-        echo "our wheels: $(ls .gpu/fleet | tr '\n' ' ')"
+        echo "our wheels: $(ls .gpu/fleet | tr '\n' ' ')"; mark fleet
     fi
-    if [[ -d .gpu/deps ]]; then
+    if [[ -d .gpu/deps ]] && ! done_once deps; then
         mkdir -p "$SITE"
         cat "$ROOT"/stage/vllm.part* | xz -dc -T0 | tar -x -C "$SITE"
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/deps/*.whl
-        tar -xzf .gpu/third_party.tgz -C "$SITE"
+        tar -xzf .gpu/third_party.tgz -C "$SITE"; mark deps
     fi
-    if [[ -d .gpu/smg ]]; then  # SMG (issue #17): its gateway binary and vLLM's gRPC servicer
+    if [[ -d .gpu/smg ]] && ! done_once smg; then  # SMG (issue #17): its gateway and vLLM's gRPC servicer
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$ROOT/smg-site" .gpu/smg/*.whl
-        echo "smg: $(ls .gpu/smg | tr '\n' ' ')"
+        echo "smg: $(ls .gpu/smg | tr '\n' ' ')"; mark smg
     fi
-    if [[ -d .gpu/srv ]]; then  # what vLLM's OpenAI server imports beyond the engine's path
+    if [[ -d .gpu/srv ]] && ! done_once srv; then  # what vLLM's OpenAI server imports beyond the engine's path
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/srv/*.whl
-        echo "vLLM: $(du -sh $SITE | cut -f1) in $SITE"
+        echo "vLLM: $(du -sh $SITE | cut -f1) in $SITE"; mark srv
     fi
     [[ -f $MODEL_DIR/tokenizer.json ]] || python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3.5-9b "$MODEL_DIR"
     [[ -f $ROOT/models/qwen3-0.6b/tokenizer.json ]] ||
