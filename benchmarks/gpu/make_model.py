@@ -5,7 +5,12 @@ meaningless text. No tokenizer ships with the config, and the machine cannot dow
 this writes a word-level tokenizer over the model's whole vocabulary (token i is "t<i>"). It
 lets every system under test run its normal path, detokenization included, on token-id prompts.
 
-    python benchmarks/gpu/make_model.py CONFIG_DIR OUT_DIR
+    python benchmarks/gpu/make_model.py [--bench-words] CONFIG_DIR OUT_DIR
+
+`--bench-words` also gives the words of `vllm-fleet bench`'s text prompts ids of their own
+(from id 1000 on, in place of "t<id>"), so that text prompts tokenize to as many distinct tokens
+as they have words. Gateways that take only text (SMG's /v1/completions refuses token ids) then
+get the same work as the others: the same words, the same number of prompt tokens.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import sys
 from pathlib import Path
 
 
-def make_model(config_dir: Path, out_dir: Path) -> Path:
+WORDS_FROM_ID = 1000
+
+
+def make_model(config_dir: Path, out_dir: Path, bench_words: bool = False) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     config = json.loads((config_dir / "config.json").read_text())
@@ -27,7 +35,13 @@ def make_model(config_dir: Path, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(config_dir / "config.json", out_dir / "config.json")
 
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    names = [f"t{i}" for i in range(vocab_size)]
+    if bench_words:
+        from vllm_fleet.bench.workloads import WORDS
+
+        for offset, word in enumerate(dict.fromkeys(WORDS)):
+            names[WORDS_FROM_ID + offset] = word
+    tokenizer = Tokenizer(models.WordLevel({name: i for i, name in enumerate(names)}, unk_token="t0"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps({
@@ -40,6 +54,7 @@ def make_model(config_dir: Path, out_dir: Path) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    arguments = [a for a in sys.argv[1:] if a != "--bench-words"]
+    if len(arguments) != 2:
         sys.exit(__doc__)
-    print(make_model(Path(sys.argv[1]), Path(sys.argv[2])))
+    print(make_model(Path(arguments[0]), Path(arguments[1]), bench_words="--bench-words" in sys.argv))

@@ -349,20 +349,27 @@ short() {  # issue #17 target 2: many short requests; every system up (and done 
     MODEL=${SHORT_MODEL:?set SHORT_MODEL (stage.sh makes the Qwen3-0.6B-shaped folder)} NAME=${SHORT_NAME:-qwen3-0.6b}
     IN_LEN=${SHORT_IN:-256} OUT_LEN=${SHORT_OUT:-16} RATES=${SHORT_RATES:-100,200,400,inf}
     NUM=${SHORT_NUM:-2000} INF_NUM=${SHORT_INF_NUM:-2048} WARMUP=${SHORT_WARMUP:-32}
+    # Text prompts: SMG's /v1/completions takes no token ids. The stand-in tokenizer gives each of
+    # the bench's words an id of its own, so every system gets the same IN_LEN prompt tokens.
+    PROMPT_FORMAT=${SHORT_PROMPT_FORMAT:-text}
+    [[ -f $MODEL/tokenizer.json ]] ||
+        $FLEET_PY benchmarks/gpu/make_model.py --bench-words benchmarks/gpu/configs/qwen3-0.6b "$MODEL" >/dev/null
     ENGINE_OPTS=${SHORT_ENGINE_OPTS:-"--load-format dummy --dtype bfloat16 --max-model-len 4096 --gpu-memory-utilization $frac --max-num-seqs 1024 --max-num-batched-tokens 16384 --seed 0"}
     VLLM_EXTRA="" FLEET_EXTRA=""
     # One compile cache, filled by the first engine: the systems start one after another, never at once.
     export STOCK_CACHE_ROOT=${TMPDIR:-/tmp}/vllm-cache-short VLLM_CACHE_ROOT=${TMPDIR:-/tmp}/vllm-cache-short
     gpu_memory
-    local systems=()
-    vllm_server vllm-serve 0 $((BASE + 41)) --api-server-count "$api"
-    wait_http http://127.0.0.1:$((BASE + 41)) "$START_TIMEOUT" && systems+=("stock=http://127.0.0.1:$((BASE + 41))")
-    fleet_worker worker 0 $((BASE + 42))
-    if wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 42)); then
+    local systems=() want=" ${SHORT_SYSTEMS:-stock fleet smg} "
+    if [[ $want == *" stock "* ]]; then
+        vllm_server vllm-serve 0 $((BASE + 41)) --api-server-count "$api"
+        wait_http http://127.0.0.1:$((BASE + 41)) "$START_TIMEOUT" && systems+=("stock=http://127.0.0.1:$((BASE + 41))")
+    fi
+    [[ $want == *" fleet "* ]] && fleet_worker worker 0 $((BASE + 42))
+    if [[ $want == *" fleet "* ]] && wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 42)); then
         gateway $((BASE + 43)) 127.0.0.1:$((BASE + 42)) --processes "$api"
         wait_http http://127.0.0.1:$((BASE + 43)) 60 && systems+=("fleet=http://127.0.0.1:$((BASE + 43))")
     fi
-    if [[ -d ${SMG_SITE:-/nonexistent}/smg ]]; then
+    if [[ $want == *" smg "* && -d ${SMG_SITE:-/nonexistent}/smg ]]; then
         smg_engine smg-engine 0 $((BASE + 44))
         if wait_grpc_health "$START_TIMEOUT" 127.0.0.1:$((BASE + 44)) "${PIDS[-1]}"; then
             smg_gateway $((BASE + 45)) $((BASE + 44))

@@ -58,8 +58,6 @@ install)
         echo "vLLM: $(du -sh $SITE | cut -f1) in $SITE"; mark srv
     fi
     [[ -f $MODEL_DIR/tokenizer.json ]] || python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3.5-9b "$MODEL_DIR"
-    [[ -f $ROOT/models/qwen3-0.6b/tokenizer.json ]] ||
-        python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3-0.6b "$ROOT/models/qwen3-0.6b"
     cat >"$ROOT/gpu-env.sh" <<ENV
 export VLLM_PY="env PYTHONPATH=$SITE python3"
 export FLEET_PY="env PYTHONPATH=$FLEET_SITE:$PWD/src:$SITE python3"

@@ -25,7 +25,7 @@ import numpy as np
 
 from vllm_fleet.errors import ConfigError
 
-_WORDS = (
+WORDS = (  # also the stand-in tokenizer's words (benchmarks/gpu/make_model.py --bench-words)
     "the of and to in is that for it as was with be by on not he this are or his from at which but have an they "
     "you were her she there one all we their been has when who will more no if out so up said what its about than "
     "into them can only other new some could time these two may then do first any my now such like our over man me "
@@ -52,7 +52,7 @@ class BenchItem:
 
 
 def words(rng: np.random.Generator, count: int) -> str:
-    return " ".join(_WORDS[i] for i in rng.integers(0, len(_WORDS), size=count))
+    return " ".join(WORDS[i] for i in rng.integers(0, len(WORDS), size=count))
 
 
 def _between(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
