@@ -138,5 +138,9 @@ else
   # A fresh clone elsewhere: point the editable install at this checkout (fast, no deps).
   "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e "$repo_root"
 fi
+# Release the lock: a script that sources this file (a benchmark sequence, the test command) runs
+# on for hours, and must not keep every other clone's bootstrap waiting that long.
+flock -u 9
+exec 9>&-
 PY="$venv/bin/python"
 export PY

@@ -14,6 +14,7 @@
 #                                  # shape, 256 in / 16 out) to the stock server, our gateway + worker
 #                                  # and (when $SMG_SITE holds it) SMG + vLLM's gRPC server; all started first,
 #                                  # each at SHORT_MEM of the GPU, then benched in turn, ROUNDS times
+#                                  # (SHORT_* variables change the model, shape and systems: see short())
 #   benchmarks/gpu/run.sh scale    # issue #17 target 4: gateway --processes 1, 2, 4 on this host's
 #                                  # CPUs with mock workers (no GPU)
 #   benchmarks/gpu/run.sh mock     # our stack on the mock engine (checks the staging, no GPU)
@@ -353,9 +354,9 @@ short() {  # issue #17 target 2: many short requests; every system up (and done 
     # the bench's words an id of its own, so every system gets the same IN_LEN prompt tokens.
     PROMPT_FORMAT=${SHORT_PROMPT_FORMAT:-text}
     [[ -f $MODEL/tokenizer.json ]] ||
-        $FLEET_PY benchmarks/gpu/make_model.py --bench-words benchmarks/gpu/configs/qwen3-0.6b "$MODEL" >/dev/null
+        $FLEET_PY benchmarks/gpu/make_model.py --bench-words "${SHORT_CONFIG:-benchmarks/gpu/configs/qwen3-0.6b}" "$MODEL" >/dev/null
     ENGINE_OPTS=${SHORT_ENGINE_OPTS:-"--load-format dummy --dtype bfloat16 --max-model-len 4096 --gpu-memory-utilization $frac --max-num-seqs 1024 --max-num-batched-tokens 16384 --seed 0"}
-    VLLM_EXTRA="" FLEET_EXTRA=""
+    VLLM_EXTRA=${SHORT_VLLM_EXTRA:-} FLEET_EXTRA=${SHORT_FLEET_EXTRA:-}
     # One compile cache, filled by the first engine: the systems start one after another, never at once.
     export STOCK_CACHE_ROOT=${TMPDIR:-/tmp}/vllm-cache-short VLLM_CACHE_ROOT=${TMPDIR:-/tmp}/vllm-cache-short
     gpu_memory
