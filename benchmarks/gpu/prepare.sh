@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, on a machine with PyPI, the parts benchmarks/gpu/stage.sh installs on the GPU machine:
-#   .gpu/vllm.part00, .gpu/vllm.part01, .gpu/deps/, .gpu/third_party.tgz  (vLLM 0.26.0, pruned:
+#   .gpu/vllm.part00..02, .gpu/deps/, .gpu/third_party.tgz  (vLLM 0.26.0, pruned:
 #       benchmarks/gpu/pack_vllm.sh, verified on an H200 on 2026-11-30)
 #   .gpu/fleet/   grpcio, protobuf and grpcio-health-checking at the versions our generated code needs,
 #                 nvidia-ml-py (GPU discovery through NVML) and aiohttp (the bench's HTTP client)
@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=.gpu
-[[ -f $OUT/vllm.part01 ]] || bash benchmarks/gpu/pack_vllm.sh "$OUT"
+[[ -f $OUT/vllm.part02 ]] || bash benchmarks/gpu/pack_vllm.sh "$OUT"
 # The versions below are the ones our venv runs with: $PY, else the project venv (bootstrap.sh
 # creates or reuses it and sets PY).
 [[ -n ${PY:-} ]] || source scripts/bootstrap.sh

@@ -5,17 +5,19 @@
 # the GPU machine, in back-to-back runs while it stays up (the repo folder there is laid anew on
 # every run, so each part is copied out of it first):
 #
-#   run 1, carry .gpu/vllm.part00 .gpu/nginx.deb:
+# The sequence of 2026-12-01 (the repo itself is ~10 MB of each run's 64 MiB, so vLLM travels in
+# three 37 MiB parts; pack_vllm.sh writes them):
+#   run 1, carry .gpu/vllm.part00 .gpu/srv .gpu/third_party.tgz .gpu/fleet:
 #       bash benchmarks/gpu/stage.sh part .gpu/vllm.part00 && bash benchmarks/gpu/stage.sh install
-#   run 2, carry .gpu/vllm.part01 .gpu/fleet (62 MiB together, under the 64 MiB a run carries):
-#       bash benchmarks/gpu/stage.sh part .gpu/vllm.part01 && bash benchmarks/gpu/stage.sh install &&
-#       source /tmp/gpu-env.sh && benchmarks/gpu/run.sh mock       # our stack alone, no GPU needed
-#   run 3, carry .gpu/deps .gpu/third_party.tgz .gpu/srv (and .gpu/smg for SMG, issue #17: the wheels
-#       of `bash benchmarks/smg/install.sh download .gpu/smg`; it may need a run of its own):
-#       bash benchmarks/gpu/stage.sh install && source /tmp/gpu-env.sh && benchmarks/gpu/run.sh single
-#   later runs:  source /tmp/gpu-env.sh && benchmarks/gpu/run.sh pair ...
+#   run 2, carry .gpu/vllm.part01:   bash benchmarks/gpu/stage.sh part .gpu/vllm.part01
+#   run 3, carry .gpu/vllm.part02:   bash benchmarks/gpu/stage.sh part .gpu/vllm.part02
+#   run 4, carry .gpu/deps .gpu/third_party.tgz:
+#       bash benchmarks/gpu/stage.sh install && source /tmp/gpu-env.sh && benchmarks/gpu/run.sh mock
+#   run 5, carry .gpu/smg (SMG for issue #17: `bash benchmarks/smg/install.sh download .gpu/smg`):
+#       bash benchmarks/gpu/stage.sh install && source /tmp/gpu-env.sh && benchmarks/gpu/run.sh short
+#   later runs:  source /tmp/gpu-env.sh && benchmarks/gpu/run.sh single|pair|scale ...
 # Start each run within seconds of the last one's end: a machine idle for 30 s is given back,
-# and a fresh one needs all three staging runs and cold engine starts (~3.5 min each) again.
+# and a fresh one needs every staging run and cold engine starts (~3.5 min each) again.
 # `install` installs whichever parts this run carried, so each run's step is the same command.
 #
 # Everything staged lives under $GPU_STAGE_ROOT (default /tmp, the paths above), outside the
