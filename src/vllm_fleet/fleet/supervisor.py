@@ -154,7 +154,7 @@ class ManagedWorker:
         await self.process.astop(UNHEALTHY_STOP_GRACE_S)
 
     async def _register(self, client: WorkerClient) -> None:
-        if self.registry is None:
+        if self.registry is None or self._stopping:
             return
         try:
             model = (await client.info()).model
@@ -171,6 +171,11 @@ class ManagedWorker:
             logger.warning("worker %s: could not register (%s); retrying", self.spec.worker_id, exc)
             return
         self._registered = True
+        if self._stopping:
+            # stop() ran while this registration was in flight (a health check that answered
+            # SERVING as the drain began): its deregistration found nothing to remove, so undo
+            # ours, or the drained worker would stay registered until the node's session ends.
+            await self._deregister()
 
     async def _deregister(self) -> None:
         if self.registry is None or not self._registered:
