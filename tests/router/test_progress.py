@@ -34,6 +34,9 @@ class ScriptedWorker:
     async def info(self, timeout: float) -> WorkerInfo:
         return WorkerInfo(model="m", max_model_len=2048, engine="mock")
 
+    def take_streamed_load(self) -> WorkerLoad | None:
+        return None
+
 
 class ScriptedClients:
     def __init__(self, worker: ScriptedWorker) -> None:

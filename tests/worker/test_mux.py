@@ -126,3 +126,19 @@ async def test_a_worker_without_generate_many_gets_one_call_per_request():
         await client.close()
         await server.stop(None)
         await engine.shutdown()
+
+
+async def test_the_call_brings_the_workers_load_and_health_so_routers_need_not_poll(mock):
+    """Routers skip their Load poll and health check when a stream call or a Load answer already
+    said it (see router/pool.py); both must carry the worker's real state."""
+    _, client = mock
+    assert (await client.load()).health == "SERVING"
+    client.take_streamed_load()  # drop one a previous test's stream left
+    request = GenerateRequest("mux-load", [GenerateInput(token_ids=[5, 6, 7])],
+                              SamplingParams(max_tokens=120, ignore_eos=True))
+    streamed = None
+    async for _ in client.generate(request, timeout=30):
+        streamed = streamed or client.take_streamed_load()
+    assert streamed is not None, "no Load came with the stream call"
+    assert streamed.health == "SERVING"
+    assert streamed.in_flight >= 1  # taken while the request ran

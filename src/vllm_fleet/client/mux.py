@@ -15,15 +15,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
 from vllm_fleet.client.errors import error_from_rpc, error_from_status
 from vllm_fleet.errors import FleetError, WorkerTimeoutError, WorkerUnavailableError
 from vllm_fleet.protocol import worker_pb2 as pb, worker_pb2_grpc
-from vllm_fleet.protocol.convert import chunk_from_pb, request_to_pb
-from vllm_fleet.protocol.types import Chunk, GenerateRequest
+from vllm_fleet.protocol.convert import chunk_from_pb, load_from_pb, request_to_pb
+from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerLoad
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,12 @@ class MuxUnsupported(Exception):
 
 
 class Multiplexer:
-    def __init__(self, stub: worker_pb2_grpc.WorkerStub, address: str) -> None:
+    """`on_load` gets each Load the worker attaches to a response (every few hundred ms)."""
+
+    def __init__(self, stub: worker_pb2_grpc.WorkerStub, address: str, *,
+                 on_load: Callable[[WorkerLoad], None] | None = None) -> None:
         self.address = address
+        self._on_load = on_load
         self._outgoing: asyncio.Queue = asyncio.Queue()
         self._streams: dict[int, asyncio.Queue] = {}
         self._numbers = itertools.count(1)
@@ -54,6 +58,8 @@ class Multiplexer:
         error: BaseException
         try:
             async for response in self._call:
+                if self._on_load is not None and response.HasField("load"):
+                    self._on_load(load_from_pb(response.load))
                 for event in response.events:
                     queue = self._streams.get(event.stream)
                     if queue is not None:

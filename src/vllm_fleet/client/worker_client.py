@@ -86,6 +86,7 @@ class WorkerClient:
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._multiplex = self.options.multiplex
         self._mux: Multiplexer | None = None
+        self._streamed_load: WorkerLoad | None = None
 
     async def generate(
         self, request: GenerateRequest, *, timeout: float | None = None, first_chunk_timeout: float | None = None
@@ -97,7 +98,7 @@ class WorkerClient:
         """
         if self._multiplex:
             if self._mux is None or self._mux.failed is not None:
-                self._mux = Multiplexer(self._stub, self.address)
+                self._mux = Multiplexer(self._stub, self.address, on_load=self._note_streamed_load)
             try:
                 async for chunk in self._mux.generate(request, timeout=timeout, first_chunk_timeout=first_chunk_timeout):
                     yield chunk
@@ -149,6 +150,15 @@ class WorkerClient:
             return info_from_pb(await self._stub.Info(pb.InfoRequest(), timeout=timeout))
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, self.address) from None
+
+    def _note_streamed_load(self, load: WorkerLoad) -> None:
+        self._streamed_load = load
+
+    def take_streamed_load(self) -> WorkerLoad | None:
+        """The newest Load the worker attached to a stream call since the last take, or None:
+        a poller that gets one can skip its own Load call (one unary call less per interval)."""
+        load, self._streamed_load = self._streamed_load, None
+        return load
 
     async def load(self, *, timeout: float = 2.0) -> WorkerLoad:
         try:

@@ -244,7 +244,7 @@ def load_to_pb(load: WorkerLoad) -> pb.WorkerLoad:
         running=load.running, waiting=load.waiting, kv_cache_usage=load.kv_cache_usage,
         prefix_cache_hit_rate=load.prefix_cache_hit_rate, output_tokens_per_s=load.output_tokens_per_s,
         in_flight=load.in_flight, draining=load.draining, adapters=load.adapters,
-        max_adapters=load.max_adapters,
+        max_adapters=load.max_adapters, health=load.health,
     )
 
 
@@ -253,7 +253,7 @@ def load_from_pb(msg: pb.WorkerLoad) -> WorkerLoad:
         running=msg.running, waiting=msg.waiting, kv_cache_usage=msg.kv_cache_usage,
         prefix_cache_hit_rate=msg.prefix_cache_hit_rate, output_tokens_per_s=msg.output_tokens_per_s,
         in_flight=msg.in_flight, draining=msg.draining, adapters=list(msg.adapters),
-        max_adapters=msg.max_adapters,
+        max_adapters=msg.max_adapters, health=msg.health,
     )
 
 

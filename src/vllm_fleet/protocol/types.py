@@ -199,6 +199,7 @@ class WorkerLoad:
     draining: bool = False
     adapters: list[str] = field(default_factory=list)  # LoRA adapters loaded now
     max_adapters: int = 0                               # adapter slots; 0 = LoRA off
+    health: str = ""                                    # gRPC health status name; "" from older workers
 
 
 @dataclass(slots=True)

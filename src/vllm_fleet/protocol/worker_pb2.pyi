@@ -252,10 +252,12 @@ class MuxEvent(_message.Message):
     def __init__(self, stream: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[GenerateChunk, _Mapping]]] = ..., done: _Optional[bool] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., status_param: _Optional[str] = ...) -> None: ...
 
 class MuxResponse(_message.Message):
-    __slots__ = ("events",)
+    __slots__ = ("events", "load")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[MuxEvent]
-    def __init__(self, events: _Optional[_Iterable[_Union[MuxEvent, _Mapping]]] = ...) -> None: ...
+    load: WorkerLoad
+    def __init__(self, events: _Optional[_Iterable[_Union[MuxEvent, _Mapping]]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -307,7 +309,7 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "output_tokens_per_s", "in_flight", "draining", "adapters", "max_adapters")
+    __slots__ = ("running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "output_tokens_per_s", "in_flight", "draining", "adapters", "max_adapters", "health")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +319,7 @@ class WorkerLoad(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     MAX_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_cache_usage: float
@@ -326,7 +329,8 @@ class WorkerLoad(_message.Message):
     draining: bool
     adapters: _containers.RepeatedScalarFieldContainer[str]
     max_adapters: int
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., output_tokens_per_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ...) -> None: ...
+    health: str
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., output_tokens_per_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., health: _Optional[str] = ...) -> None: ...
 
 class LoadAdapterRequest(_message.Message):
     __slots__ = ("name", "path")

@@ -2,7 +2,10 @@
 
 One poller task per worker asks for gRPC health every `health_poll_interval_s` (and Info
 whenever the worker becomes SERVING, since a restarted worker may serve another model), and
-another asks for Load every `load_poll_interval_s`. A stream that sees a worker fail calls
+another asks for Load every `load_poll_interval_s`. Each unary call costs the gateway about a
+millisecond of CPU, so neither asks when it need not: a Load the worker attached to a stream
+call stands for a Load poll, and a Load answered within the health interval carries the
+worker's health status, which stands for a health check. A stream that sees a worker fail calls
 `report(...)`, which feeds the breaker and outlier ejection and wakes the health poller at
 once, so a dead worker leaves rotation in one round trip rather than one poll interval.
 
@@ -56,6 +59,8 @@ class WorkerState:
         self.info: WorkerInfo | None = None
         self.load: WorkerLoad | None = None
         self.load_at = 0.0              # when `load` was last answered
+        self.loads = 0                  # Load answers so far
+        self.loads_at_check = 0         # ... when the last health check answered
         self.output_at = float("-inf")  # when a stream of ours last got a chunk from it
         self.health = "UNKNOWN"
         self.missed = 0                 # health checks in a row with no answer
@@ -207,15 +212,24 @@ class Pool:
     async def _poll_health(self, worker: WorkerState) -> None:
         client = self.clients.get(worker.address)
         interval = self.config.health_poll_interval_s
+        first = True
         while True:
+            # Cleared before the check, so that a failure reported while it runs wakes the next one.
+            reported = worker.wake.is_set()
+            worker.wake.clear()
             again = False
             try:
-                again = await self._check_health(worker, client, interval)
+                # The first check, and one after a failed request, ask the worker itself.
+                answered = None if first or reported else self._health_from_load(worker, interval)
+                if answered is not None:
+                    await self._apply_health(worker, answered)
+                else:
+                    again = await self._check_health(worker, client, interval)
             except Exception:  # a poller that dies would freeze the worker's state: log and go on
                 logger.exception("worker %s: health poll failed", worker.address)
+            first = False
             if again:
                 continue
-            worker.wake.clear()
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancel that arrives
             # as the wake event is set (report() of a failure just before close()), and this loop
             # then outlives the pool, so Router.close() never returns.
@@ -223,14 +237,30 @@ class Pool:
                 async with asyncio.timeout(interval):
                     await worker.wake.wait()
 
+    def _health_from_load(self, worker: WorkerState, interval: float) -> str | None:
+        """The health status a Load answered within the last `interval` carries, if any: then the
+        health check is a unary call for nothing. A worker that stops answering Loads is checked
+        the usual way, and a failed request (report) always asks the worker itself."""
+        load = worker.load
+        if load is None or not load.health or self._clock() - worker.load_at > interval:
+            return None
+        if worker.loads <= worker.loads_at_check:
+            return None  # no Load answered since the last check: it would undo a newer verdict
+        return load.health
+
     async def _check_health(self, worker: WorkerState, client: WorkerClient, interval: float) -> bool:
         """One health check; True when it must be repeated at once (a first miss, see above)."""
         status = await client.health(timeout=max(0.5, min(2.0, 2 * interval)))
+        worker.loads_at_check = worker.loads
         if status == "UNREACHABLE" and worker.health in ("SERVING", "UNKNOWN") and not worker.request_failed:
             worker.missed += 1
             if worker.missed < HEALTH_MISSES_TO_LEAVE:
                 logger.info("worker %s: no health answer (%d in a row); asking again", worker.address, worker.missed)
                 return True
+        await self._apply_health(worker, status)
+        return False
+
+    async def _apply_health(self, worker: WorkerState, status: str) -> None:
         worker.missed = 0
         worker.request_failed = False
         if status == "SERVING" and (worker.health != "SERVING" or worker.info is None):
@@ -239,7 +269,6 @@ class Pool:
             logger.info("worker %s health %s -> %s", worker.address, worker.health, status)
             worker.health = status
             self._notify()
-        return False
 
     async def _fetch_info(self, worker: WorkerState) -> None:
         try:
@@ -258,8 +287,11 @@ class Pool:
         interval = self.config.load_poll_interval_s
         while True:
             try:
-                worker.load = await client.load(timeout=self._load_timeout())
+                # A Load the worker attached to a stream call since the last turn is as fresh as
+                # a poll's answer, without the unary call (a busy gateway makes none).
+                worker.load = client.take_streamed_load() or await client.load(timeout=self._load_timeout())
                 worker.load_at = self._clock()
+                worker.loads += 1
             except FleetError:
                 pass  # health decides whether the worker is in rotation; keep the last Load
             except Exception:

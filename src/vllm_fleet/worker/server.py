@@ -119,6 +119,7 @@ class WorkerServer:
     async def _set_health(self, status: int) -> None:
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
+        self.service.health = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
         self.metrics.serving.set(1 if status == SERVING else 0)
 
     async def monitor(self) -> None:

@@ -30,7 +30,7 @@ from vllm_fleet.errors import (
 from vllm_fleet.logs import request_id_var
 from vllm_fleet.protocol import PARAM_METADATA_KEY, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import adapters_to_pb, chunk_to_pb, info_to_pb, load_to_pb, request_from_pb
-from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerInfo
+from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.adapters import AdapterRegistry, HeldAdapter
 from vllm_fleet.worker.engine import Engine, SampleDelta
 from vllm_fleet.worker.engine_watch import EngineWatch, StallBounds
@@ -42,6 +42,10 @@ from vllm_fleet.worker.status import RequestStatus, status_for
 from vllm_fleet.worker.validation import Limits, validate_request
 
 logger = logging.getLogger(__name__)
+
+# How often a GenerateMany call that carries events also carries the worker's Load: as often as
+# routers poll it (0.5 s by default), so that a router streaming from this worker can skip its polls.
+MUX_LOAD_INTERVAL_S = 0.25
 
 
 @dataclass
@@ -59,6 +63,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.metrics = metrics
         self.limits = Limits(max_n=config.max_n, max_inputs=config.max_inputs, max_logprobs=config.max_logprobs)
         self.draining = False
+        # The gRPC health status name, set by the server with its health servicer's: Load answers
+        # carry it, so routers need no health check beside their Load polls.
+        self.health = "NOT_SERVING"
         self.active: dict[str, _Active] = {}
         self.idle = asyncio.Event()
         self.idle.set()
@@ -115,9 +122,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 outbox.close()
 
         reader = asyncio.create_task(read())
+        loop = asyncio.get_running_loop()
+        load_due = loop.time()
         try:
             while (events := await outbox.take()) is not None:
-                yield pb.MuxResponse(events=events)
+                response = pb.MuxResponse(events=events)
+                if loop.time() >= load_due:  # the router then skips its Load poll (and health check)
+                    response.load.CopyFrom(load_to_pb(self.current_load()))
+                    load_due = loop.time() + MUX_LOAD_INTERVAL_S
+                yield response
         finally:
             reader.cancel()
             for task in list(running.values()):
@@ -290,12 +303,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return info_to_pb(self.worker_info())
 
     async def Load(self, request: pb.LoadRequest, context: grpc.aio.ServicerContext) -> pb.WorkerLoad:
+        return load_to_pb(self.current_load())
+
+    def current_load(self) -> WorkerLoad:
         load = self.engine.load()
         load.in_flight = len(self.active)
         load.draining = self.draining
         load.adapters = self.adapters.names()
         load.max_adapters = self.adapters.slots
-        return load_to_pb(load)
+        load.health = self.health
+        return load
 
     # ------------------------------------------------------------------------------- adapters
 
