@@ -1,8 +1,17 @@
-"""Test doubles for router unit tests: a steppable clock and hand-made snapshots."""
+"""Test doubles for router unit tests: a steppable clock, hand-made snapshots, and a scripted
+worker client behind a one-worker Pool."""
 
 from __future__ import annotations
 
-from vllm_fleet.protocol.types import WorkerLoad
+from prometheus_client import CollectorRegistry
+
+from support import wait_until
+from vllm_fleet.errors import WorkerUnavailableError
+from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
+from vllm_fleet.registry import StaticRegistry
+from vllm_fleet.router import RouterConfig
+from vllm_fleet.router.metrics import RouterMetrics
+from vllm_fleet.router.pool import Pool
 from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
 
 
@@ -29,3 +38,49 @@ def snapshot(*views: WorkerView) -> PoolSnapshot:
 
 def addresses(count: int) -> list[str]:
     return [f"10.0.0.{i}:50051" for i in range(1, count + 1)]
+
+
+class ScriptedWorkerClient:
+    """A worker client whose answers the test sets, counting the calls made to it."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.status = "SERVING"                   # what the health service answers
+        self.answer = WorkerLoad()                # what a Load call answers
+        self.load_fails = False                   # Load calls get no answer
+        self.streaming: WorkerLoad | None = None  # a Load a stream call brings every turn
+        self.health_calls = 0
+        self.load_calls = 0
+
+    async def health(self, timeout: float) -> str:
+        self.health_calls += 1
+        return self.status
+
+    async def load(self, timeout: float) -> WorkerLoad:
+        self.load_calls += 1
+        if self.load_fails:
+            raise WorkerUnavailableError("no answer", worker=self.address)
+        return self.answer
+
+    async def info(self, timeout: float) -> WorkerInfo:
+        return WorkerInfo(model="m", max_model_len=2048, engine="mock")
+
+    def take_streamed_load(self) -> WorkerLoad | None:
+        return self.streaming
+
+    def get(self, address: str) -> ScriptedWorkerClient:  # the ClientPool the Pool asks
+        return self
+
+
+POOL_WORKER = "10.0.0.1:50051"
+
+
+async def serving_pool(worker: ScriptedWorkerClient, clock: FakeClock, poll_s: float) -> Pool:
+    """A started Pool of that one worker, polling every `poll_s`, once it took the worker as serving."""
+    pool = Pool(StaticRegistry.from_spec(worker.address), worker,
+                RouterConfig(health_poll_interval_s=poll_s, load_poll_interval_s=poll_s),
+                RouterMetrics(CollectorRegistry()), clock=clock)
+    await pool.start()
+    await wait_until(lambda: pool.worker(worker.address) is not None
+                     and pool.worker(worker.address).health == "SERVING", timeout=5, message="the worker serving")
+    return pool
