@@ -43,8 +43,8 @@ from vllm_fleet.worker.validation import Limits, validate_request
 
 logger = logging.getLogger(__name__)
 
-# How often a GenerateMany call that carries events also carries the worker's Load: as often as
-# routers poll it (0.5 s by default), so that a router streaming from this worker can skip its polls.
+# How often a GenerateMany call that carries events also carries the worker's Load: twice per
+# router Load interval (0.5 s by default), so that each of its turns finds a fresh one and skips the poll.
 MUX_LOAD_INTERVAL_S = 0.25
 
 
@@ -126,11 +126,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         load_due = loop.time()
         try:
             while (events := await outbox.take()) is not None:
-                response = pb.MuxResponse(events=events)
+                load = None
                 if loop.time() >= load_due:  # the router then skips its Load poll (and health check)
-                    response.load.CopyFrom(load_to_pb(self.current_load()))
+                    load = load_to_pb(self.current_load())
                     load_due = loop.time() + MUX_LOAD_INTERVAL_S
-                yield response
+                yield pb.MuxResponse(events=events, load=load)
         finally:
             reader.cancel()
             for task in list(running.values()):
