@@ -1,6 +1,10 @@
 """Gateway CPU spent on polling its workers, idle and under a light stream load, for checkouts side by side.
 
     python benchmarks/gateway_poll_cpu.py OLD/src NEW/src [--rounds 2] [--idle-s 20] [--busy-s 15]
+    python benchmarks/gateway_poll_cpu.py src@GRPC_EXPERIMENTS= src   # one checkout, the gateway's env differs
+
+A side is `SRC` or `SRC@NAME=VALUE`: the variable is set in that side's gateway only (its workers
+are the same on both sides).
 
 For each `src` (a checkout's src/ folder: PYTHONPATH of its workers and gateway): two mock
 workers and one gateway in front (default poll intervals: Load every 0.5 s, health every 1 s).
@@ -27,12 +31,27 @@ from gateway_overhead import QUIET, HttpPool, completion_body, cpu_seconds  # no
 from vllm_fleet.fleet.worker_process import WorkerProcess  # noqa: E402
 from vllm_fleet.processes import GatewayProcess  # noqa: E402
 
+def context_switches(pid: int) -> int:
+    """Voluntary + involuntary context switches of a process's live threads, from /proc: each
+    one a thread that slept and woke, which is where a streamed message's CPU goes on a VM."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
+    return total
+
+
 STREAMS = 16
 TOKENS_PER_S = 10  # per stream: one token per ~100 ms, one token per event
 
 
-async def one_side(src: str, idle_s: float, busy_s: float) -> dict:
+async def one_side(side: str, idle_s: float, busy_s: float) -> dict:
+    src, _, setting = side.partition("@")
     env = {**QUIET, "PYTHONPATH": str(Path(src).resolve())}
+    gateway_env = dict([setting.split("=", 1)]) if setting else {}
     workers = [WorkerProcess(["--engine", "mock", "--served-model-name", "mock-bench", "--mock-ttft-ms", "1",
                               "--mock-tokens-per-s", str(TOKENS_PER_S), "--mock-max-model-len", "65536"], env,
                              stop_grace_s=15) for _ in range(2)]
@@ -42,7 +61,8 @@ async def one_side(src: str, idle_s: float, busy_s: float) -> dict:
         for worker in workers:
             await worker.wait_serving(60)
         async with GatewayProcess(["--workers", ",".join(w.address for w in workers), "--no-access-log",
-                                   "--stream-interval-ms", "0"], env, stop_grace_s=15) as gateway:
+                                   "--stream-interval-ms", "0"], {**env, **gateway_env},
+                                  stop_grace_s=15) as gateway:
             await gateway.wait_ready(60)
             pool = HttpPool(gateway.port)
             # Open the connections (and the workers' stream calls) before measuring.
@@ -53,18 +73,21 @@ async def one_side(src: str, idle_s: float, busy_s: float) -> dict:
             idle = (cpu_seconds(gateway.pid) - cpu0) / idle_s
             body = completion_body(int(busy_s * TOKENS_PER_S))
             cpu0, events0, started = cpu_seconds(gateway.pid), sum(c.events for c in pool.idle), time.perf_counter()
+            switches0 = context_switches(gateway.pid)
             results = await asyncio.gather(*(pool.stream("/v1/completions", body, time.perf_counter())
                                              for _ in range(STREAMS)))
             elapsed = time.perf_counter() - started
             cpu = cpu_seconds(gateway.pid) - cpu0
+            switches = context_switches(gateway.pid) - switches0
             events = sum(c.events for c in pool.idle) - events0
             pool.close()
     finally:
         for worker in workers:
             await worker.__aexit__(None, None, None)
-    return {"src": src, "idle_cpu_ms_per_s": round(idle * 1000, 2), "tokens": sum(t for _, t in results),
+    return {"src": side, "idle_cpu_ms_per_s": round(idle * 1000, 2), "tokens": sum(t for _, t in results),
             "events": events, "busy_cpu_ms_per_s": round(cpu / elapsed * 1000, 1),
-            "us_per_event": round(cpu / max(events, 1) * 1e6, 1), "load_1m": round(os.getloadavg()[0], 2)}
+            "us_per_event": round(cpu / max(events, 1) * 1e6, 1),
+            "switches_per_event": round(switches / max(events, 1), 2), "load_1m": round(os.getloadavg()[0], 2)}
 
 
 async def main(args) -> None:
@@ -76,17 +99,19 @@ async def main(args) -> None:
             print(json.dumps(row), flush=True)
     tokens = {row["tokens"] for row in rows}
     assert len(tokens) == 1, f"the sides streamed different tokens: {tokens}"
-    print(f"\n| src | idle CPU ms/s (rounds) | busy CPU ms/s | gateway µs per event | tokens |\n|---|---|---|---|---:|")
+    print(f"\n| src | idle CPU ms/s (rounds) | busy CPU ms/s | gateway µs per event | context switches per event "
+          f"| tokens |\n|---|---|---|---|---|---:|")
     for src in args.srcs:
         mine = [r for r in rows if r["src"] == src]
         print(f"| {src} | {' / '.join(str(r['idle_cpu_ms_per_s']) for r in mine)} | "
               f"{' / '.join(str(r['busy_cpu_ms_per_s']) for r in mine)} | "
-              f"{' / '.join(str(r['us_per_event']) for r in mine)} | {mine[0]['tokens']} |")
+              f"{' / '.join(str(r['us_per_event']) for r in mine)} | "
+              f"{' / '.join(str(r['switches_per_event']) for r in mine)} | {mine[0]['tokens']} |")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("srcs", nargs="+", help="src/ folders of the checkouts to compare")
+    parser.add_argument("srcs", nargs="+", help="src/ folders of the checkouts to compare, each optionally @NAME=VALUE")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--idle-s", type=float, default=20.0)
     parser.add_argument("--busy-s", type=float, default=15.0)

@@ -8,11 +8,14 @@ import importlib
 import pkgutil
 import sys
 
-from vllm_fleet import __version__
-from vllm_fleet.config import env_parent_pid
-from vllm_fleet.errors import FleetError
-from vllm_fleet.logs import setup_logging
-from vllm_fleet.processes import die_with_parent
+# Before anything below imports grpc: gRPC's core reads its settings once, at import.
+from vllm_fleet.grpc_env import apply_command_defaults  # isort: skip
+
+from vllm_fleet import __version__  # noqa: E402
+from vllm_fleet.config import env_parent_pid  # noqa: E402
+from vllm_fleet.errors import FleetError  # noqa: E402
+from vllm_fleet.logs import setup_logging  # noqa: E402
+from vllm_fleet.processes import die_with_parent  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +57,7 @@ def _register_unavailable(subparsers: argparse._SubParsersAction, module_name: s
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_command_defaults(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
