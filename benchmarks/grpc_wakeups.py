@@ -121,10 +121,12 @@ CLIENTS = {
 
 def run_client(name: str, port: int, count: int, interval_ms: int, core: int) -> dict:
     env = {**os.environ, **CLIENTS[name][0]}
-    out = subprocess.run(["taskset", "-c", str(core), sys.executable, __file__, "--client", name, "--port", str(port),
-                          "--messages", str(count), "--interval-ms", str(interval_ms)],
-                         env=env, capture_output=True, text=True, check=True).stdout
-    cpu, switches = map(float, out.split()[-2:])
+    done = subprocess.run(["taskset", "-c", str(core), sys.executable, __file__, "--client", name, "--port", str(port),
+                           "--messages", str(count), "--interval-ms", str(interval_ms)],
+                          env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"client": name, "failed": (done.stderr.strip().splitlines() or ["?"])[-1]}
+    cpu, switches = map(float, done.stdout.split()[-2:])
     return {"client": name, "us_per_message": round(cpu / count * 1e6, 1), "switches_per_message": round(switches / count, 2)}
 
 
@@ -172,7 +174,10 @@ def main() -> None:
           f"load {os.getloadavg()[0]:.2f} at the end ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
     print("| client | µs CPU per message (rounds) | median | context switches per message |\n|---|---|---:|---|")
     for name in names:
-        mine = [r for r in rows if r["client"] == name]
+        mine = [r for r in rows if r["client"] == name and "failed" not in r]
+        if not mine:
+            print(f"| {name} | failed: {next(r['failed'] for r in rows if r['client'] == name)} | | |")
+            continue
         print(f"| {name} | {' / '.join(str(r['us_per_message']) for r in mine)} | "
               f"{statistics.median(r['us_per_message'] for r in mine):.0f} | "
               f"{' / '.join(str(r['switches_per_message']) for r in mine)} |")
