@@ -41,9 +41,9 @@ class ScriptedCall:
         assert message.WhichOneof("kind") == "start", f"expected a start, got {message}"
         return message
 
-    def send(self, *events: pb.MuxEvent) -> None:
-        """One MuxResponse carrying `events`, in order."""
-        self._script.put_nowait(pb.MuxResponse(events=events))
+    def send(self, *events: pb.MuxEvent, takes_batched: bool = False) -> None:
+        """One MuxResponse carrying `events`, in order; `takes_batched` as a current worker says it."""
+        self._script.put_nowait(pb.MuxResponse(events=events, takes_batched=takes_batched))
 
     def fail(self, code: grpc.StatusCode, details: str) -> None:
         """End the whole call with `code`, as a worker that breaks would."""

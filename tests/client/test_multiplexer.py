@@ -65,6 +65,37 @@ async def test_each_stream_gets_its_own_number_and_only_its_own_events(scripted,
     assert [await _result(t) for t in tasks] == [["text-0"], ["text-1"], ["text-2"]]
 
 
+async def _burst_of_starts(scripted, mux, *, takes_batched: bool, count: int = 20):
+    """After one answered request (whose response says `takes_batched`), `count` requests at once:
+    the messages the worker received for them, and their starts in the order they arrived."""
+    first = _run(mux, "first")
+    call = await scripted.next_call()
+    start = await call.next_start()
+    call.send(event(start.stream, "a", done=True), takes_batched=takes_batched)
+    assert await _result(first) == ["a"]
+    tasks = [_run(mux, f"b{i}") for i in range(count)]
+    messages, starts = [], []
+    while len(starts) < count:
+        message = await call.next_request()
+        messages.append(message)
+        starts += [message, *message.batched]
+    call.send(*(event(s.stream, s.start.request_id, done=True) for s in starts))
+    assert [await _result(t) for t in tasks] == [[f"b{i}"] for i in range(count)]
+    return messages, starts
+
+
+async def test_a_burst_of_starts_travels_batched_once_the_worker_takes_it(scripted, mux):
+    messages, starts = await _burst_of_starts(scripted, mux, takes_batched=True)
+    assert [s.start.request_id for s in starts] == [f"b{i}" for i in range(20)], "batched out of order"
+    assert len(messages) < 20, "every start went in a message of its own"
+
+
+async def test_a_worker_that_does_not_say_it_takes_batches_gets_one_start_per_message(scripted, mux):
+    # A worker that predates MuxRequest.batched would drop the batched starts unseen.
+    messages, starts = await _burst_of_starts(scripted, mux, takes_batched=False)
+    assert len(messages) == 20 and not any(m.batched for m in messages)
+
+
 async def test_a_late_event_of_a_finished_stream_never_reaches_a_new_request_with_its_id(scripted, mux):
     first = _run(mux, "same-id")
     call = await scripted.next_call()

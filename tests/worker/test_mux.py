@@ -64,6 +64,38 @@ async def test_one_call_carries_every_stream_in_fewer_messages_than_chunks(mock)
     assert messages < chunks / 2, f"{messages} messages for {chunks} chunks: no batching"
 
 
+async def test_starts_and_cancels_batched_in_one_message_are_each_carried_out(mock):
+    worker, client = mock
+    tokens = 6
+
+    def start(stream: int, max_tokens: int = tokens) -> pb.MuxRequest:
+        request = GenerateRequest(f"batched-{stream}", [GenerateInput(token_ids=[5, 6, stream])],
+                                  SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        return pb.MuxRequest(stream=stream, start=request_to_pb(request))
+
+    async with grpc.aio.insecure_channel(worker.address) as channel:
+        call = worker_pb2_grpc.WorkerStub(channel).GenerateMany()
+        # Stream 4 is long and cancelled in the same message that starts it; 1-3 run to the end.
+        await call.write(pb.MuxRequest(stream=1, start=start(1).start,
+                                       batched=[start(2), start(3), start(4, 100_000),
+                                                pb.MuxRequest(stream=4, cancel=True)]))
+        received: dict[int, int] = {}
+        done: set[int] = set()
+        while done != {1, 2, 3}:
+            response = await asyncio.wait_for(call.read(), 30)
+            assert response.takes_batched, "the worker does not say it takes batched requests"
+            for event in response.events:
+                assert event.stream != 4, "the cancelled stream still sent events"
+                received[event.stream] = received.get(event.stream, 0) + sum(len(c.token_ids) for c in event.chunks)
+                if event.done:
+                    assert event.status_code == 0, event.status_message
+                    done.add(event.stream)
+        assert received == {1: tokens, 2: tokens, 3: tokens}
+        await call.done_writing()
+        assert await asyncio.wait_for(call.code(), 10) == grpc.StatusCode.OK
+    await wait_until(lambda: _idle(client), timeout=10, message="the cancelled request aborted on the worker")
+
+
 async def test_cancelling_one_stream_aborts_it_and_leaves_the_others(mock):
     _, client = mock
     long = client.generate(GenerateRequest("mux-long", [GenerateInput(text="a")], SamplingParams(max_tokens=4000)))

@@ -46,18 +46,29 @@ class Multiplexer:
         self._outgoing: asyncio.Queue = asyncio.Queue()
         self._streams: dict[int, asyncio.Queue] = {}
         self._numbers = itertools.count(1)
+        self._takes_batched = False  # the worker said so in a response
         self.failed: BaseException | None = None
         self._call = stub.GenerateMany(self._requests())
         self._reader = asyncio.create_task(self._read())
 
     async def _requests(self) -> AsyncIterator[pb.MuxRequest]:
+        """The call's request stream. grpcio takes the next message only when the last write has
+        completed; once the worker takes batched requests, whatever queued up meanwhile goes as
+        one message (a busy gateway starts many requests per write)."""
         while (message := await self._outgoing.get()) is not _CLOSE:
+            while self._takes_batched and not self._outgoing.empty():
+                more = self._outgoing.get_nowait()
+                if more is _CLOSE:
+                    yield message
+                    return
+                message.batched.append(more)
             yield message
 
     async def _read(self) -> None:
         error: BaseException
         try:
             async for response in self._call:
+                self._takes_batched = response.takes_batched
                 if self._on_load is not None and response.HasField("load"):
                     self._on_load(load_from_pb(response.load))
                 for event in response.events:

@@ -99,22 +99,26 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         outbox = MuxOutbox()
         running: dict[int, asyncio.Task] = {}
 
+        def handle(message: pb.MuxRequest) -> None:
+            kind = message.WhichOneof("kind")
+            if kind == "start" and message.stream in running:
+                error = DuplicateRequestError(f"stream {message.stream} is already open on this call")
+                _end_with(outbox, message.stream, self._status(error))
+            elif kind == "start":
+                task = asyncio.create_task(self._run_muxed(message.stream, message.start, outbox))
+                running[message.stream] = task
+                task.add_done_callback(lambda _, stream=message.stream: running.pop(stream, None))
+            elif kind == "cancel":
+                task = running.get(message.stream)
+                if task is not None:
+                    task.cancel()
+            for more in message.batched:  # sent together by a busy client, in order
+                handle(more)
+
         async def read() -> None:
             try:
                 async for message in requests:
-                    kind = message.WhichOneof("kind")
-                    if kind == "start":
-                        if message.stream in running:
-                            error = DuplicateRequestError(f"stream {message.stream} is already open on this call")
-                            _end_with(outbox, message.stream, self._status(error))
-                            continue
-                        task = asyncio.create_task(self._run_muxed(message.stream, message.start, outbox))
-                        running[message.stream] = task
-                        task.add_done_callback(lambda _, stream=message.stream: running.pop(stream, None))
-                    elif kind == "cancel":
-                        task = running.get(message.stream)
-                        if task is not None:
-                            task.cancel()
+                    handle(message)
             finally:
                 # The client half-closed (or went away): the call ends once its requests have.
                 if running:
@@ -130,7 +134,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 if loop.time() >= load_due:  # the router then skips its Load poll (and health check)
                     load = load_to_pb(self.current_load())
                     load_due = loop.time() + MUX_LOAD_INTERVAL_S
-                yield pb.MuxResponse(events=events, load=load)
+                yield pb.MuxResponse(events=events, load=load, takes_batched=True)
         finally:
             reader.cancel()
             for task in list(running.values()):
