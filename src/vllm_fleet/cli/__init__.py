@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import pkgutil
 import sys
 
@@ -57,13 +58,16 @@ def _register_unavailable(subparsers: argparse._SubParsersAction, module_name: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    apply_command_defaults(sys.argv[1:] if argv is None else argv)
+    applied = apply_command_defaults(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
     setup_logging(args.log_level, json_lines=args.log_json)
+    for name, value in applied.items():  # say so: an operator comparing runs must see it
+        logging.getLogger(__name__).info("%s=%s set for %s (set the variable yourself to choose; empty keeps "
+                                         "grpc's defaults)", name, value, args.command)
     parent_pid = env_parent_pid()
     if parent_pid is not None:  # started by a supervisor that wants us gone when it dies
         die_with_parent(parent_pid)
