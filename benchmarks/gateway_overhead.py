@@ -35,6 +35,8 @@ import os
 import socket
 import time
 
+from proc_stat import cpu_seconds
+
 from vllm_fleet.bench import ArrivalProcess, percentile
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess
@@ -191,35 +193,6 @@ async def open_loop(rate: float, duration: float, send) -> tuple[list[float], in
     sent_over = time.perf_counter() - start
     await asyncio.gather(*tasks)
     return ttfts, errors, len(times) / max(sent_over, 1e-9)
-
-
-def _stat(pid: int) -> list[str]:
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads) and of its live children
-    (`--processes N`: the gateway processes under the parent), from /proc."""
-    total = 0.0
-    for candidate in [pid, *children_of(pid)]:
-        try:
-            fields = _stat(candidate)
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if int(_stat(int(entry))[1]) == pid:
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def completion_body(max_tokens: int) -> bytes:

@@ -26,23 +26,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gateway_overhead import QUIET, HttpPool, completion_body, cpu_seconds  # noqa: E402
+from gateway_overhead import QUIET, HttpPool, completion_body  # noqa: E402
+from proc_stat import context_switches, cpu_seconds  # noqa: E402
 
 from vllm_fleet.fleet.worker_process import WorkerProcess  # noqa: E402
 from vllm_fleet.processes import GatewayProcess  # noqa: E402
-
-def context_switches(pid: int) -> int:
-    """Voluntary + involuntary context switches of a process's live threads, from /proc: each
-    one a thread that slept and woke, which is where a streamed message's CPU goes on a VM."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            status = (task / "status").read_text()
-        except OSError:
-            continue
-        total += sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
-    return total
-
 
 STREAMS = 16
 TOKENS_PER_S = 10  # per stream: one token per ~100 ms, one token per event
@@ -99,8 +87,8 @@ async def main(args) -> None:
             print(json.dumps(row), flush=True)
     tokens = {row["tokens"] for row in rows}
     assert len(tokens) == 1, f"the sides streamed different tokens: {tokens}"
-    print(f"\n| src | idle CPU ms/s (rounds) | busy CPU ms/s | gateway µs per event | context switches per event "
-          f"| tokens |\n|---|---|---|---|---|---:|")
+    print("\n| src | idle CPU ms/s (rounds) | busy CPU ms/s | gateway µs per event | context switches per event "
+          "| tokens |\n|---|---|---|---|---|---:|")
     for src in args.srcs:
         mine = [r for r in rows if r["src"] == src]
         print(f"| {src} | {' / '.join(str(r['idle_cpu_ms_per_s']) for r in mine)} | "

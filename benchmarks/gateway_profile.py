@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gateway_overhead import HttpPool, QUIET, completion_body, cpu_seconds, open_loop  # noqa: E402
+from gateway_overhead import HttpPool, QUIET, completion_body, open_loop  # noqa: E402
+from proc_stat import cpu_seconds  # noqa: E402
 
 from vllm_fleet.fleet.worker_process import WorkerProcess  # noqa: E402
 from vllm_fleet.processes import GatewayProcess  # noqa: E402

@@ -9,7 +9,7 @@ OUT=${OUT:-benchmarks/results/smg-cpu-2026-12-01}
 [[ -n ${PY:-} ]] || source scripts/bootstrap.sh   # the project venv, unless $PY names one
 export PY
 {
-    echo "# command: $PY benchmarks/smg/compare.py --out $OUT $*"
+    echo "# command: python benchmarks/smg/compare.py --out $OUT $*"
     echo "# commit: $(git rev-parse HEAD) ($(git status --short -- src benchmarks/smg | wc -l) changed files under src/ and benchmarks/smg/)"
     echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "# machine: $(uname -n), $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/^Mem/ {print $2}') GiB," \
