@@ -14,7 +14,7 @@ import pytest
 from scripted_worker import WAIT_S, ScriptedCall, event
 
 from vllm_fleet.client import ClientOptions, WorkerClient
-from vllm_fleet.client.mux import Multiplexer
+from vllm_fleet.client.mux import BATCH_BYTES, Multiplexer
 from vllm_fleet.errors import (
     DuplicateRequestError,
     InvalidRequestError,
@@ -65,7 +65,7 @@ async def test_each_stream_gets_its_own_number_and_only_its_own_events(scripted,
     assert [await _result(t) for t in tasks] == [["text-0"], ["text-1"], ["text-2"]]
 
 
-async def _burst_of_starts(scripted, mux, *, takes_batched: bool, count: int = 20):
+async def _burst_of_starts(scripted, mux, *, takes_batched: bool, count: int = 20, prompt: str = "hi"):
     """After one answered request (whose response says `takes_batched`), `count` requests at once:
     the messages the worker received for them, and their starts in the order they arrived."""
     first = _run(mux, "first")
@@ -73,7 +73,9 @@ async def _burst_of_starts(scripted, mux, *, takes_batched: bool, count: int = 2
     start = await call.next_start()
     call.send(event(start.stream, "a", done=True), takes_batched=takes_batched)
     assert await _result(first) == ["a"]
-    tasks = [_run(mux, f"b{i}") for i in range(count)]
+    options = {"timeout": None, "first_chunk_timeout": None}
+    tasks = [asyncio.ensure_future(_texts(mux.generate(GenerateRequest(f"b{i}", [GenerateInput(text=prompt)]),
+                                                        **options))) for i in range(count)]
     messages, starts = [], []
     while len(starts) < count:
         message = await call.next_request()
@@ -88,6 +90,15 @@ async def test_a_burst_of_starts_travels_batched_once_the_worker_takes_it(script
     messages, starts = await _burst_of_starts(scripted, mux, takes_batched=True)
     assert [s.start.request_id for s in starts] == [f"b{i}" for i in range(20)], "batched out of order"
     assert len(messages) < 20, "every start went in a message of its own"
+
+
+async def test_a_batch_stays_under_its_size_bound_so_large_requests_never_break_the_call(scripted, mux):
+    # Five requests of ~400 KB: together they would make one 2 MB message; each batch stays under
+    # BATCH_BYTES, and the request that did not fit goes first in the next message.
+    messages, starts = await _burst_of_starts(scripted, mux, takes_batched=True, count=5, prompt="w" * 400_000)
+    assert [s.start.request_id for s in starts] == [f"b{i}" for i in range(5)], "batched out of order"
+    assert len(messages) > 1, "five large requests went in one message"
+    assert all(m.ByteSize() <= BATCH_BYTES for m in messages), [m.ByteSize() for m in messages]
 
 
 async def test_a_worker_that_does_not_say_it_takes_batches_gets_one_start_per_message(scripted, mux):

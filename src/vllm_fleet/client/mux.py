@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 _DEADLINE = object()      # the whole request ran out of time
 _FIRST_CHUNK = object()   # no first chunk in time
 _CLOSE = object()         # ends the call's request stream
+# A batch of requests stays this small: far below any gRPC message limit (a few requests near
+# the gateway's body limit would pass 64 MiB together and break the whole call), and large
+# requests gain nothing from sharing a write.
+BATCH_BYTES = 1024 * 1024
 
 
 class MuxUnsupported(Exception):
@@ -54,14 +58,21 @@ class Multiplexer:
     async def _requests(self) -> AsyncIterator[pb.MuxRequest]:
         """The call's request stream. grpcio takes the next message only when the last write has
         completed; once the worker takes batched requests, whatever queued up meanwhile goes as
-        one message (a busy gateway starts many requests per write)."""
-        while (message := await self._outgoing.get()) is not _CLOSE:
+        one message (a busy gateway starts many requests per write), up to BATCH_BYTES."""
+        held = None  # taken from the queue but past the batch's size: the next message
+        while True:
+            message, held = held if held is not None else await self._outgoing.get(), None
+            if message is _CLOSE:
+                return
+            size = message.ByteSize() if self._takes_batched else 0
             while self._takes_batched and not self._outgoing.empty():
                 more = self._outgoing.get_nowait()
-                if more is _CLOSE:
-                    yield message
-                    return
+                more_size = 0 if more is _CLOSE else more.ByteSize()
+                if more is _CLOSE or size + more_size > BATCH_BYTES:
+                    held = more
+                    break
                 message.batched.append(more)
+                size += more_size
             yield message
 
     async def _read(self) -> None:
