@@ -158,3 +158,38 @@ def test_a_child_that_cannot_start_stops_the_gateway(tmp_path):
                           env=worker_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert str(keys) in done.stdout + done.stderr
+
+
+def counter(text: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+async def test_metrics_and_the_dashboard_answer_for_every_process(mock_worker_factory):
+    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=2000, mock_ttft_ms=1)
+    async with GatewayProcess(["--workers", worker.address, "--processes", "2"], worker_env()) as gateway:
+        await gateway.wait_ready(timeout=60)
+        await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
+        pids = children(gateway.pid)
+        served: dict[int, int] = {}
+
+        async def one_more() -> bool:  # new connections until each child has served at least two
+            pid, reading = await stream_on_new_connection(gateway.port, pids, 3)
+            assert (await reading).endswith(DONE_LAST_CHUNK)
+            served[pid] = served.get(pid, 0) + 1
+            return len(served) == 2 and min(served.values()) >= 2
+
+        await wait_until(one_more, timeout=60, interval=0.01, message=f"each of {pids} serving two streams")
+        total = sum(served.values())
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+            for _ in range(4):  # new connections: scrapes land on either child, and each answers for both
+                text = (await http.get("/metrics", headers={"connection": "close"})).text
+                assert counter(text, "vllm_fleet_gateway_requests_total", endpoint="/v1/completions",
+                               status="200") == total, text
+                assert counter(text, "vllm_fleet_gateway_tokens_total", direction="completion") == 3 * total
+                assert counter(text, "vllm_fleet_gateway_processes_answered") == 2
+                state = (await http.get("/dashboard/state.json", headers={"connection": "close"})).json()
+                assert state["requests"]["requests"] == total and state["requests"]["completion_tokens"] == 3 * total
+                assert state["processes"] == {"serving": 2, "answered": 2}

@@ -35,8 +35,8 @@ def register(subparsers) -> None:
     add_options(group, GatewayConfig)
     group.add_argument("--processes", type=int, default=1, metavar="N",
                        help="Serve from N gateway processes on one port (SO_REUSEPORT), one core each; each has "
-                       "its own router, breakers, in-flight counts, per-key limits (shared only with --fleet-quota) "
-                       "and metrics (/metrics answers for the process that took the connection). Default 1")
+                       "its own router, breakers, in-flight counts and per-key limits (shared only with "
+                       "--fleet-quota); /metrics and the dashboard add up all N. Default 1")
     add_router_options(parser)
     parser.set_defaults(handler=_serve)
     _register_keys(parser.add_subparsers(dest="gateway_command", metavar="keys"))
@@ -55,10 +55,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.processes != 1:
         from vllm_fleet.gateway.multiprocess import Supervisor
 
-        def child(index: int, port: int, listening) -> int:  # a forked process: its own registry and router
+        def child(slot, port: int, listening) -> int:  # a forked process: its own registry and router
             registry = open_registry(args.registry or args.workers)
             return _run(_serve_async(config.model_copy(update={"port": port}), router_config, registry, limits,
-                                     reuse_port=True, on_listening=listening))
+                                     reuse_port=True, on_listening=listening, sibling_slot=slot))
 
         return Supervisor(child, args.processes, config.host, config.port).run()
     registry = open_registry(args.registry or args.workers)
@@ -88,10 +88,12 @@ def _run(coro) -> int:
 
 
 async def _serve_async(config: GatewayConfig, router_config: RouterConfig, registry: Registry,
-                       limits: LimitsSource, *, reuse_port: bool = False, on_listening=None) -> int:
+                       limits: LimitsSource, *, reuse_port: bool = False, on_listening=None,
+                       sibling_slot=None) -> int:
     from vllm_fleet.gateway.server import GatewayServer
 
-    server = GatewayServer(config, router_config, registry, limits=limits, reuse_port=reuse_port)
+    server = GatewayServer(config, router_config, registry, limits=limits, reuse_port=reuse_port,
+                           sibling_slot=sibling_slot)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

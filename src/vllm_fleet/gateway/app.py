@@ -39,6 +39,7 @@ from vllm_fleet.gateway.dashboard import Dashboard
 from vllm_fleet.gateway.keys import KeyRecord, KeyStore
 from vllm_fleet.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from vllm_fleet.gateway.openapi import openapi_document
+from vllm_fleet.gateway.siblings import Siblings
 from vllm_fleet.logs import request_id_var
 from vllm_fleet.registry import Registry
 from vllm_fleet.router import Router
@@ -52,13 +53,15 @@ MODEL_PREFIX = "/v1/models/"
 
 class GatewayApp:
     def __init__(self, router: Router, config: GatewayConfig, *, metrics_registry: CollectorRegistry,
-                 keys: KeyStore | None = None, registry: Registry | None = None) -> None:
+                 keys: KeyStore | None = None, registry: Registry | None = None,
+                 siblings: Siblings | None = None) -> None:
         self.router = router
         self.config = config
         self.keys = keys
-        self.metrics = GatewayMetrics(router, metrics_registry)
+        # siblings: the other processes of `--processes N`; /metrics and the dashboard answer for all.
+        self.metrics = GatewayMetrics(router, metrics_registry, siblings)
         self.completions = CompletionHandler(router, config, self.metrics)
-        self.dashboard = Dashboard(router, registry, self.metrics.totals)
+        self.dashboard = Dashboard(router, registry, self.metrics.totals, siblings)
         self.adapter_admin = AdapterAdmin(router, config)
         self._openapi = Response.json(openapi_document(config))
         self._routes: dict[tuple[str, str], Route] = {
@@ -204,7 +207,7 @@ class GatewayApp:
         return card
 
     async def _metrics(self, call: Call) -> Response:
-        return Response(200, self.metrics.render(), CONTENT_TYPE.encode())
+        return Response(200, await self.metrics.render_gateway(), CONTENT_TYPE.encode())
 
 
 _GENERATE = ("/v1/chat/completions", "/v1/completions")

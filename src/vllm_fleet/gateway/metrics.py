@@ -2,7 +2,9 @@
 
 The gateway and its router share one registry per gateway (tests run several gateways in one
 process without mixing series). Per-worker gauges are not updated on the hot path: they are
-read from `router.snapshot()` when Prometheus scrapes.
+read from `router.snapshot()` when Prometheus scrapes. With `--processes N` a scrape answers for
+all N processes: the one that takes it merges its siblings' figures into its own (siblings.py,
+metrics_merge.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import asyncio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from vllm_fleet.gateway.metrics_merge import merge_expositions
+from vllm_fleet.gateway.siblings import Siblings
 from vllm_fleet.router import Router
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -20,8 +24,9 @@ _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
 
 
 class GatewayMetrics:
-    def __init__(self, router: Router, registry: CollectorRegistry) -> None:
+    def __init__(self, router: Router, registry: CollectorRegistry, siblings: Siblings | None = None) -> None:
         self.registry = registry
+        self.siblings = siblings
         r = registry
         self.requests = Counter("vllm_fleet_gateway_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=r)
@@ -56,7 +61,24 @@ class GatewayMetrics:
         return child
 
     def render(self) -> bytes:
+        """This process's own metrics."""
         return generate_latest(self.registry)
+
+    async def render_gateway(self) -> bytes:
+        """The whole gateway's metrics: this process's, merged with its siblings' when there are any."""
+        own = self.render()
+        if self.siblings is None:
+            return own
+        others = await self.siblings.ask("metrics")
+        return merge_expositions([own, *others], extra=_process_gauges(self.siblings.processes, 1 + len(others)))
+
+
+def _process_gauges(processes: int, answered: int) -> list[GaugeMetricFamily]:
+    return [GaugeMetricFamily("vllm_fleet_gateway_processes", "Gateway processes serving this port (--processes)",
+                              value=processes),
+            GaugeMetricFamily("vllm_fleet_gateway_processes_answered",
+                              "Gateway processes whose figures this scrape includes (fewer while one restarts)",
+                              value=answered)]
 
 
 class _LoadCollector:

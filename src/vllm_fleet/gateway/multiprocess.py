@@ -4,7 +4,9 @@ One Python process serves on one core; the gateway scales across cores as N proc
 child is a whole gateway (its own router, breakers, outstanding counts, admission limits,
 metrics) listening on the same host:port with SO_REUSEPORT, so the kernel spreads new
 connections over the children (by a hash of the connection's addresses: a keep-alive connection
-stays with one child). No request crosses processes and nothing is shared on the hot path.
+stays with one child). No request crosses processes and nothing is shared on the hot path; only
+a scrape of /metrics or the dashboard asks the siblings for their figures, over Unix sockets in a
+private directory the parent makes (siblings.py).
 
 The parent binds the address first (without listening) with SO_REUSEPORT: that refuses an
 address in use before any child starts, turns port 0 into the port the children share, and
@@ -19,13 +21,17 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Callable
 from multiprocessing.connection import wait
+from pathlib import Path
 
 from vllm_fleet.errors import ConfigError
+from vllm_fleet.gateway.siblings import SiblingSlot
 from vllm_fleet.gateway.sockets import bind_socket
 
 logger = logging.getLogger(__name__)
@@ -37,8 +43,8 @@ def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     return sock, sock.getsockname()[1]
 
 
-# child(index, port, listening): serve until a signal; call listening() once the port is served.
-Child = Callable[[int, int, Callable[[], None]], int]
+# child(slot, port, listening): serve until a signal; call listening() once the port is served.
+Child = Callable[[SiblingSlot, int, Callable[[], None]], int]
 
 
 class Supervisor:
@@ -51,6 +57,8 @@ class Supervisor:
         self.child = child
         self.processes = processes
         self._reserved, self.port = reserve_port(host, port)
+        # Where the children answer each other's scrapes: mkdtemp makes it 0700, this user's only.
+        self.sibling_dir = Path(tempfile.mkdtemp(prefix="vllm-fleet-gateway-"))
         # fork: the children inherit the parsed configuration; nothing (no loop, no thread) runs yet.
         self._context = multiprocessing.get_context("fork")
         # index → (process, set once it listens: an exit before that is a failed start)
@@ -70,10 +78,12 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._reserved.close()
+            shutil.rmtree(self.sibling_dir, ignore_errors=True)
 
     def _start(self, index: int) -> None:
         listening = self._context.Event()
-        process = self._context.Process(target=_child_main, args=(self.child, index, self.port, listening),
+        slot = SiblingSlot(self.sibling_dir, index, self.processes)
+        process = self._context.Process(target=_child_main, args=(self.child, slot, self.port, listening),
                                         name=f"gateway-{index}", daemon=False)
         process.start()
         self._children[index] = (process, listening)
@@ -115,19 +125,20 @@ class Supervisor:
         return code
 
 
-def _child_main(child: Child, index: int, port: int, listening) -> None:
+def _child_main(child: Child, slot: SiblingSlot, port: int, listening) -> None:
     # The parent's handlers note signals for its loop; a child handles its own in its event loop.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
-    code = _exit_code(child, index, port, listening.set)
+    code = _exit_code(child, slot, port, listening.set)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # not multiprocessing's exit path: it would run the parent's atexit handlers
 
 
-def _exit_code(child: Child, index: int, port: int, listening: Callable[[], None]) -> int:
+def _exit_code(child: Child, slot: SiblingSlot, port: int, listening: Callable[[], None]) -> int:
+    index = slot.index
     try:
-        return int(child(index, port, listening) or 0)
+        return int(child(slot, port, listening) or 0)
     except ConfigError as exc:
         print(f"vllm-fleet gateway (process {index}): error: {exc}", file=sys.stderr, flush=True)
         return 2

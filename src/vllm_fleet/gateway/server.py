@@ -27,6 +27,7 @@ from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.header_limit import header_limit_protocol
 from vllm_fleet.gateway.keys import KeyStore
 from vllm_fleet.gateway.reload import LimitsSource, Reloader
+from vllm_fleet.gateway.siblings import Siblings, SiblingSlot
 from vllm_fleet.gateway.sockets import bind_socket
 from vllm_fleet.registry import Registry
 from vllm_fleet.router import Router, RouterConfig
@@ -54,11 +55,13 @@ def worker_client_options(config: GatewayConfig) -> ClientOptions:
 
 class GatewayServer:
     """`limits` is where per-key limits come from besides the keys file (default: fixed, those of
-    `router_config`); give the CLI's to have a `--key-limits @FILE` reloaded too."""
+    `router_config`); give the CLI's to have a `--key-limits @FILE` reloaded too. `sibling_slot`:
+    this is one process of `--processes N`, and /metrics and the dashboard answer for all N."""
 
     def __init__(self, config: GatewayConfig, router_config: RouterConfig, registry: Registry, *,
                  ready_timeout_s: float = 30.0, shutdown_grace_s: float = 30.0,
-                 limits: LimitsSource | None = None, reuse_port: bool = False) -> None:
+                 limits: LimitsSource | None = None, reuse_port: bool = False,
+                 sibling_slot: SiblingSlot | None = None) -> None:
         self.config = config
         self.reuse_port = reuse_port
         self.registry = registry
@@ -74,8 +77,9 @@ class GatewayServer:
         self.router = Router(registry, router_config.model_copy(update={"admission": loaded.admission}), self.clients,
                              metrics_registry=metrics_registry, quota=self.quota)
         self.reloader.bind(self.router, self.keys)
+        self.siblings = Siblings(sibling_slot) if sibling_slot is not None else None
         self.app = GatewayApp(self.router, config, metrics_registry=metrics_registry, keys=self.keys,
-                              registry=registry)
+                              registry=registry, siblings=self.siblings)
         self.ready_timeout_s = ready_timeout_s
         self.shutdown_grace_s = shutdown_grace_s
         self._server: uvicorn.Server | None = None
@@ -97,6 +101,8 @@ class GatewayServer:
         except Exception as exc:  # serve anyway: /ready says 503 until workers come
             logger.warning("no worker ready after %.0fs (%s); serving, /ready is 503 until one is",
                            self.ready_timeout_s, exc)
+        if self.siblings is not None:
+            await self.siblings.start({"metrics": self._own_metrics, "state": self.app.dashboard.own_state_bytes})
         sock = bind_socket(self.config.host, self.config.port, reuse_port=self.reuse_port)
         self.port = sock.getsockname()[1]
         uv_config = uvicorn.Config(
@@ -127,11 +133,16 @@ class GatewayServer:
         logged, when a file is bad and the previous keys and limits stay in force."""
         return self.reloader.reload()
 
+    async def _own_metrics(self) -> bytes:
+        return self.app.metrics.render()
+
     async def stop(self) -> None:
         await self.reloader.stop()
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task
+        if self.siblings is not None:
+            await self.siblings.close()
         await self.router.close()
         if self.quota is not None:
             await self.quota.close()  # unspent leases go back to the fleet
