@@ -18,6 +18,9 @@ issue #17's target 3, and a table of them against the targets:
    With the worker and this load generator on the same cores, tokens/s is capped by the machine;
    tokens per gateway CPU-second is what one gateway core would carry.
 
+Each latency point also says how often the gateway's garbage collector paused it for 1 ms or
+more while it was measured, and for how long at most (benchmarks/gc_probe/ logs the pauses).
+
 `--src` runs another checkout's src/ (PYTHONPATH of the worker and gateway) for before/after
 runs; `--processes N` passes `--processes N` to the gateway (CPU counted over all its processes).
 
@@ -30,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import socket
+import tempfile
 import time
 
 from proc_stat import cpu_seconds
@@ -40,6 +45,7 @@ from proc_stat import cpu_seconds
 from vllm_fleet.bench import ArrivalProcess, percentile
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess
+from vllm_fleet.heap import settle_garbage_collector
 from vllm_fleet.processes import GatewayProcess
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
 
@@ -50,11 +56,56 @@ QUIET = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}  # the worker's and gateway's own lo
 
 
 SETUP = {"src": None, "worker_src": None, "processes": 1}  # from the command line
+GC_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gc_probe")
+GC_LOG = os.path.join(tempfile.gettempdir(), f"vllm-fleet-gateway-gc-{os.getpid()}.log")
 
 
 def _env(src: str | None = None) -> dict[str, str]:
     src = src or SETUP["src"]
     return {**QUIET, **({"PYTHONPATH": src} if src else {})}
+
+
+def _gateway_env() -> dict[str, str]:
+    """The gateway's environment, with its garbage-collector pauses logged to GC_LOG (gc_probe/)."""
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), GC_PROBE) if p)
+    env["VLLM_FLEET_GC_LOG"] = GC_LOG
+    return env
+
+
+# This load generator's own collections of 1 ms or more: (time.time(), milliseconds).
+CLIENT_PAUSES: list[tuple[float, float]] = []
+
+
+def watch_own_collector() -> None:
+    """Settle this process's collector (as the gateway does its own) and note its longer pauses:
+    a pause here delays the client's clock readings and would pose as gateway latency."""
+    settle_garbage_collector()
+    started = [0.0]
+
+    def on_collection(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif (paused := time.perf_counter() - started[0]) >= 0.001:
+            CLIENT_PAUSES.append((time.time(), paused * 1000))
+
+    gc.callbacks.append(on_collection)
+
+
+def gc_pauses(since: float, until: float) -> dict:
+    """The gateway's collections of 1 ms or more between two time.time() readings, and the
+    load generator's own."""
+    client = [ms for at, ms in CLIENT_PAUSES if since <= at <= until]
+    pauses = []
+    if os.path.exists(GC_LOG):
+        with open(GC_LOG) as log:
+            for line in log:
+                at, generation, ms = line.split()
+                if since <= float(at) <= until:
+                    pauses.append((int(generation), float(ms)))
+    return {"gc_pauses": len(pauses), "gc_pause_max_ms": max((ms for _, ms in pauses), default=0.0),
+            "gc_full_collections": sum(1 for generation, _ in pauses if generation == 2),
+            "client_gc_pauses": len(client), "client_gc_pause_max_ms": max(client, default=0.0)}
 
 
 def mock_worker(ttft_ms: int, tokens_per_s: int, *extra: str) -> WorkerProcess:
@@ -70,7 +121,7 @@ def gateway_for(worker: WorkerProcess, *extra: str) -> GatewayProcess:
 def gateway_for_all(workers: list[WorkerProcess], *extra: str) -> GatewayProcess:
     processes = ["--processes", str(SETUP["processes"])] if SETUP["processes"] != 1 else []
     return GatewayProcess(["--workers", ",".join(w.address for w in workers), "--no-access-log", *processes, *extra],
-                          _env(), stop_grace_s=15)
+                          _gateway_env(), stop_grace_s=15)
 
 
 class HttpConnection:
@@ -219,16 +270,17 @@ async def ttft_pair(rate: float, duration: float, pool: HttpPool, worker: Worker
         return None
 
     d_ttft, d_err, d_rate = await open_loop(rate, duration, direct)
-    cpu_before = cpu_seconds(gateway_pid)
+    cpu_before, since = cpu_seconds(gateway_pid), time.time()
     g_ttft, g_err, g_rate = await open_loop(rate, duration, via_gateway)
     gateway_cpu_us = (cpu_seconds(gateway_pid) - cpu_before) / max(1, len(g_ttft) + g_err) * 1e6
+    pauses = gc_pauses(since, time.time())
     pct = lambda xs, q: percentile(xs, q) * 1000  # noqa: E731
     return {
         "rate": rate, "achieved_rate": min(d_rate, g_rate), "errors": d_err + g_err, "requests": len(g_ttft),
         "direct_p50_ms": pct(d_ttft, 50), "direct_p99_ms": pct(d_ttft, 99),
         "gateway_p50_ms": pct(g_ttft, 50), "gateway_p99_ms": pct(g_ttft, 99),
         "added_p50_ms": pct(g_ttft, 50) - pct(d_ttft, 50), "added_p99_ms": pct(g_ttft, 99) - pct(d_ttft, 99),
-        "gateway_cpu_us_per_request": gateway_cpu_us, "load_average": os.getloadavg()[0],
+        "gateway_cpu_us_per_request": gateway_cpu_us, "load_average": os.getloadavg()[0], **pauses,
     }
 
 
@@ -256,6 +308,7 @@ async def throughput(port: int, streams: int, max_tokens: int, gateway_pid: int)
 async def main(args: argparse.Namespace) -> dict:
     duration = 4.0 if args.quick else 10.0
     results: dict = {"processes": SETUP["processes"], "src": SETUP["src"] or "this checkout"}
+    watch_own_collector()
     worker = mock_worker(5, 2000)
     async with worker, gateway_for(worker) as gateway, WorkerClient(worker.address) as client:
         await worker.wait_serving(60)
@@ -327,7 +380,9 @@ def report(results: dict) -> str:
             f"P50 {at['added_p50_ms']:+.2f} ms, P99 {at['added_p99_ms']:+.2f} ms (direct P50/P99 "
             f"{at['direct_p50_ms']:.2f}/{at['direct_p99_ms']:.2f} ms, gateway {at['gateway_p50_ms']:.2f}/"
             f"{at['gateway_p99_ms']:.2f} ms); gateway CPU {at['gateway_cpu_us_per_request']:.0f} us per request; "
-            f"load average {at['load_average']:.1f} on {os.cpu_count()} cores")
+            f"gateway GC pauses >= 1 ms: {at['gc_pauses']} (longest {at['gc_pause_max_ms']:.1f} ms, "
+            f"{at['gc_full_collections']} full), load generator's: {at['client_gc_pauses']} "
+            f"(longest {at['client_gc_pause_max_ms']:.1f} ms); load average {at['load_average']:.1f} on {os.cpu_count()} cores")
     lines.append(f"highest rate with P99 added <= 10 ms: {results['max_rate_p99_added_le_10ms']} req/s")
     for name, label in (("per_token", "ONE token per SSE event"), ("coalesced", "coalesced 20 ms")):
         t = results[name]
@@ -369,7 +424,11 @@ if __name__ == "__main__":
     parser.add_argument("--streams", type=int, default=200, help="Concurrent streams at one token per event")
     options = parser.parse_args()
     SETUP.update(src=options.src, worker_src=options.worker_src, processes=options.processes)
-    figures = run_on_uvloop(main(options))
+    try:
+        figures = run_on_uvloop(main(options))
+    finally:
+        if os.path.exists(GC_LOG):
+            os.remove(GC_LOG)
     if options.json:
         with open(options.json, "w") as handle:
             json.dump(figures, handle, indent=2)

@@ -101,6 +101,9 @@ async def _serve_async(config: GatewayConfig, router_config: RouterConfig, regis
     # SIGHUP re-reads the keys file and --key-limits @FILE (its default action would end us).
     loop.add_signal_handler(signal.SIGHUP, server.reload)
     await server.start()
+    from vllm_fleet.heap import settle_garbage_collector
+
+    settle_garbage_collector()  # everything the gateway keeps is loaded: take it out of the GC's scans
     print(f"vllm-fleet gateway: listening on {server.url}", file=sys.stderr, flush=True)
     if on_listening is not None:
         on_listening()
