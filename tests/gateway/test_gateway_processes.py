@@ -193,3 +193,44 @@ async def test_metrics_and_the_dashboard_answer_for_every_process(mock_worker_fa
                 state = (await http.get("/dashboard/state.json", headers={"connection": "close"})).json()
                 assert state["requests"]["requests"] == total and state["requests"]["completion_tokens"] == 3 * total
                 assert state["processes"] == {"serving": 2, "answered": 2}
+
+
+async def status_on_new_connection(port: int, pids: list[int], key: str) -> tuple[int | None, bytes]:
+    """A whole completion on a connection of its own: (the child that served it, the answer's head
+    and body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        client_port = writer.get_extra_info("sockname")[1]
+        body = b'{"model":"%s","prompt":"once upon","max_tokens":2}' % MODEL.encode()
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s" % (key.encode(), len(body), body))
+        head = await reader.readuntil(b"\r\n\r\n")
+        pid = serving_pid(client_port, port, pids)  # the connection is still open: look it up now
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        return pid, head + await reader.readexactly(length)
+    finally:
+        writer.close()
+
+
+async def test_a_key_limit_holds_for_all_processes_together(mock_worker_factory, keys_file):
+    path, keys = keys_file  # 'abusive' may start 5 requests a minute
+    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=2000, mock_ttft_ms=1)
+    async with GatewayProcess(["--workers", worker.address, "--processes", "2", "--api-key-file", str(path)],
+                              worker_env()) as gateway:
+        await gateway.wait_ready(timeout=60)
+        await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
+        pids = children(gateway.pid)
+        asked: dict[int, int] = {}
+        answers: list[bytes] = []
+
+        async def one_more() -> bool:  # until each child was asked 5 times: each alone would admit 5
+            pid, answer = await status_on_new_connection(gateway.port, pids, keys["abusive"])
+            asked[pid] = asked.get(pid, 0) + 1
+            answers.append(answer)
+            return len(asked) == 2 and min(asked.values()) >= 5
+
+        await wait_until(one_more, timeout=60, interval=0.01, message=f"each of {pids} asked five times")
+        admitted = [a for a in answers if a.startswith(b"HTTP/1.1 200")]
+        refused = [a for a in answers if a.startswith(b"HTTP/1.1 429")]
+        assert len(admitted) == 5 and len(refused) == len(answers) - 5, [a[:40] for a in answers]
+        assert all(b"requests per minute" in a and b"retry-after" in a.lower() for a in refused), refused[0]

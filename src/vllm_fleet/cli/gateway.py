@@ -35,8 +35,8 @@ def register(subparsers) -> None:
     add_options(group, GatewayConfig)
     group.add_argument("--processes", type=int, default=1, metavar="N",
                        help="Serve from N gateway processes on one port (SO_REUSEPORT), one core each; each has "
-                       "its own router, breakers, in-flight counts and per-key limits (shared only with "
-                       "--fleet-quota); /metrics and the dashboard add up all N. Default 1")
+                       "its own router, breakers and in-flight counts; per-key limits hold for all N together, "
+                       "and /metrics and the dashboard add up all N. Default 1")
     add_router_options(parser)
     parser.set_defaults(handler=_serve)
     _register_keys(parser.add_subparsers(dest="gateway_command", metavar="keys"))

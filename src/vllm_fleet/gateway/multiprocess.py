@@ -1,12 +1,14 @@
 """`vllm-fleet gateway --processes N`: N full gateway processes on one port, and a parent that keeps them.
 
 One Python process serves on one core; the gateway scales across cores as N processes. Each
-child is a whole gateway (its own router, breakers, outstanding counts, admission limits,
-metrics) listening on the same host:port with SO_REUSEPORT, so the kernel spreads new
+child is a whole gateway (its own router, breakers, outstanding counts, class queues) listening
+on the same host:port with SO_REUSEPORT, so the kernel spreads new
 connections over the children (by a hash of the connection's addresses: a keep-alive connection
-stays with one child). No request crosses processes and nothing is shared on the hot path; only
-a scrape of /metrics or the dashboard asks the siblings for their figures, over Unix sockets in a
-private directory the parent makes (siblings.py).
+stays with one child). No request crosses processes. Two things are shared, through a private
+directory the parent makes (0700): per-key limits, as buckets in a file every child maps
+(router/shared_buckets.py: a flock'd update of a few microseconds per admission), and, only
+when someone scrapes /metrics or the dashboard, each child's figures over Unix sockets
+(siblings.py).
 
 The parent binds the address first (without listening) with SO_REUSEPORT: that refuses an
 address in use before any child starts, turns port 0 into the port the children share, and

@@ -32,6 +32,9 @@ from vllm_fleet.gateway.sockets import bind_socket
 from vllm_fleet.registry import Registry
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.quota import fleet_quota_from_config
+from vllm_fleet.router.shared_buckets import SharedBucketFile
+
+KEY_BUCKETS_FILE = "key-buckets"
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +77,12 @@ class GatewayServer:
         self.clients = ClientPool(worker_client_options(config))
         # --fleet-quota: key limits shared with the other gateways through ZooKeeper leases.
         self.quota = fleet_quota_from_config(loaded.admission, metrics_registry)
+        # One of `--processes N` without --fleet-quota: the N processes share their key buckets.
+        self.shared_key_buckets = (SharedBucketFile(sibling_slot.directory / KEY_BUCKETS_FILE)
+                                   if sibling_slot is not None and self.quota is None else None)
         self.router = Router(registry, router_config.model_copy(update={"admission": loaded.admission}), self.clients,
-                             metrics_registry=metrics_registry, quota=self.quota)
+                             metrics_registry=metrics_registry, quota=self.quota,
+                             shared_key_buckets=self.shared_key_buckets)
         self.reloader.bind(self.router, self.keys)
         self.siblings = Siblings(sibling_slot) if sibling_slot is not None else None
         self.app = GatewayApp(self.router, config, metrics_registry=metrics_registry, keys=self.keys,
@@ -143,6 +150,8 @@ class GatewayServer:
             await self._task
         if self.siblings is not None:
             await self.siblings.close()
+        if self.shared_key_buckets is not None:
+            self.shared_key_buckets.close()
         await self.router.close()
         if self.quota is not None:
             await self.quota.close()  # unspent leases go back to the fleet

@@ -14,12 +14,15 @@ a bucket whose limit did not change keeps its level, and one whose limit changed
 was used of it, so a reload is never a free refill.
 
 With `--fleet-quota zk://...` the key buckets are the fleet's, shared by every gateway through
-leases from ZooKeeper (router/quota.py); the class queues stay this process's own.
+leases from ZooKeeper (router/quota.py); the class queues stay this process's own. Without it,
+the processes of one `gateway --processes N` share their key buckets through a mapped file
+(router/shared_buckets.py), so a key's limit holds for the gateway, not for each process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 from vllm_fleet.errors import RateLimitedError
 from vllm_fleet.router.config import AdmissionConfig, KeyLimits
 from vllm_fleet.router.features import LONG, SHORT
+from vllm_fleet.router.shared_buckets import REQUESTS, TOKENS, SharedBucketFile, SharedTokenBucket
 
 if TYPE_CHECKING:
     from vllm_fleet.router.quota import FleetQuota
@@ -80,52 +84,88 @@ class TokenBucket:
         return self.level >= self.capacity
 
 
+Bucket = TokenBucket | SharedTokenBucket
+
+
 @dataclass(slots=True)
 class _KeyBuckets:
-    requests: TokenBucket | None
-    tokens: TokenBucket | None
+    requests: Bucket | None
+    tokens: Bucket | None
 
 
 class KeyLimiter:
-    """Per-key request and token buckets."""
+    """Per-key request and token buckets: this process's own, or with `shared` those of every
+    process that maps the same SharedBucketFile (each public method holds its lock throughout)."""
 
-    def __init__(self, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic,
+                 shared: SharedBucketFile | None = None) -> None:
         self.config = config
         self._clock = clock
         self._keys: dict[str, _KeyBuckets] = {}
+        self.shared = shared
+        self._locked = shared.locked if shared is not None else contextlib.nullcontext
 
     def _buckets(self, key: str) -> _KeyBuckets:
         buckets = self._keys.get(key)
         if buckets is None:
             if len(self._keys) >= MAX_IDLE_KEYS:
                 self._drop_idle()
-            limits: KeyLimits = self.config.limits_for(key)
-            buckets = self._keys[key] = _KeyBuckets(
+            buckets = self._keys[key] = self._new_buckets(key, self.config.limits_for(key))
+        return buckets
+
+    def _new_buckets(self, key: str, limits: KeyLimits) -> _KeyBuckets:
+        slot = None
+        if self.shared is not None and (limits.requests_per_min or limits.tokens_per_min):
+            slot = self.shared.slot(key, limits.requests_per_min, limits.tokens_per_min, self._clock())
+        if slot is None:
+            return _KeyBuckets(
                 TokenBucket(limits.requests_per_min, self._clock) if limits.requests_per_min else None,
                 TokenBucket(limits.tokens_per_min, self._clock) if limits.tokens_per_min else None,
             )
-        return buckets
+        return _KeyBuckets(
+            SharedTokenBucket.started(self.shared, slot, REQUESTS, limits.requests_per_min, self._clock)
+            if limits.requests_per_min else None,
+            SharedTokenBucket.started(self.shared, slot, TOKENS, limits.tokens_per_min, self._clock)
+            if limits.tokens_per_min else None,
+        )
 
     def update(self, config: AdmissionConfig) -> None:
         """Use the limits of `config` from now on; only buckets whose limits changed are rebuilt."""
-        old, self.config = self.config, config
-        for key, buckets in self._keys.items():
-            limits = config.limits_for(key)
-            if limits == old.limits_for(key):
-                continue
-            buckets.requests = _resized(buckets.requests, limits.requests_per_min, self._clock)
-            buckets.tokens = _resized(buckets.tokens, limits.tokens_per_min, self._clock)
+        with self._locked():
+            old, self.config = self.config, config
+            for key, buckets in self._keys.items():
+                limits = config.limits_for(key)
+                if limits == old.limits_for(key):
+                    continue
+                buckets.requests = self._resized(key, buckets.requests, limits.requests_per_min, REQUESTS)
+                buckets.tokens = self._resized(key, buckets.tokens, limits.tokens_per_min, TOKENS)
+
+    def _resized(self, key: str, bucket: Bucket | None, per_min: float | None, which: int) -> Bucket | None:
+        if not per_min:
+            return None
+        if bucket is not None:
+            return bucket.resized(per_min)
+        # The key had this limit off: the bucket starts full, as a new key's would.
+        slot = self.shared.slot(key, None, None, self._clock()) if self.shared is not None else None
+        if slot is None:
+            return TokenBucket(per_min, self._clock)
+        return SharedTokenBucket.started(self.shared, slot, which, per_min, self._clock)
 
     def start_at(self, key: str, requests: float, tokens: float) -> None:
         """Set `key`'s bucket levels (the fleet quota's fallback starts a key where the fleet left it)."""
-        buckets = self._buckets(key)
-        if buckets.requests is not None:
-            buckets.requests.set_level(requests)
-        if buckets.tokens is not None:
-            buckets.tokens.set_level(tokens)
+        with self._locked():
+            buckets = self._buckets(key)
+            if buckets.requests is not None:
+                buckets.requests.set_level(requests)
+            if buckets.tokens is not None:
+                buckets.tokens.set_level(tokens)
 
     def reserve(self, key: str, tokens: int) -> None:
         """Take one request and `tokens` from `key`'s buckets, or raise RateLimitedError."""
+        with self._locked():
+            self._reserve(key, tokens)
+
+    def _reserve(self, key: str, tokens: int) -> None:
         buckets = self._buckets(key)
         if buckets.requests is not None and (wait := buckets.requests.wait_for(1)) > 0:
             raise RateLimitedError(
@@ -145,6 +185,10 @@ class KeyLimiter:
 
     def settle(self, key: str, reserved: int, used: int, *, refund_request: bool = False) -> None:
         """Correct a reservation with the real usage (or return it all if nothing ran)."""
+        with self._locked():
+            self._settle(key, reserved, used, refund_request)
+
+    def _settle(self, key: str, reserved: int, used: int, refund_request: bool) -> None:
         buckets = self._keys.get(key)
         if buckets is None:
             return
@@ -159,13 +203,6 @@ class KeyLimiter:
     def _drop_idle(self) -> None:
         for key in [k for k, b in self._keys.items() if all(x is None or x.full for x in (b.requests, b.tokens))]:
             del self._keys[key]
-
-
-def _resized(bucket: TokenBucket | None, per_min: float | None, clock: Callable[[], float]) -> TokenBucket | None:
-    if not per_min:
-        return None
-    # A key that had no bucket (no limit) starts full, as a new key would.
-    return bucket.resized(per_min) if bucket is not None else TokenBucket(per_min, clock)
 
 
 def key_label(key: str) -> str:
@@ -233,9 +270,10 @@ class Admission:
     instead of this process's own `keys`."""
 
     def __init__(self, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic, *,
-                 quota: FleetQuota | None = None) -> None:
+                 quota: FleetQuota | None = None, shared_keys: SharedBucketFile | None = None) -> None:
         self.config = config
-        self.keys = KeyLimiter(config, clock)
+        # shared_keys: the key buckets of all processes of one `gateway --processes N`.
+        self.keys = KeyLimiter(config, clock, shared_keys)
         self.quota = quota
         if quota is not None:
             quota.update(config)

@@ -29,8 +29,9 @@ from vllm_fleet.router.context import Connect, StreamContext
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import make_policy
-from vllm_fleet.router.quota import FleetQuota
 from vllm_fleet.router.pool import Pool
+from vllm_fleet.router.quota import FleetQuota
+from vllm_fleet.router.shared_buckets import SharedBucketFile
 from vllm_fleet.router.snapshot import SERVING, PoolSnapshot
 from vllm_fleet.router.stream import RoutedStream
 
@@ -51,7 +52,7 @@ class Router:
     def __init__(self, registry: Registry, config: RouterConfig | None = None, pool: ClientPool | None = None, *,
                  own_registry: bool = True, metrics_registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.monotonic, connect: Connect | None = None,
-                 quota: FleetQuota | None = None) -> None:
+                 quota: FleetQuota | None = None, shared_key_buckets: SharedBucketFile | None = None) -> None:
         self.registry = registry
         self.config = config or RouterConfig()
         self.clients = pool or ClientPool()
@@ -61,7 +62,7 @@ class Router:
         self._policy = make_policy(self.config.policy, load_bound=self.config.affinity_load_bound)
         self._budget = RetryBudget(ratio=self.config.retry_budget_ratio, min_per_s=self.config.retry_budget_min_per_s,
                                    window_s=self.config.retry_budget_window_s, clock=clock)
-        self._admission = Admission(self.config.admission, clock=clock, quota=quota)
+        self._admission = Admission(self.config.admission, clock=clock, quota=quota, shared_keys=shared_key_buckets)
         self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock)
         self.adapters = AdapterPlacement(self._pool.snapshot, self.clients.get,
                                          overlay_s=max(1.0, 3 * self.config.load_poll_interval_s), clock=clock)
