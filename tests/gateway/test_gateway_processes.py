@@ -7,6 +7,7 @@ client's TCP connection is a socket inode in /proc/net/tcp*, held open by exactl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -96,23 +97,25 @@ async def each_child_answers(port: int, pids: list[int], max_tokens: int, *, tim
     return seen
 
 
-async def test_two_processes_share_one_port_and_both_answer(mock_worker_factory):
-    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=2000, mock_ttft_ms=1)
-    async with GatewayProcess(["--workers", worker.address, "--processes", "2"], worker_env()) as gateway:
+@contextlib.asynccontextmanager
+async def two_process_gateway(mock_worker_factory, *extra: str, tokens_per_s: int = 2000):
+    """A `--processes 2` gateway in front of one mock worker, both children up: (gateway, their pids)."""
+    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=tokens_per_s, mock_ttft_ms=1)
+    async with GatewayProcess(["--workers", worker.address, "--processes", "2", *extra], worker_env()) as gateway:
         await gateway.wait_ready(timeout=60)
         await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
-        pids = children(gateway.pid)
+        yield gateway, children(gateway.pid)
+
+
+async def test_two_processes_share_one_port_and_both_answer(mock_worker_factory):
+    async with two_process_gateway(mock_worker_factory) as (gateway, pids):
         # The kernel picks a child per connection by its address hash.
         assert await each_child_answers(gateway.port, pids, 4) >= set(pids)
 
 
 async def test_sigterm_drains_the_streams_of_both_processes(mock_worker_factory):
     # 40 tokens at 20/s: each stream runs ~2 s, so SIGTERM arrives while both are mid-stream.
-    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=20, mock_ttft_ms=1)
-    async with GatewayProcess(["--workers", worker.address, "--processes", "2"], worker_env()) as gateway:
-        await gateway.wait_ready(timeout=60)
-        await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
-        pids = children(gateway.pid)
+    async with two_process_gateway(mock_worker_factory, tokens_per_s=20) as (gateway, pids):
         await each_child_answers(gateway.port, pids, 1)  # both children listen
         streams: dict[int, asyncio.Task] = {}
 
@@ -136,11 +139,7 @@ async def test_sigterm_drains_the_streams_of_both_processes(mock_worker_factory)
 
 
 async def test_a_child_that_dies_is_started_again_and_the_port_keeps_serving(mock_worker_factory):
-    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=2000, mock_ttft_ms=1)
-    async with GatewayProcess(["--workers", worker.address, "--processes", "2"], worker_env()) as gateway:
-        await gateway.wait_ready(timeout=60)
-        await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
-        first = children(gateway.pid)
+    async with two_process_gateway(mock_worker_factory) as (gateway, first):
         os.kill(first[0], signal.SIGKILL)
         await wait_until(lambda: len(set(children(gateway.pid)) - set(first)) == 1
                          and len(children(gateway.pid)) == 2, timeout=30, message="the killed child replaced")
@@ -168,11 +167,7 @@ def counter(text: str, name: str, **labels: str) -> float:
 
 
 async def test_metrics_and_the_dashboard_answer_for_every_process(mock_worker_factory):
-    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=2000, mock_ttft_ms=1)
-    async with GatewayProcess(["--workers", worker.address, "--processes", "2"], worker_env()) as gateway:
-        await gateway.wait_ready(timeout=60)
-        await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
-        pids = children(gateway.pid)
+    async with two_process_gateway(mock_worker_factory) as (gateway, pids):
         served: dict[int, int] = {}
 
         async def one_more() -> bool:  # new connections until each child has served at least two
@@ -214,12 +209,7 @@ async def status_on_new_connection(port: int, pids: list[int], key: str) -> tupl
 
 async def test_a_key_limit_holds_for_all_processes_together(mock_worker_factory, keys_file):
     path, keys = keys_file  # 'abusive' may start 5 requests a minute
-    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=2000, mock_ttft_ms=1)
-    async with GatewayProcess(["--workers", worker.address, "--processes", "2", "--api-key-file", str(path)],
-                              worker_env()) as gateway:
-        await gateway.wait_ready(timeout=60)
-        await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
-        pids = children(gateway.pid)
+    async with two_process_gateway(mock_worker_factory, "--api-key-file", str(path)) as (gateway, pids):
         asked: dict[int, int] = {}
         answers: list[bytes] = []
 
