@@ -40,9 +40,11 @@ function render(state) {
     body.appendChild(row);
   }
   const serving = state.workers.filter((w) => w.state === "serving").length;
+  // --processes N: how many gateway processes this view adds up (fewer while one restarts).
+  const processes = state.processes ? `gateway processes ${state.processes.answered}/${state.processes.serving} · ` : "";
   document.getElementById("status").textContent =
     `${serving}/${state.workers.length} workers serving · models: ${state.models.join(", ") || "none"} · ` +
-    `updated ${new Date(state.time * 1000).toLocaleTimeString()}`;
+    processes + `updated ${new Date(state.time * 1000).toLocaleTimeString()}`;
   renderRates(state);
   previous = state;
 }
