@@ -382,7 +382,8 @@ def report(results: dict) -> str:
             f"{at['gateway_p99_ms']:.2f} ms); gateway CPU {at['gateway_cpu_us_per_request']:.0f} us per request; "
             f"gateway GC pauses >= 1 ms: {at['gc_pauses']} (longest {at['gc_pause_max_ms']:.1f} ms, "
             f"{at['gc_full_collections']} full), load generator's: {at['client_gc_pauses']} "
-            f"(longest {at['client_gc_pause_max_ms']:.1f} ms); load average {at['load_average']:.1f} on {os.cpu_count()} cores")
+            f"(longest {at['client_gc_pause_max_ms']:.1f} ms); load average {at['load_average']:.1f} "
+            f"on {os.cpu_count()} cores")
     lines.append(f"highest rate with P99 added <= 10 ms: {results['max_rate_p99_added_le_10ms']} req/s")
     for name, label in (("per_token", "ONE token per SSE event"), ("coalesced", "coalesced 20 ms")):
         t = results[name]

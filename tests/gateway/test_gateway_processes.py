@@ -201,7 +201,8 @@ async def status_on_new_connection(port: int, pids: list[int], key: str) -> tupl
                      b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s" % (key.encode(), len(body), body))
         head = await reader.readuntil(b"\r\n\r\n")
         pid = serving_pid(client_port, port, pids)  # the connection is still open: look it up now
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
         return pid, head + await reader.readexactly(length)
     finally:
         writer.close()

@@ -83,7 +83,8 @@ class Siblings:
                 length = int(await reader.readline())
                 return await reader.readexactly(length)
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
-            logger.info("gateway process %d did not answer %r: %s", index, name.decode(), exc or type(exc).__name__)
+            logger.info("gateway process %d did not answer %r: %s", index, name.decode(),
+                        str(exc) or type(exc).__name__)
             return None
         finally:
             if writer is not None:
