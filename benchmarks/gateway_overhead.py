@@ -33,19 +33,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import socket
-import tempfile
 import time
 
+from gc_pauses import pauses_between, probe_env, remove_log, watch_own_collector
 from proc_stat import cpu_seconds
 
 from vllm_fleet.bench import ArrivalProcess, percentile
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess
-from vllm_fleet.heap import settle_garbage_collector
 from vllm_fleet.processes import GatewayProcess
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
 
@@ -56,56 +54,11 @@ QUIET = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}  # the worker's and gateway's own lo
 
 
 SETUP = {"src": None, "worker_src": None, "processes": 1}  # from the command line
-GC_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gc_probe")
-GC_LOG = os.path.join(tempfile.gettempdir(), f"vllm-fleet-gateway-gc-{os.getpid()}.log")
 
 
 def _env(src: str | None = None) -> dict[str, str]:
     src = src or SETUP["src"]
     return {**QUIET, **({"PYTHONPATH": src} if src else {})}
-
-
-def _gateway_env() -> dict[str, str]:
-    """The gateway's environment, with its garbage-collector pauses logged to GC_LOG (gc_probe/)."""
-    env = _env()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), GC_PROBE) if p)
-    env["VLLM_FLEET_GC_LOG"] = GC_LOG
-    return env
-
-
-# This load generator's own collections of 1 ms or more: (time.time(), milliseconds).
-CLIENT_PAUSES: list[tuple[float, float]] = []
-
-
-def watch_own_collector() -> None:
-    """Settle this process's collector (as the gateway does its own) and note its longer pauses:
-    a pause here delays the client's clock readings and would pose as gateway latency."""
-    settle_garbage_collector()
-    started = [0.0]
-
-    def on_collection(phase: str, info: dict) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-        elif (paused := time.perf_counter() - started[0]) >= 0.001:
-            CLIENT_PAUSES.append((time.time(), paused * 1000))
-
-    gc.callbacks.append(on_collection)
-
-
-def gc_pauses(since: float, until: float) -> dict:
-    """The gateway's collections of 1 ms or more between two time.time() readings, and the
-    load generator's own."""
-    client = [ms for at, ms in CLIENT_PAUSES if since <= at <= until]
-    pauses = []
-    if os.path.exists(GC_LOG):
-        with open(GC_LOG) as log:
-            for line in log:
-                at, generation, ms = line.split()
-                if since <= float(at) <= until:
-                    pauses.append((int(generation), float(ms)))
-    return {"gc_pauses": len(pauses), "gc_pause_max_ms": max((ms for _, ms in pauses), default=0.0),
-            "gc_full_collections": sum(1 for generation, _ in pauses if generation == 2),
-            "client_gc_pauses": len(client), "client_gc_pause_max_ms": max(client, default=0.0)}
 
 
 def mock_worker(ttft_ms: int, tokens_per_s: int, *extra: str) -> WorkerProcess:
@@ -121,7 +74,7 @@ def gateway_for(worker: WorkerProcess, *extra: str) -> GatewayProcess:
 def gateway_for_all(workers: list[WorkerProcess], *extra: str) -> GatewayProcess:
     processes = ["--processes", str(SETUP["processes"])] if SETUP["processes"] != 1 else []
     return GatewayProcess(["--workers", ",".join(w.address for w in workers), "--no-access-log", *processes, *extra],
-                          _gateway_env(), stop_grace_s=15)
+                          probe_env(_env()), stop_grace_s=15)
 
 
 class HttpConnection:
@@ -273,7 +226,7 @@ async def ttft_pair(rate: float, duration: float, pool: HttpPool, worker: Worker
     cpu_before, since = cpu_seconds(gateway_pid), time.time()
     g_ttft, g_err, g_rate = await open_loop(rate, duration, via_gateway)
     gateway_cpu_us = (cpu_seconds(gateway_pid) - cpu_before) / max(1, len(g_ttft) + g_err) * 1e6
-    pauses = gc_pauses(since, time.time())
+    pauses = pauses_between(since, time.time())
     pct = lambda xs, q: percentile(xs, q) * 1000  # noqa: E731
     return {
         "rate": rate, "achieved_rate": min(d_rate, g_rate), "errors": d_err + g_err, "requests": len(g_ttft),
@@ -428,8 +381,7 @@ if __name__ == "__main__":
     try:
         figures = run_on_uvloop(main(options))
     finally:
-        if os.path.exists(GC_LOG):
-            os.remove(GC_LOG)
+        remove_log()
     if options.json:
         with open(options.json, "w") as handle:
             json.dump(figures, handle, indent=2)

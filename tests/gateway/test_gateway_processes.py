@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -220,8 +221,12 @@ async def test_a_key_limit_holds_for_all_processes_together(mock_worker_factory,
             answers.append(answer)
             return len(asked) == 2 and min(asked.values()) >= 5
 
+        began = time.monotonic()
         await wait_until(one_more, timeout=60, interval=0.01, message=f"each of {pids} asked five times")
+        refill = int((time.monotonic() - began) * 5 / 60)  # what the bucket earned meanwhile (0 in a few s)
         admitted = [a for a in answers if a.startswith(b"HTTP/1.1 200")]
         refused = [a for a in answers if a.startswith(b"HTTP/1.1 429")]
-        assert len(admitted) == 5 and len(refused) == len(answers) - 5, [a[:40] for a in answers]
+        # Each process alone would admit 5, so 10 in all; shared, the gateway admits 5.
+        assert 5 <= len(admitted) <= 5 + refill, [a[:40] for a in answers]
+        assert len(refused) == len(answers) - len(admitted), [a[:40] for a in answers]
         assert all(b"requests per minute" in a and b"retry-after" in a.lower() for a in refused), refused[0]
