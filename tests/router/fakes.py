@@ -3,6 +3,8 @@ worker client behind a one-worker Pool."""
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry
 
 from support import wait_until
@@ -49,6 +51,8 @@ class ScriptedWorkerClient:
         self.answer = WorkerLoad()                # what a Load call answers
         self.load_fails = False                   # Load calls get no answer
         self.streaming: WorkerLoad | None = None  # a Load a stream call brings every turn
+        self.pushing: WorkerLoad | None = None    # a Load the worker pushes on its stream call
+        self.push_asked_every: float | None = None
         self.health_calls = 0
         self.load_calls = 0
 
@@ -67,6 +71,14 @@ class ScriptedWorkerClient:
 
     def take_streamed_load(self) -> WorkerLoad | None:
         return self.streaming
+
+    def pushes_load(self, every_s: float) -> bool:
+        self.push_asked_every = every_s
+        return self.pushing is not None
+
+    async def next_pushed_load(self, timeout: float) -> WorkerLoad | None:
+        await asyncio.sleep(timeout / 4)  # the worker's pace: a push well within the timeout
+        return self.pushing
 
     def get(self, address: str) -> ScriptedWorkerClient:  # the ClientPool the Pool asks
         return self

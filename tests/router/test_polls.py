@@ -1,7 +1,7 @@
 """The pool's polls cost the gateway a unary gRPC call each (about a millisecond of CPU), so it
-skips those another answer already covers: a Load the worker attached to a stream call stands
-for a Load poll, and a fresh Load that carries the worker's health status stands for a health
-check. A failed request still asks the worker itself at once."""
+skips those another answer already covers: a Load the worker pushes or attached to a stream call
+stands for a Load poll, and a fresh Load that carries the worker's health status stands for a
+health check. A failed request still asks the worker itself at once."""
 
 from __future__ import annotations
 
@@ -73,4 +73,21 @@ async def test_a_load_streamed_by_the_worker_stands_for_the_load_poll(scripted_p
     assert worker.load_calls == polls
     # Once no stream brings one, the poller asks again.
     worker.streaming = None
+    await wait_until(lambda: worker.load_calls > polls, timeout=5, message="a Load poll again")
+
+
+async def test_a_worker_that_pushes_its_load_gets_no_polls_at_all(scripted_pool):
+    """An idle gateway asks each serving worker to push its Load, and then polls nothing."""
+    pool, worker, _ = scripted_pool
+    worker.answer = WorkerLoad(health="SERVING")
+    await wait_until(lambda: pool.worker(ADDRESS).load is worker.answer, timeout=5, message="the Load answer")
+    pushed = WorkerLoad(running=2, health="SERVING")
+    worker.pushing = pushed
+    await wait_until(lambda: pool.worker(ADDRESS).load is pushed, timeout=5, message="the pushed Load taken")
+    assert worker.push_asked_every == pool.config.load_poll_interval_s
+    polls, checks, turns = worker.load_calls, worker.health_calls, pool.worker(ADDRESS).loads
+    await wait_until(lambda: pool.worker(ADDRESS).loads >= turns + 10, timeout=5, message="ten pushed Loads")
+    assert (worker.load_calls, worker.health_calls) == (polls, checks)
+    # A worker that stops pushing (an older one took its place) is polled again.
+    worker.pushing = None
     await wait_until(lambda: worker.load_calls > polls, timeout=5, message="a Load poll again")

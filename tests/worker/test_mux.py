@@ -174,3 +174,37 @@ async def test_the_call_brings_the_workers_load_and_health_so_routers_need_not_p
     assert streamed is not None, "no Load came with the stream call"
     assert streamed.health == "SERVING"
     assert streamed.in_flight >= 1  # taken while the request ran
+
+
+async def test_an_idle_call_pushes_the_workers_load_when_asked(mock):
+    """Asked for Loads every 50 ms, the worker sends them on the call with no request running,
+    says so in each response, and a request on the same call still streams in full."""
+    worker, _ = mock
+    client = WorkerClient(worker.address)
+    try:
+        assert not client.pushes_load(0.05)  # asked now: the worker has not answered yet
+        await wait_until(lambda: client.pushes_load(0.05), timeout=10, message="the worker says it pushes Loads")
+        loads = [await client.next_pushed_load(timeout=5) for _ in range(4)]
+        assert all(load is not None and load.health == "SERVING" and load.in_flight == 0 for load in loads)
+        chunks = [c async for c in client.generate(
+            GenerateRequest("pushed-load", [GenerateInput(token_ids=[5, 6])], SamplingParams(max_tokens=12,
+                                                                                             ignore_eos=True)),
+            timeout=30)]
+        assert sum(len(c.token_ids) for c in chunks) == 12
+        assert await client.next_pushed_load(timeout=5) is not None  # still pushing after the request
+    finally:
+        await client.close()
+
+
+async def test_a_call_that_was_not_asked_pushes_no_load(mock):
+    """Without load_every_ms the call stays silent while idle, as before the field."""
+    worker, _ = mock
+    async with grpc.aio.insecure_channel(worker.address) as channel:
+        call = worker_pb2_grpc.WorkerStub(channel).GenerateMany()
+        read = asyncio.ensure_future(call.read())
+        done, _ = await asyncio.wait({read}, timeout=1.0)
+        assert not done, "an idle call that asked for nothing got a message"
+        await call.write(pb.MuxRequest(load_every_ms=20))
+        response = await asyncio.wait_for(read, 10)
+        assert response.load_every_ms == 20 and response.load.health == "SERVING" and not response.events
+        call.cancel()

@@ -51,6 +51,8 @@ class Multiplexer:
         self._streams: dict[int, asyncio.Queue] = {}
         self._numbers = itertools.count(1)
         self._takes_batched = False  # the worker said so in a response
+        self._load_every_asked = 0     # ms, asked of the worker on this call
+        self.pushes_load = False       # the worker said it pushes Loads on this call (load_every_ms)
         self.failed: BaseException | None = None
         self._call = stub.GenerateMany(self._requests())
         self._reader = asyncio.create_task(self._read())
@@ -80,6 +82,7 @@ class Multiplexer:
         try:
             async for response in self._call:
                 self._takes_batched = response.takes_batched
+                self.pushes_load = response.load_every_ms > 0
                 if self._on_load is not None and response.HasField("load"):
                     self._on_load(load_from_pb(response.load))
                 for event in response.events:
@@ -100,6 +103,18 @@ class Multiplexer:
         self.failed = error
         for queue in self._streams.values():
             queue.put_nowait(error)
+
+    def ask_load_every(self, seconds: float) -> None:
+        """Ask the worker to push its Load at least every `seconds`, idle or not (once per call)."""
+        every_ms = max(1, round(seconds * 1000))
+        if every_ms != self._load_every_asked and self.failed is None:
+            self._load_every_asked = every_ms
+            self._outgoing.put_nowait(pb.MuxRequest(load_every_ms=every_ms))
+
+    @property
+    def ended(self) -> asyncio.Task:
+        """Done once the call has failed or ended."""
+        return self._reader
 
     async def generate(self, request: GenerateRequest, *, timeout: float | None,
                        first_chunk_timeout: float | None) -> AsyncIterator[Chunk]:

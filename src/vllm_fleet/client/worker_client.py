@@ -87,6 +87,7 @@ class WorkerClient:
         self._multiplex = self.options.multiplex
         self._mux: Multiplexer | None = None
         self._streamed_load: WorkerLoad | None = None
+        self._load_waiter: asyncio.Future | None = None  # next_pushed_load's
 
     async def generate(
         self, request: GenerateRequest, *, timeout: float | None = None, first_chunk_timeout: float | None = None
@@ -97,10 +98,8 @@ class WorkerClient:
         chunk only.
         """
         if self._multiplex:
-            if self._mux is None or self._mux.failed is not None:
-                self._mux = Multiplexer(self._stub, self.address, on_load=self._note_streamed_load)
             try:
-                async for chunk in self._mux.generate(request, timeout=timeout, first_chunk_timeout=first_chunk_timeout):
+                async for chunk in self._open_mux().generate(request, timeout=timeout, first_chunk_timeout=first_chunk_timeout):
                     yield chunk
                 return
             except MuxUnsupported:
@@ -151,8 +150,45 @@ class WorkerClient:
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, self.address) from None
 
+    def _open_mux(self) -> Multiplexer:
+        """The GenerateMany call, opened anew if there is none or it failed."""
+        if self._mux is None or self._mux.failed is not None:
+            self._mux = Multiplexer(self._stub, self.address, on_load=self._note_streamed_load)
+        return self._mux
+
     def _note_streamed_load(self, load: WorkerLoad) -> None:
         self._streamed_load = load
+        if self._load_waiter is not None and not self._load_waiter.done():
+            self._load_waiter.set_result(load)
+
+    def pushes_load(self, every_s: float) -> bool:
+        """Ask the worker to push its Load over the GenerateMany call at least every `every_s`
+        seconds, opening the call if there is none; whether it does so on the call open now.
+        False with `multiplex` off, against a worker without GenerateMany or without pushes (it
+        never says it pushes), and until the worker's first answer: then poll with `load()`."""
+        if not self._multiplex:
+            return False
+        if self._mux is not None and isinstance(self._mux.failed, MuxUnsupported):
+            logger.info("worker %s has no GenerateMany; one call per request from now on", self.address)
+            self._multiplex = False
+            return False
+        mux = self._open_mux()
+        mux.ask_load_every(every_s)
+        return mux.pushes_load and mux.failed is None
+
+    async def next_pushed_load(self, timeout: float) -> WorkerLoad | None:
+        """The next Load the worker sends on the GenerateMany call (see `pushes_load`); None if
+        none comes within `timeout` or the call ends first."""
+        mux = self._mux
+        if mux is None or mux.failed is not None:
+            return None
+        self._load_waiter = waiter = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait((waiter, mux.ended), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            return waiter.result() if waiter.done() else None
+        finally:
+            self._load_waiter = None
+            waiter.cancel()
 
     def take_streamed_load(self) -> WorkerLoad | None:
         """The newest Load the worker attached to a stream call since the last take, or None:

@@ -226,16 +226,18 @@ class ToolCallDelta(_message.Message):
     def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class MuxRequest(_message.Message):
-    __slots__ = ("stream", "start", "cancel", "batched")
+    __slots__ = ("stream", "start", "cancel", "batched", "load_every_ms")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     BATCHED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_EVERY_MS_FIELD_NUMBER: _ClassVar[int]
     stream: int
     start: GenerateRequest
     cancel: bool
     batched: _containers.RepeatedCompositeFieldContainer[MuxRequest]
-    def __init__(self, stream: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., batched: _Optional[_Iterable[_Union[MuxRequest, _Mapping]]] = ...) -> None: ...
+    load_every_ms: int
+    def __init__(self, stream: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., batched: _Optional[_Iterable[_Union[MuxRequest, _Mapping]]] = ..., load_every_ms: _Optional[int] = ...) -> None: ...
 
 class MuxEvent(_message.Message):
     __slots__ = ("stream", "chunks", "done", "status_code", "status_message", "status_param")
@@ -254,14 +256,16 @@ class MuxEvent(_message.Message):
     def __init__(self, stream: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[GenerateChunk, _Mapping]]] = ..., done: _Optional[bool] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., status_param: _Optional[str] = ...) -> None: ...
 
 class MuxResponse(_message.Message):
-    __slots__ = ("events", "load", "takes_batched")
+    __slots__ = ("events", "load", "takes_batched", "load_every_ms")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     TAKES_BATCHED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_EVERY_MS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[MuxEvent]
     load: WorkerLoad
     takes_batched: bool
-    def __init__(self, events: _Optional[_Iterable[_Union[MuxEvent, _Mapping]]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., takes_batched: _Optional[bool] = ...) -> None: ...
+    load_every_ms: int
+    def __init__(self, events: _Optional[_Iterable[_Union[MuxEvent, _Mapping]]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., takes_batched: _Optional[bool] = ..., load_every_ms: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -3,9 +3,11 @@
 One poller task per worker asks for gRPC health every `health_poll_interval_s` (and Info
 whenever the worker becomes SERVING, since a restarted worker may serve another model), and
 another asks for Load every `load_poll_interval_s`. Each unary call costs the gateway about a
-millisecond of CPU, so neither asks when it need not: a Load the worker attached to a stream
-call stands for a Load poll, and a Load answered within the health interval carries the
-worker's health status, which stands for a health check. A stream that sees a worker fail calls
+millisecond of CPU, so neither asks when it need not: a serving worker is asked to push its
+Load over the GenerateMany call (idle or not, every `load_poll_interval_s`; a message on an open
+call costs a fraction of a unary call), a Load the worker attached to a stream call stands for a
+Load poll, and a Load answered within the health interval carries the worker's health status,
+which stands for a health check. An idle gateway so makes no unary calls to its workers. A stream that sees a worker fail calls
 `report(...)`, which feeds the breaker and outlier ejection and wakes the health poller at
 once, so a dead worker leaves rotation in one round trip rather than one poll interval.
 
@@ -286,17 +288,24 @@ class Pool:
         client = self.clients.get(worker.address)
         interval = self.config.load_poll_interval_s
         while True:
+            pushed = None
             try:
-                # A Load the worker attached to a stream call since the last turn is as fresh as
-                # a poll's answer, without the unary call (a busy gateway makes none).
-                worker.load = client.take_streamed_load() or await client.load(timeout=self._load_timeout())
+                # A serving worker pushes its Load over the stream call, idle or not: a message
+                # on an open call costs a fraction of a unary call, and it comes as soon as sent.
+                if worker.health == "SERVING" and client.pushes_load(interval):
+                    pushed = await client.next_pushed_load(timeout=2 * interval + self._load_timeout())
+                # Otherwise a Load the worker attached to a stream call since the last turn is as
+                # fresh as a poll's answer, without the unary call; else a poll.
+                load = pushed or client.take_streamed_load() or await client.load(timeout=self._load_timeout())
+                worker.load = load
                 worker.load_at = self._clock()
                 worker.loads += 1
             except FleetError:
                 pass  # health decides whether the worker is in rotation; keep the last Load
             except Exception:
                 logger.exception("worker %s: load poll failed", worker.address)
-            await asyncio.sleep(interval)
+            if pushed is None:
+                await asyncio.sleep(interval)
 
     def _load_timeout(self) -> float:
         return max(0.5, min(2.0, 2 * self.config.load_poll_interval_s))

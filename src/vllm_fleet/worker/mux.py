@@ -10,6 +10,7 @@ message per engine step (a few, when vLLM splits a large step into slices).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from vllm_fleet.protocol import worker_pb2 as pb
 from vllm_fleet.protocol.convert import fill_chunk_pb
@@ -46,13 +47,23 @@ class MuxOutbox:
         self._closed = True
         self._ready.set()
 
-    async def take(self) -> list[pb.MuxEvent] | None:
-        """Wait for events and return all of them; None once closed and empty."""
-        while not self._events:
-            if self._closed:
-                return None
+    def wake(self) -> None:
+        """Make a waiting `take` return now, with or without events."""
+        self._ready.set()
+
+    async def take(self, timeout: float | None = None) -> list[pb.MuxEvent] | None:
+        """Wait for events and return all of them; None once closed and empty. With `timeout`,
+        an empty list once it passes (or on `wake`) with nothing to send."""
+        if not self._events and not self._closed:
             self._ready.clear()
-            await self._ready.wait()
+            if timeout is None:
+                await self._ready.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await self._ready.wait()
+        if not self._events:
+            return None if self._closed else []
         events = list(self._events.values())
         self._events = {}
         return events

@@ -100,6 +100,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         running: dict[int, asyncio.Task] = {}
 
         def handle(message: pb.MuxRequest) -> None:
+            nonlocal load_every, load_due
+            if message.load_every_ms:  # the client asks for Loads while the call is idle too
+                load_every = message.load_every_ms / 1000
+                load_due = loop.time()  # the first at once: it tells the client they will come
+                outbox.wake()
             kind = message.WhichOneof("kind")
             if kind == "start" and message.stream in running:
                 error = DuplicateRequestError(f"stream {message.stream} is already open on this call")
@@ -125,16 +130,24 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     await asyncio.gather(*running.values(), return_exceptions=True)
                 outbox.close()
 
-        reader = asyncio.create_task(read())
         loop = asyncio.get_running_loop()
         load_due = loop.time()
+        load_every: float | None = None  # seconds between Loads on an idle call, once asked
+        reader = asyncio.create_task(read())
         try:
-            while (events := await outbox.take()) is not None:
+            while True:
+                wait = None if load_every is None else max(0.0, load_due - loop.time())
+                events = await outbox.take(wait)
+                if events is None:
+                    break
                 load = None
                 if loop.time() >= load_due:  # the router then skips its Load poll (and health check)
                     load = load_to_pb(self.current_load())
-                    load_due = loop.time() + MUX_LOAD_INTERVAL_S
-                yield pb.MuxResponse(events=events, load=load, takes_batched=True)
+                    load_due = loop.time() + (MUX_LOAD_INTERVAL_S if events else load_every or MUX_LOAD_INTERVAL_S)
+                elif not events:
+                    continue
+                yield pb.MuxResponse(events=events, load=load, takes_batched=True,
+                                     load_every_ms=round(load_every * 1000) if load_every else 0)
         finally:
             reader.cancel()
             for task in list(running.values()):
