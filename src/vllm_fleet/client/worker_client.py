@@ -99,7 +99,8 @@ class WorkerClient:
         """
         if self._multiplex:
             try:
-                async for chunk in self._open_mux().generate(request, timeout=timeout, first_chunk_timeout=first_chunk_timeout):
+                async for chunk in self._open_mux().generate(request, timeout=timeout,
+                                                             first_chunk_timeout=first_chunk_timeout):
                     yield chunk
                 return
             except MuxUnsupported:

@@ -7,9 +7,10 @@ millisecond of CPU, so neither asks when it need not: a serving worker is asked 
 Load over the GenerateMany call (idle or not, every `load_poll_interval_s`; a message on an open
 call costs a fraction of a unary call), a Load the worker attached to a stream call stands for a
 Load poll, and a Load answered within the health interval carries the worker's health status,
-which stands for a health check. An idle gateway so makes no unary calls to its workers. A stream that sees a worker fail calls
-`report(...)`, which feeds the breaker and outlier ejection and wakes the health poller at
-once, so a dead worker leaves rotation in one round trip rather than one poll interval.
+which stands for a health check. An idle gateway so makes no unary calls to its workers. A
+stream that sees a worker fail calls `report(...)`, which feeds the breaker and outlier ejection
+and wakes the health poller at once, so a dead worker leaves rotation in one round trip rather
+than one poll interval.
 
 A health check that gets no answer (UNREACHABLE: refused, or no reply within its timeout) is
 asked again at once before the worker leaves rotation, unless a request to that worker failed
