@@ -43,8 +43,9 @@ from vllm_fleet.worker.validation import Limits, validate_request
 
 logger = logging.getLogger(__name__)
 
-# How often a GenerateMany call that carries events also carries the worker's Load: twice per
-# router Load interval (0.5 s by default), so that each of its turns finds a fresh one and skips the poll.
+# How often a GenerateMany call that carries events also carries the worker's Load, unless the
+# client asked for pushes (MuxRequest.load_every_ms): twice per router Load interval (0.5 s by
+# default), so that each turn of a router that polls finds a fresh one and skips the poll.
 MUX_LOAD_INTERVAL_S = 0.25
 
 
@@ -143,7 +144,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 load = None
                 if loop.time() >= load_due:  # the router then skips its Load poll (and health check)
                     load = load_to_pb(self.current_load())
-                    load_due = loop.time() + (MUX_LOAD_INTERVAL_S if events else load_every or MUX_LOAD_INTERVAL_S)
+                    # A client that asked for pushes takes each as it comes: its interval is enough.
+                    load_due = loop.time() + (load_every or MUX_LOAD_INTERVAL_S)
                 elif not events:
                     continue
                 yield pb.MuxResponse(events=events, load=load, takes_batched=True,
