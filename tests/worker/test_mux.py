@@ -186,6 +186,9 @@ async def test_an_idle_call_pushes_the_workers_load_when_asked(mock):
         await wait_until(lambda: client.pushes_load(0.05), timeout=10, message="the worker says it pushes Loads")
         loads = [await client.next_pushed_load(timeout=5) for _ in range(4)]
         assert all(load is not None and load.health == "SERVING" and load.in_flight == 0 for load in loads)
+        # Two pools may share a client: each waiting caller gets the next Load.
+        first, second = await asyncio.gather(client.next_pushed_load(timeout=5), client.next_pushed_load(timeout=5))
+        assert first is not None and first is second
         chunks = [c async for c in client.generate(
             GenerateRequest("pushed-load", [GenerateInput(token_ids=[5, 6])], SamplingParams(max_tokens=12,
                                                                                              ignore_eos=True)),

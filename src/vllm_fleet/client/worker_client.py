@@ -87,7 +87,7 @@ class WorkerClient:
         self._multiplex = self.options.multiplex
         self._mux: Multiplexer | None = None
         self._streamed_load: WorkerLoad | None = None
-        self._load_waiter: asyncio.Future | None = None  # next_pushed_load's
+        self._next_load: asyncio.Future | None = None  # what next_pushed_load callers wait on
 
     async def generate(
         self, request: GenerateRequest, *, timeout: float | None = None, first_chunk_timeout: float | None = None
@@ -159,8 +159,9 @@ class WorkerClient:
 
     def _note_streamed_load(self, load: WorkerLoad) -> None:
         self._streamed_load = load
-        if self._load_waiter is not None and not self._load_waiter.done():
-            self._load_waiter.set_result(load)
+        arrived, self._next_load = self._next_load, None
+        if arrived is not None and not arrived.done():
+            arrived.set_result(load)
 
     def pushes_load(self, every_s: float) -> bool:
         """Ask the worker to push its Load over the GenerateMany call at least every `every_s`
@@ -183,13 +184,11 @@ class WorkerClient:
         mux = self._mux
         if mux is None or mux.failed is not None:
             return None
-        self._load_waiter = waiter = asyncio.get_running_loop().create_future()
-        try:
-            await asyncio.wait((waiter, mux.ended), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            return waiter.result() if waiter.done() else None
-        finally:
-            self._load_waiter = None
-            waiter.cancel()
+        if self._next_load is None:  # shared: every caller gets the same next Load
+            self._next_load = asyncio.get_running_loop().create_future()
+        arrived = self._next_load
+        await asyncio.wait((arrived, mux.ended), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return arrived.result() if arrived.done() else None
 
     def take_streamed_load(self) -> WorkerLoad | None:
         """The newest Load the worker attached to a stream call since the last take, or None:
