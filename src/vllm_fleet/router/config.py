@@ -85,7 +85,9 @@ class RouterConfig(FleetModel):
     """How the router picks workers, watches them, and recovers from their failures."""
 
     policy: PolicyName = Field("least_outstanding", description="Routing policy")
-    load_poll_interval_s: float = Field(0.5, gt=0, description="How often each worker's Load is polled")
+    load_poll_interval_s: float = Field(
+        0.5, gt=0, description="How often each worker's Load comes: pushed by the worker over its stream call, or "
+                               "polled from a worker that does not push")
     health_poll_interval_s: float = Field(1.0, gt=0, description="How often each worker's gRPC health is polled")
     stall_timeout_s: float = Field(
         5.0, gt=0, description="A stream with no chunk for this long, on a worker that produces no output (or is "
