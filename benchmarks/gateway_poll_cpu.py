@@ -8,7 +8,8 @@ are the same on both sides).
 
 For each `src` (a checkout's src/ folder: PYTHONPATH of its workers and gateway): two mock
 workers and one gateway in front (default poll intervals: Load every 0.5 s, health every 1 s).
-1. idle: the gateway's CPU per second with no traffic, which is polls and timers only;
+1. idle: the gateway's CPU per second with no traffic, which is polls and timers only, and each
+   worker's (what answering the polls, or pushing Loads, costs it);
 2. busy: 16 streams at one token per ~100 ms each (the pace of a CPU engine's steps), one token
    per SSE event, for `--busy-s`: the gateway's CPU per second and per event received.
 Both sides stream the same tokens (checked). Rounds alternate the order of the checkouts, since
@@ -56,9 +57,10 @@ async def one_side(side: str, idle_s: float, busy_s: float) -> dict:
             # Open the connections (and the workers' stream calls) before measuring.
             await asyncio.gather(*(pool.stream("/v1/completions", completion_body(5), time.perf_counter())
                                    for _ in range(STREAMS)))
-            cpu0 = cpu_seconds(gateway.pid)
+            cpu0, workers0 = cpu_seconds(gateway.pid), [cpu_seconds(w.pid) for w in workers]
             await asyncio.sleep(idle_s)
             idle = (cpu_seconds(gateway.pid) - cpu0) / idle_s
+            workers_idle = [(cpu_seconds(w.pid) - c) / idle_s for w, c in zip(workers, workers0)]
             body = completion_body(int(busy_s * TOKENS_PER_S))
             cpu0, events0, started = cpu_seconds(gateway.pid), sum(c.events for c in pool.idle), time.perf_counter()
             switches0 = context_switches(gateway.pid)
@@ -72,7 +74,9 @@ async def one_side(side: str, idle_s: float, busy_s: float) -> dict:
     finally:
         for worker in workers:
             await worker.__aexit__(None, None, None)
-    return {"src": side, "idle_cpu_ms_per_s": round(idle * 1000, 2), "tokens": sum(t for _, t in results),
+    return {"src": side, "idle_cpu_ms_per_s": round(idle * 1000, 2),
+            "workers_idle_cpu_ms_per_s": [round(w * 1000, 2) for w in workers_idle],
+            "tokens": sum(t for _, t in results),
             "events": events, "busy_cpu_ms_per_s": round(cpu / elapsed * 1000, 1),
             "us_per_event": round(cpu / max(events, 1) * 1e6, 1),
             "switches_per_event": round(switches / max(events, 1), 2), "load_1m": round(os.getloadavg()[0], 2)}
@@ -87,11 +91,12 @@ async def main(args) -> None:
             print(json.dumps(row), flush=True)
     tokens = {row["tokens"] for row in rows}
     assert len(tokens) == 1, f"the sides streamed different tokens: {tokens}"
-    print("\n| src | idle CPU ms/s (rounds) | busy CPU ms/s | gateway µs per event | context switches per event "
-          "| tokens |\n|---|---|---|---|---|---:|")
+    print("\n| src | idle CPU ms/s (rounds) | each worker's idle CPU ms/s | busy CPU ms/s | gateway µs per event "
+          "| context switches per event | tokens |\n|---|---|---|---|---|---|---:|")
     for src in args.srcs:
         mine = [r for r in rows if r["src"] == src]
         print(f"| {src} | {' / '.join(str(r['idle_cpu_ms_per_s']) for r in mine)} | "
+              f"{' / '.join(' + '.join(str(w) for w in r['workers_idle_cpu_ms_per_s']) for r in mine)} | "
               f"{' / '.join(str(r['busy_cpu_ms_per_s']) for r in mine)} | "
               f"{' / '.join(str(r['us_per_event']) for r in mine)} | "
               f"{' / '.join(str(r['switches_per_event']) for r in mine)} | {mine[0]['tokens']} |")
