@@ -10,7 +10,6 @@ message per engine step (a few, when vLLM splits a large step into slices).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from vllm_fleet.protocol import worker_pb2 as pb
 from vllm_fleet.protocol.convert import fill_chunk_pb
@@ -22,6 +21,7 @@ class MuxOutbox:
         self._events: dict[int, pb.MuxEvent] = {}
         self._ready = asyncio.Event()
         self._closed = False
+        self._woken = False
 
     def _event(self, stream: int) -> pb.MuxEvent:
         event = self._events.get(stream)
@@ -48,20 +48,17 @@ class MuxOutbox:
         self._ready.set()
 
     def wake(self) -> None:
-        """Make a waiting `take` return now, with or without events."""
+        """Make `take` return now (or at its next call), with or without events."""
+        self._woken = True
         self._ready.set()
 
-    async def take(self, timeout: float | None = None) -> list[pb.MuxEvent] | None:
-        """Wait for events and return all of them; None once closed and empty. With `timeout`,
-        an empty list once it passes (or on `wake`) with nothing to send."""
-        if not self._events and not self._closed:
+    async def take(self) -> list[pb.MuxEvent] | None:
+        """Wait for events and return all of them; None once closed and empty; an empty list
+        when woken (`wake`) with nothing to send."""
+        if not self._events and not self._closed and not self._woken:
             self._ready.clear()
-            if timeout is None:
-                await self._ready.wait()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(timeout):
-                        await self._ready.wait()
+            await self._ready.wait()
+        self._woken = False
         if not self._events:
             return None if self._closed else []
         events = list(self._events.values())

@@ -134,23 +134,34 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         loop = asyncio.get_running_loop()
         load_due = loop.time()
         load_every: float | None = None  # seconds between Loads on an idle call, once asked
+        timer: asyncio.TimerHandle | None = None
+
+        def wake_when_load_due() -> None:
+            # An idle call's writer waits in take(): this wakes it when a Load is due. Armed once
+            # per Load sent, not per message (a timeout per take() would cost every message).
+            nonlocal timer
+            if timer is not None:
+                timer.cancel()
+            timer = loop.call_at(load_due, outbox.wake)
+
         reader = asyncio.create_task(read())
         try:
-            while True:
-                wait = None if load_every is None else max(0.0, load_due - loop.time())
-                events = await outbox.take(wait)
-                if events is None:
-                    break
+            while (events := await outbox.take()) is not None:
                 load = None
                 if loop.time() >= load_due:  # the router then skips its Load poll (and health check)
                     load = load_to_pb(self.current_load())
                     # A client that asked for pushes takes each as it comes: its interval is enough.
                     load_due = loop.time() + (load_every or MUX_LOAD_INTERVAL_S)
-                elif not events:
+                    if load_every is not None:
+                        wake_when_load_due()
+                elif not events:  # the timer ran a hair early: nothing due yet
+                    wake_when_load_due()
                     continue
                 yield pb.MuxResponse(events=events, load=load, takes_batched=True,
                                      load_every_ms=round(load_every * 1000) if load_every else 0)
         finally:
+            if timer is not None:
+                timer.cancel()
             reader.cancel()
             for task in list(running.values()):
                 task.cancel()
