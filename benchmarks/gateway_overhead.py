@@ -19,7 +19,7 @@ issue #17's target 3, and a table of them against the targets:
    tokens per gateway CPU-second is what one gateway core would carry.
 
 Each latency point also says how often the gateway's garbage collector paused it for 1 ms or
-more while it was measured, and for how long at most (benchmarks/gc_probe/ logs the pauses).
+more while it was measured, and for how long at most (benchmarks/probes/gc_probe/ logs the pauses).
 
 `--src` runs another checkout's src/ (PYTHONPATH of the worker and gateway) for before/after
 runs; `--processes N` passes `--processes N` to the gateway (CPU counted over all its processes).
@@ -36,10 +36,13 @@ import asyncio
 import json
 import os
 import socket
+import sys
 import time
+from pathlib import Path
 
-from gc_pauses import pauses_between, probe_env, remove_log, watch_own_collector
-from proc_stat import cpu_seconds
+sys.path.insert(0, str(Path(__file__).resolve().parent / "probes"))  # gc_pauses: the GC-pause probe
+from gc_pauses import pauses_between, probe_env, remove_log, watch_own_collector  # noqa: E402
+from proc_stat import cpu_seconds  # noqa: E402
 
 from vllm_fleet.bench import ArrivalProcess, percentile
 from vllm_fleet.client import WorkerClient

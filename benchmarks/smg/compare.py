@@ -148,7 +148,7 @@ async def measure(args: argparse.Namespace, stack: Stack, label: str, raw: Path,
 
 
 def profile_breakdown(raw: Path, cpu_s: float, requests: int, events: int) -> dict:
-    """py-spy's samples of our gateway by component (benchmarks/gateway_profile.py's table of
+    """py-spy's samples of our gateway by component (benchmarks/probes/gateway_profile.py's table of
     components), scaled to the round's CPU from /proc: µs per request and per streamed token."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     from gateway_profile import breakdown

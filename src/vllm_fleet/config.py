@@ -187,7 +187,7 @@ class WorkerConfig(FleetModel):
     )
     drain_grace_s: float = Field(30.0, ge=0, description="On SIGTERM: how long in-flight streams may finish before stop")
     health_interval_s: float = Field(0.5, gt=0, description="How often engine health is checked")
-    # An engine that holds requests but stops producing output (worker/engine_watch.py says why
+    # An engine that holds requests but stops producing output (worker/watch/engine_watch.py says why
     # the bound is built this way): the worker turns NOT_SERVING, fails them, and exits (code 4).
     engine_stall_check: bool = Field(
         True, description="Watch engine progress: a stalled engine makes the worker fail its requests and exit"

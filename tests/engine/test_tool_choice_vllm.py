@@ -2,7 +2,7 @@
 
 SmolLM2's template ignores `tools`, so its tool calls come from the choice itself: vLLM's JSON
 schema for the tool constrains the output, and vLLM's streaming helpers turn that output into
-tool-call deltas (worker/parsing.py). The client gets a tool call whose arguments are JSON valid
+tool-call deltas (worker/openai/parsing.py). The client gets a tool call whose arguments are JSON valid
 for the tool's parameters, not content.
 """
 

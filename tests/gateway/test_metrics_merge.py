@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_fleet.gateway.dashboard import merge_states
 from vllm_fleet.gateway.metrics_merge import merge_expositions
 from vllm_fleet.gateway.siblings import Siblings, SiblingSlot
-from vllm_fleet.router.quota_metrics import QuotaMetrics
+from vllm_fleet.router.quota.metrics import QuotaMetrics
 
 from gateway_support import MODEL_A
 

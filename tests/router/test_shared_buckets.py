@@ -13,7 +13,7 @@ from fakes import FakeClock
 from vllm_fleet.errors import RateLimitedError
 from vllm_fleet.router.admission import KeyLimiter
 from vllm_fleet.router.config import AdmissionConfig, KeyLimits
-from vllm_fleet.router.shared_buckets import SharedBucketFile
+from vllm_fleet.router.quota.shared_buckets import SharedBucketFile
 
 
 def limiters(path, config: AdmissionConfig, clock) -> tuple[KeyLimiter, KeyLimiter]:

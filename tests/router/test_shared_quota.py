@@ -20,9 +20,9 @@ from vllm_fleet.errors import ConfigError, RateLimitedError
 from vllm_fleet.router.admission import Admission
 from vllm_fleet.router.config import AdmissionConfig, KeyLimits
 from vllm_fleet.router.features import SHORT
-from vllm_fleet.router.quota import FleetQuota
-from vllm_fleet.router.quota_bucket import Amount, lease
-from vllm_fleet.router.quota_store import ZooKeeperQuotaStore
+from vllm_fleet.router.quota.fleet import FleetQuota
+from vllm_fleet.router.quota.bucket import Amount, lease
+from vllm_fleet.router.quota.store import ZooKeeperQuotaStore
 from zookeeper_server import ZooKeeperServer, zookeeper_server
 
 pytestmark = pytest.mark.timeout(120)

@@ -2,7 +2,7 @@
 
 from vllm_fleet.protocol.types import TokenLogprob, Usage
 from vllm_fleet.worker.coalescer import Coalescer
-from vllm_fleet.worker.engine import SampleDelta
+from vllm_fleet.worker.engines.base import SampleDelta
 
 
 def delta(text: str, ids: list[int], sample: int = 0, finish: str | None = None, **extra) -> SampleDelta:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_fleet.worker.dtype_choice import choose_dtype, read_cpu_flags
+from vllm_fleet.worker.engines.dtype_choice import choose_dtype, read_cpu_flags
 
 # Trimmed /proc/cpuinfo flag lines: an AVX2-only AMD EPYC VM, an AVX512 CPU without bf16, and
 # Sapphire Rapids (AVX512-BF16 and AMX).

@@ -3,7 +3,7 @@
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.protocol.types import SamplingParams
-from vllm_fleet.worker.engine import SampleDelta
+from vllm_fleet.worker.engines.base import SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.prepare import PreparedInput
 from vllm_fleet.worker.request_stream import RequestStream

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_fleet.config import WorkerConfig
-from vllm_fleet.worker.engine_watch import EngineWatch, StallBounds
+from vllm_fleet.worker.watch.engine_watch import EngineWatch, StallBounds
 
 TICK = 0.5
 BOUNDS = StallBounds.of(WorkerConfig())  # floor 4 s, 10 × step, cap 10 s, 10 s per 1k pending, cold 60 s

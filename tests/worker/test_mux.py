@@ -14,7 +14,7 @@ from vllm_fleet.config import EngineConfig, WorkerConfig
 from vllm_fleet.errors import InvalidRequestError, WorkerTimeoutError
 from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import request_to_pb
-from vllm_fleet.worker.engine import build_engine
+from vllm_fleet.worker.engines.base import build_engine
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.service import WorkerService
 

@@ -17,13 +17,13 @@ from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.protocol.types import (
     ChatMessage, Constraint, GenerateInput, GenerateRequest, OpenAIOptions, SamplingParams,
 )
-from vllm_fleet.worker.engine import EnginePrompt
-from vllm_fleet.worker.mock_engine import MockEngine
-from vllm_fleet.worker.openai_request import build_vllm_request, request_body
+from vllm_fleet.worker.engines.base import EnginePrompt
+from vllm_fleet.worker.engines.mock_engine import MockEngine
+from vllm_fleet.worker.openai.request import build_vllm_request, request_body
 from vllm_fleet.worker.prepare import prepare_input
-from vllm_fleet.worker.sampling import truncate_prompt, vllm_sampling_params
+from vllm_fleet.worker.openai.sampling import truncate_prompt, vllm_sampling_params
 from vllm_fleet.worker.validation import Limits, validate_request
-from vllm_fleet.worker.vllm_prompt import VllmPrompts
+from vllm_fleet.worker.openai.render import VllmPrompts
 
 pytest.importorskip("vllm")
 

@@ -16,11 +16,11 @@ from prometheus_client import CollectorRegistry
 from parser_tokenizer import parser_tokenizer_dir  # noqa: F401  (fixture)
 from vllm_fleet.errors import ConfigError, InvalidRequestError
 from vllm_fleet.protocol.types import Chunk, SamplingParams
-from vllm_fleet.worker import parsing
+from vllm_fleet.worker.openai import parsing
 from vllm_fleet.worker.coalescer import merge_tool_call
-from vllm_fleet.worker.engine import SampleDelta
+from vllm_fleet.worker.engines.base import SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
-from vllm_fleet.worker.mock_script import MockScript, load_tokenizer
+from vllm_fleet.worker.engines.mock_script import MockScript, load_tokenizer
 from vllm_fleet.worker.prepare import PreparedInput
 from vllm_fleet.worker.request_stream import RequestStream
 

@@ -4,11 +4,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.protocol.types import SamplingParams
-from vllm_fleet.worker.engine import SampleDelta
+from vllm_fleet.worker.engines.base import SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.prepare import PreparedInput
 from vllm_fleet.worker.request_stream import TOKEN_REPORT_S, RequestStream
-from vllm_fleet.worker.resume import HeldTokens
+from vllm_fleet.worker.resume.held import HeldTokens
 
 
 def prepared(prompt_len: int, held: list[int] | None = None) -> PreparedInput:

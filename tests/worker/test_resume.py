@@ -1,7 +1,7 @@
 """Finding the tokens of a character the client has not received whole (byte-level tokens)."""
 
-from vllm_fleet.worker.engine import SampleDelta
-from vllm_fleet.worker.resume import HeldTokens, held_tail_length
+from vllm_fleet.worker.engines.base import SampleDelta
+from vllm_fleet.worker.resume.held import HeldTokens, held_tail_length
 
 # A byte-level toy tokenizer: token i is byte i; decoding replaces incomplete characters.
 def decode(ids: list[int]) -> str:

@@ -18,7 +18,7 @@ from vllm_fleet.protocol import PARAM_METADATA_KEY, GenerateInput, GenerateReque
 from vllm_fleet.protocol import worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import request_to_pb
 from vllm_fleet.worker.metrics import WorkerMetrics
-from vllm_fleet.worker.mock_engine import MockEngine
+from vllm_fleet.worker.engines.mock_engine import MockEngine
 from vllm_fleet.worker.service import WorkerService
 from vllm_fleet.worker.status import status_for
 

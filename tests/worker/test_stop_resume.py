@@ -4,12 +4,12 @@ that span the switch, come out as from one uninterrupted vLLM stream (stop_resum
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.protocol.types import SamplingParams
-from vllm_fleet.worker.engine import SampleDelta
+from vllm_fleet.worker.engines.base import SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
-from vllm_fleet.worker.mock_stops import apply_stop_strings
+from vllm_fleet.worker.engines.mock_stops import apply_stop_strings
 from vllm_fleet.worker.prepare import PreparedInput
 from vllm_fleet.worker.request_stream import RequestStream
-from vllm_fleet.worker.stop_resume import earliest_stop, for_resume
+from vllm_fleet.worker.resume.stops import earliest_stop, for_resume
 
 PIECES = {100: "<|user|> Where?", 101: "\n",
           1: " The", 2: " cap", 3: "ital", 4: " is", 5: " Par", 6: "is", 7: ".", 8: "i", 9: "s", 10: " Rome"}

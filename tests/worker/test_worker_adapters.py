@@ -16,7 +16,7 @@ from vllm_fleet.errors import InvalidRequestError, UnknownModelError, WorkerOver
 from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams, worker_pb2_grpc
 from vllm_fleet.worker.adapters import AdapterRegistry, HeldAdapter
 from vllm_fleet.worker.metrics import WorkerMetrics
-from vllm_fleet.worker.mock_engine import MockEngine
+from vllm_fleet.worker.engines.mock_engine import MockEngine
 from vllm_fleet.worker.service import WorkerService
 
 

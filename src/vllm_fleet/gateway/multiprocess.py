@@ -6,7 +6,7 @@ on the same host:port with SO_REUSEPORT, so the kernel spreads new
 connections over the children (by a hash of the connection's addresses: a keep-alive connection
 stays with one child). No request crosses processes. Two things are shared, through a private
 directory the parent makes (0700): per-key limits, as buckets in a file every child maps
-(router/shared_buckets.py: a flock'd update of a few microseconds per admission), and, only
+(router/quota/shared_buckets.py: a flock'd update of a few microseconds per admission), and, only
 when someone scrapes /metrics or the dashboard, each child's figures over Unix sockets
 (siblings.py).
 

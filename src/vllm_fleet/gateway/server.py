@@ -31,8 +31,8 @@ from vllm_fleet.gateway.siblings import Siblings, SiblingSlot
 from vllm_fleet.gateway.sockets import bind_socket
 from vllm_fleet.registry import Registry
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.quota import fleet_quota_from_config
-from vllm_fleet.router.shared_buckets import SharedBucketFile
+from vllm_fleet.router.quota.fleet import fleet_quota_from_config
+from vllm_fleet.router.quota.shared_buckets import SharedBucketFile
 
 KEY_BUCKETS_FILE = "key-buckets"
 

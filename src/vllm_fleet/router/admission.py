@@ -14,9 +14,9 @@ a bucket whose limit did not change keeps its level, and one whose limit changed
 was used of it, so a reload is never a free refill.
 
 With `--fleet-quota zk://...` the key buckets are the fleet's, shared by every gateway through
-leases from ZooKeeper (router/quota.py); the class queues stay this process's own. Without it,
+leases from ZooKeeper (router/quota/fleet.py); the class queues stay this process's own. Without it,
 the processes of one `gateway --processes N` share their key buckets through a mapped file
-(router/shared_buckets.py), so a key's limit holds for the gateway, not for each process.
+(router/quota/shared_buckets.py), so a key's limit holds for the gateway, not for each process.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 from vllm_fleet.errors import RateLimitedError
 from vllm_fleet.router.config import AdmissionConfig, KeyLimits
 from vllm_fleet.router.features import LONG, SHORT
-from vllm_fleet.router.shared_buckets import REQUESTS, TOKENS, SharedBucketFile, SharedTokenBucket
+from vllm_fleet.router.quota.shared_buckets import REQUESTS, TOKENS, SharedBucketFile, SharedTokenBucket
 
 if TYPE_CHECKING:
-    from vllm_fleet.router.quota import FleetQuota
+    from vllm_fleet.router.quota.fleet import FleetQuota
 
 # Above this many tracked keys, idle (full) buckets are dropped: they carry no state.
 MAX_IDLE_KEYS = 10_000
@@ -266,7 +266,7 @@ class ClassQueue:
 class Admission:
     """Key budgets, then a class slot. `admit` returns a Ticket that must be finished once.
 
-    With a `quota` (router/quota.py), key budgets are the fleet's, shared with other gateways,
+    With a `quota` (router/quota/fleet.py), key budgets are the fleet's, shared with other gateways,
     instead of this process's own `keys`."""
 
     def __init__(self, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic, *,

@@ -30,8 +30,8 @@ from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import make_policy
 from vllm_fleet.router.pool import Pool
-from vllm_fleet.router.quota import FleetQuota
-from vllm_fleet.router.shared_buckets import SharedBucketFile
+from vllm_fleet.router.quota.fleet import FleetQuota
+from vllm_fleet.router.quota.shared_buckets import SharedBucketFile
 from vllm_fleet.router.snapshot import SERVING, PoolSnapshot
 from vllm_fleet.router.stream import RoutedStream
 
@@ -46,7 +46,7 @@ class Router:
     Metrics go to `metrics_registry` (default: prometheus_client's global registry).
     `connect(address)` gives the client each stream attempt goes through (default: the
     ClientPool's `get`); health, Info and Load polling always use the ClientPool.
-    `quota` (started and closed by the caller) makes key budgets fleet-wide (router/quota.py).
+    `quota` (started and closed by the caller) makes key budgets fleet-wide (router/quota/fleet.py).
     """
 
     def __init__(self, registry: Registry, config: RouterConfig | None = None, pool: ClientPool | None = None, *,

@@ -10,7 +10,7 @@ recoverable failure, pick another worker and carry on:
   against max_tokens, and its text deltas start after them, so the caller sees one stream.
   `resume_delivered_chars` says how much of those tokens' text the caller has: with stop
   strings a worker holds back text that could begin one, and the next worker sends that text
-  first, or matches a stop string that spans the switch (worker/stop_resume.py).
+  first, or matches a stop string that spans the switch (worker/resume/stops.py).
 * A grammar-constrained request (`request.grammar_constrained`) cannot migrate: vLLM starts
   its grammar at the first generated token, so another worker could not keep the answer valid.
   It fails over before its first token as any other; after it, a worker failure ends the

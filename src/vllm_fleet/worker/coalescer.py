@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_fleet.protocol.types import Chunk, TokenLogprob, ToolCallDelta, Usage
-from vllm_fleet.worker.engine import SampleDelta
+from vllm_fleet.worker.engines.base import SampleDelta
 
 
 @dataclass(slots=True)

@@ -15,9 +15,9 @@ from typing import Any
 
 from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.protocol.types import GenerateRequest
-from vllm_fleet.worker.engine import Engine
-from vllm_fleet.worker.resume import HeldTokens, held_tail_length
-from vllm_fleet.worker.stop_resume import StopResume, for_resume
+from vllm_fleet.worker.engines.base import Engine
+from vllm_fleet.worker.resume.held import HeldTokens, held_tail_length
+from vllm_fleet.worker.resume.stops import StopResume, for_resume
 from vllm_fleet.worker.validation import check_prompt_fits
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from vllm_fleet.protocol.types import Chunk, Usage
 from vllm_fleet.worker.coalescer import Coalescer, TypedParts
-from vllm_fleet.worker.engine import SampleDelta
+from vllm_fleet.worker.engines.base import SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
-from vllm_fleet.worker.parsing import StreamParser, is_chat_request
+from vllm_fleet.worker.openai.parsing import StreamParser, is_chat_request
 from vllm_fleet.worker.prepare import PreparedInput
 
 TOKEN_REPORT_S = 0.5  # how often a stream adds its streamed tokens to the output-token counter

@@ -26,8 +26,8 @@ from vllm_fleet.config import EngineConfig, WorkerConfig
 from vllm_fleet.errors import ConfigError, WorkerUnavailableError
 from vllm_fleet.heap import settle_garbage_collector
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2_grpc
-from vllm_fleet.worker.engine import Engine, build_engine
-from vllm_fleet.worker.engine_cpu import EngineCpu
+from vllm_fleet.worker.engines.base import Engine, build_engine
+from vllm_fleet.worker.watch.engine_cpu import EngineCpu
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.service import WorkerService
 

@@ -32,8 +32,8 @@ from vllm_fleet.protocol import PARAM_METADATA_KEY, worker_pb2 as pb, worker_pb2
 from vllm_fleet.protocol.convert import adapters_to_pb, chunk_to_pb, info_to_pb, load_to_pb, request_from_pb
 from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.adapters import AdapterRegistry, HeldAdapter
-from vllm_fleet.worker.engine import Engine, SampleDelta
-from vllm_fleet.worker.engine_watch import EngineWatch, StallBounds
+from vllm_fleet.worker.engines.base import Engine, SampleDelta
+from vllm_fleet.worker.watch.engine_watch import EngineWatch, StallBounds
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.mux import MuxOutbox
 from vllm_fleet.worker.prepare import PreparedInput, prepare_input

@@ -17,7 +17,7 @@ from typing import Any
 
 from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.protocol.types import ChatMessage, GenerateInput, OpenAIOptions
-from vllm_fleet.worker.sampling import invalid_request, vllm_error_types
+from vllm_fleet.worker.openai.sampling import invalid_request, vllm_error_types
 
 ENDPOINTS = ("chat", "completion")
 _MAX_ERRORS_SHOWN = 3

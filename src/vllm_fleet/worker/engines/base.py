@@ -131,9 +131,9 @@ class Engine(abc.ABC):
 def build_engine(config) -> Engine:
     """The engine a config names. The vLLM import happens only when the vLLM engine is asked for."""
     if config.engine == "mock":
-        from vllm_fleet.worker.mock_engine import MockEngine
+        from vllm_fleet.worker.engines.mock_engine import MockEngine
 
         return MockEngine(config)
-    from vllm_fleet.worker.vllm_engine import VllmEngine
+    from vllm_fleet.worker.engines.vllm_engine import VllmEngine
 
     return VllmEngine(config)

@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 from vllm_fleet.errors import RateLimitedError
 from vllm_fleet.router.admission import KeyLimiter, key_label
 from vllm_fleet.router.config import AdmissionConfig, KeyLimits
-from vllm_fleet.router.quota_bucket import DIMENSIONS, Amount, Lease, give_back, lease
-from vllm_fleet.router.quota_metrics import QuotaMetrics
-from vllm_fleet.router.quota_store import QuotaStoreUnavailable, ZooKeeperQuotaStore
+from vllm_fleet.router.quota.bucket import DIMENSIONS, Amount, Lease, give_back, lease
+from vllm_fleet.router.quota.metrics import QuotaMetrics
+from vllm_fleet.router.quota.store import QuotaStoreUnavailable, ZooKeeperQuotaStore
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vllm_fleet.worker.engine import SampleDelta
+from vllm_fleet.worker.engines.base import SampleDelta
 
 _REPLACEMENT = "\ufffd"
 _WINDOW = 12          # tokens decoded to judge the tail: a UTF-8 character spans at most 4 bytes

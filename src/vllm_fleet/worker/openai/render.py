@@ -33,9 +33,9 @@ from typing import Any
 
 from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.protocol.types import CHAT_ROLES, GenerateInput, GenerateRequest, OpenAIOptions
-from vllm_fleet.worker.engine import EnginePrompt
-from vllm_fleet.worker.openai_request import build_vllm_request
-from vllm_fleet.worker.sampling import invalid_request, truncate_prompt, vllm_error_types, vllm_sampling_params
+from vllm_fleet.worker.engines.base import EnginePrompt
+from vllm_fleet.worker.openai.request import build_vllm_request
+from vllm_fleet.worker.openai.sampling import invalid_request, truncate_prompt, vllm_error_types, vllm_sampling_params
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class VllmPrompts:
         request = build_vllm_request(openai, item)
         chat = openai.endpoint == "chat"
         if chat:
-            from vllm_fleet.worker.parsing import adjust_request
+            from vllm_fleet.worker.openai.parsing import adjust_request
 
             request = adjust_request(self._parser_cls, self._tokenizer, request, self._enable_auto_tool_choice)
             prompt_ids, prompt_text = await self._render_chat(request)

@@ -1,6 +1,6 @@
 """Client CPU and context switches per streamed gRPC message, by client transport.
 
-    python benchmarks/grpc_wakeups.py [--rounds 2] [--messages 1000] [--interval-ms 5]
+    python benchmarks/probes/grpc_wakeups.py [--rounds 2] [--messages 1000] [--interval-ms 5]
 
 A grpcio server on one core streams 120-byte messages over a bidirectional call; a client on
 the other core receives them. With `--interval-ms 5` each message arrives alone, as the

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vllm_fleet.worker.engine import SampleDelta
+from vllm_fleet.worker.engines.base import SampleDelta
 
 _CONTEXT_TOKENS = 6   # tokens decoded before a piece so that its leading space comes out as in a stream
 _REPLACEMENT = "\ufffd"

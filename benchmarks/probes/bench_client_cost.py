@@ -6,7 +6,7 @@ gateway, runs `vllm-fleet bench --rate inf` against the gateway with the code un
 (rounds alternating), and divides the bench process's CPU time (user + system, from
 RUSAGE_CHILDREN) by the events it received (one per token: the mock sends one token per step).
 
-    python benchmarks/bench_client_cost.py --src src --src /tmp/old-checkout/src --rounds 3
+    python benchmarks/probes/bench_client_cost.py --src src --src /tmp/old-checkout/src --rounds 3
 """
 
 from __future__ import annotations

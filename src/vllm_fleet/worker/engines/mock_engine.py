@@ -34,9 +34,9 @@ from vllm_fleet.protocol.types import (
     WorkerLoad,
 )
 from vllm_fleet.worker.adapters import HeldAdapter
-from vllm_fleet.worker.engine import Engine, EnginePrompt, SampleDelta
-from vllm_fleet.worker.mock_stops import apply_stop_strings
-from vllm_fleet.worker.mock_script import MockScript, load_tokenizer
+from vllm_fleet.worker.engines.base import Engine, EnginePrompt, SampleDelta
+from vllm_fleet.worker.engines.mock_stops import apply_stop_strings
+from vllm_fleet.worker.engines.mock_script import MockScript, load_tokenizer
 
 # A small vocabulary: ids 0..3 are specials, then words. Some words are non-ASCII so that
 # UTF-8 handling is exercised even without the real engine.
@@ -88,7 +88,7 @@ class MockEngine(Engine):
         if self.config.mock_script and not self.config.mock_tokenizer:
             raise ConfigError("--mock-script needs --mock-tokenizer (the script is tokenized with it)")
         if self.config.mock_tokenizer:
-            from vllm_fleet.worker.parsing import parser_class
+            from vllm_fleet.worker.openai.parsing import parser_class
 
             self.tokenizer = load_tokenizer(self.config.mock_tokenizer)
             self.parser_cls = parser_class(self.config.tool_call_parser, self.config.reasoning_parser,
@@ -125,8 +125,8 @@ class MockEngine(Engine):
             return await super().prepare(item, request)
         vllm_request, template_kwargs = None, {}
         if request.openai is not None and request.openai.endpoint == "chat":
-            from vllm_fleet.worker import parsing
-            from vllm_fleet.worker.openai_request import build_vllm_request
+            from vllm_fleet.worker.openai import parsing
+            from vllm_fleet.worker.openai.request import build_vllm_request
 
             vllm_request = parsing.adjust_request(self.parser_cls, self.tokenizer, build_vllm_request(request.openai, item),
                                                   self.config.enable_auto_tool_choice)

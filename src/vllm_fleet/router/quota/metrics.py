@@ -1,4 +1,4 @@
-"""Prometheus metrics of the fleet-wide quota (router/quota.py), in the gateway's registry.
+"""Prometheus metrics of the fleet-wide quota (router/quota/fleet.py), in the gateway's registry.
 
     vllm_fleet_quota_fallback        1 while this gateway admits from its local share (ZooKeeper unreachable)
     vllm_fleet_quota_gateways        gateways sharing the quota, as last seen in ZooKeeper

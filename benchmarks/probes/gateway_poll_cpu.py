@@ -1,7 +1,7 @@
 """Gateway CPU spent on polling its workers, idle and under a light stream load, for checkouts side by side.
 
-    python benchmarks/gateway_poll_cpu.py OLD/src NEW/src [--rounds 2] [--idle-s 20] [--busy-s 15]
-    python benchmarks/gateway_poll_cpu.py src@GRPC_EXPERIMENTS= src   # one checkout, the gateway's env differs
+    python benchmarks/probes/gateway_poll_cpu.py OLD/src NEW/src [--rounds 2] [--idle-s 20] [--busy-s 15]
+    python benchmarks/probes/gateway_poll_cpu.py src@GRPC_EXPERIMENTS= src   # one checkout, the gateway's env differs
 
 A side is `SRC` or `SRC@NAME=VALUE`: the variable is set in that side's gateway only (its workers
 are the same on both sides).
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: the shared helpers
 from gateway_overhead import QUIET, HttpPool, completion_body  # noqa: E402
 from proc_stat import context_switches, cpu_seconds  # noqa: E402
 

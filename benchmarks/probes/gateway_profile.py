@@ -1,6 +1,6 @@
 """Where the gateway's CPU goes, per request and per SSE event: py-spy under load, by component.
 
-    python benchmarks/gateway_profile.py --out benchmarks/results/gateway-cpu-DATE [--src SRC] [--seconds 12]
+    python benchmarks/probes/gateway_profile.py --out benchmarks/results/gateway-cpu-DATE [--src SRC] [--seconds 12]
 
 Two loads on a mock worker, each with py-spy sampling the gateway process (`--nonblocking`, raw
 folded stacks, idle frames left out, so every sample is CPU the gateway spent):
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: the shared helpers
 from gateway_overhead import HttpPool, QUIET, completion_body, open_loop  # noqa: E402
 from proc_stat import cpu_seconds  # noqa: E402
 

@@ -21,10 +21,10 @@ from vllm_fleet.config import EngineConfig
 from vllm_fleet.errors import ConfigError, InvalidRequestError, ModelError
 from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, TokenLogprob, WorkerInfo, WorkerLoad
-from vllm_fleet.worker.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
-from vllm_fleet.worker.engine import Engine, EnginePrompt, SampleDelta
-from vllm_fleet.worker.sampling import invalid_request, vllm_error_types
-from vllm_fleet.worker.vllm_prompt import VllmPrompts
+from vllm_fleet.worker.engines.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
+from vllm_fleet.worker.engines.base import Engine, EnginePrompt, SampleDelta
+from vllm_fleet.worker.openai.sampling import invalid_request, vllm_error_types
+from vllm_fleet.worker.openai.render import VllmPrompts
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class VllmEngine(Engine):
         """vLLM's tool/reasoning parser for the configured names (parsing.py); None when neither is set."""
         if not (self.config.tool_call_parser or self.config.reasoning_parser):
             return None
-        from vllm_fleet.worker.parsing import parser_class
+        from vllm_fleet.worker.openai.parsing import parser_class
 
         return parser_class(self.config.tool_call_parser, self.config.reasoning_parser,
                             enable_auto_tool_choice=self.config.enable_auto_tool_choice, tokenizer=self._tokenizer)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from vllm_fleet.worker.engine import SampleDelta
-from vllm_fleet.worker.stop_resume import earliest_stop, stop_strings
+from vllm_fleet.worker.engines.base import SampleDelta
+from vllm_fleet.worker.resume.stops import earliest_stop, stop_strings
 
 _CONTEXT_TOKENS = 4  # tokens decoded before each new one, so that its text is as in a stream
 

@@ -1,0 +1,1 @@
+"""Resuming a stream another worker started (migration): held-back tokens and stop strings at the switch."""

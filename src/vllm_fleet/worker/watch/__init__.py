@@ -1,0 +1,1 @@
+"""Hung-engine detection: an engine that holds requests but has stopped producing output."""
