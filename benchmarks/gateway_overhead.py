@@ -48,7 +48,8 @@ from vllm_fleet.bench import ArrivalProcess, percentile
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess
 from vllm_fleet.processes import GatewayProcess
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import GenerateInput
 
 MODEL = "mock-bench"
 PROMPT = "tell me about the river and the mountain"
@@ -217,8 +218,8 @@ async def ttft_pair(rate: float, duration: float, pool: HttpPool, worker: Worker
         return ttft
 
     async def direct():
-        request = GenerateRequest(request_id=f"direct-{rate}-{next(counter)}", inputs=[GenerateInput(text=PROMPT)],
-                                  params=SamplingParams(max_tokens=8))
+        request = build_request(request_id=f"direct-{rate}-{next(counter)}", inputs=[GenerateInput(text=PROMPT)],
+                                params=SamplingParams(max_tokens=8))
         started = time.perf_counter()
         async for chunk in worker.generate(request):
             if chunk.token_ids:

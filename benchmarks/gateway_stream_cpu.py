@@ -1,61 +1,74 @@
 """Gateway CPU per streamed SSE event, for one or more checkouts side by side.
 
+    python benchmarks/gateway_stream_cpu.py src /path/to/old/checkout/src [--rounds 3] [--streams 64]
+
 For each `src` (a checkout's src/ folder, given to the worker and gateway as PYTHONPATH): a
 mock worker streaming 20,000 tokens/s per sequence, a gateway coalescing every 20 ms, 64
 streams of 60,000 tokens through it; the gateway's CPU time (all threads, /proc) over the
 SSE events it sent. Rounds alternate the order of the checkouts, since the machine's load drifts.
-
-    python benchmarks/gateway_stream_cpu.py src /path/to/old/checkout/src
 """
-import asyncio, json, os, signal, subprocess, sys, time
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
 
 import aiohttp
-from vllm_fleet.processes import free_port
-PY = sys.executable
-def cpu(pid):
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-def spawn(src, args):
-    env = dict(os.environ, PYTHONPATH=src, VLLM_FLEET_LOG_LEVEL="WARNING")
-    return subprocess.Popen([PY, "-m", "vllm_fleet.cli", *args], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-async def one_side(src, streams, tokens):
-    wp, gp = free_port(), free_port()
-    w = spawn(src, ["worker", "--engine", "mock", "--port", str(wp), "--served-model-name", "m", "--mock-ttft-ms", "1",
-                    "--mock-tokens-per-s", "20000", "--mock-max-model-len", "1000000"])
-    g = spawn(src, ["gateway", "--workers", f"127.0.0.1:{wp}", "--port", str(gp), "--no-access-log", "--stream-interval-ms", "20"])
-    try:
-        async with aiohttp.ClientSession() as s:
-            for _ in range(300):
-                try:
-                    async with s.get(f"http://127.0.0.1:{gp}/ready") as r:
-                        if r.status == 200: break
-                except Exception: pass
-                await asyncio.sleep(0.2)
-            async def stream(n):
-                body = {"model": "m", "prompt": "hello", "max_tokens": n, "stream": True}
-                got = 0
-                async with s.post(f"http://127.0.0.1:{gp}/v1/completions", json=body) as r:
-                    async for line in r.content:
-                        if line.startswith(b"data: {"):
-                            got += 1
-                return got
-            await asyncio.gather(*(stream(2000) for _ in range(4)))
-            c0 = cpu(g.pid); t0 = time.perf_counter()
-            events = sum(await asyncio.gather(*(stream(tokens) for _ in range(streams))))
-            el = time.perf_counter() - t0; c = cpu(g.pid) - c0
-            return dict(tokens=streams * tokens, events=events, s=round(el, 2), gw_cpu_s=round(c, 2),
-                        us_per_event=round(c / events * 1e6, 1), tokens_per_cpu_s=round(streams * tokens / c))
-    finally:
-        for p in (g, w):
-            p.send_signal(signal.SIGTERM)
-        for p in (g, w):
-            try: p.wait(20)
-            except subprocess.TimeoutExpired: os.killpg(p.pid, 9)
-async def main():
-    srcs = sys.argv[1:]
-    for r in range(3):
-        for src in (srcs if r % 2 == 0 else srcs[::-1]):
-            res = await one_side(src, 64, 60000)
-            print(r, src, json.dumps(res), "load", open("/proc/loadavg").read().split()[0], flush=True)
-asyncio.run(main())
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the shared helpers
+from gateway_overhead import QUIET  # noqa: E402
+from proc_stat import cpu_seconds  # noqa: E402
+
+from vllm_fleet.fleet.worker_process import WorkerProcess  # noqa: E402
+from vllm_fleet.processes import GatewayProcess  # noqa: E402
+
+WARMUP_STREAMS, WARMUP_TOKENS = 4, 2000
+
+
+async def one_side(src: str, streams: int, tokens: int) -> dict:
+    env = {**QUIET, "PYTHONPATH": str(Path(src).resolve())}
+    async with WorkerProcess(["--engine", "mock", "--served-model-name", "m", "--mock-ttft-ms", "1",
+                              "--mock-tokens-per-s", "20000", "--mock-max-model-len", "1000000"], env,
+                             stop_grace_s=20) as worker:
+        await worker.wait_serving(60)
+        async with GatewayProcess(["--workers", worker.address, "--no-access-log", "--stream-interval-ms", "20"],
+                                  env, stop_grace_s=20) as gateway:
+            await gateway.wait_ready(60)
+            async with aiohttp.ClientSession() as session:
+                async def stream(n: int) -> int:
+                    body = {"model": "m", "prompt": "hello", "max_tokens": n, "stream": True}
+                    events = 0
+                    async with session.post(f"{gateway.url}/v1/completions", json=body) as response:
+                        async for line in response.content:
+                            if line.startswith(b"data: {"):
+                                events += 1
+                    return events
+
+                # Open the connections (and the worker's stream calls) before measuring.
+                await asyncio.gather(*(stream(WARMUP_TOKENS) for _ in range(WARMUP_STREAMS)))
+                cpu0, started = cpu_seconds(gateway.pid), time.perf_counter()
+                events = sum(await asyncio.gather(*(stream(tokens) for _ in range(streams))))
+                elapsed, cpu = time.perf_counter() - started, cpu_seconds(gateway.pid) - cpu0
+    return {"tokens": streams * tokens, "events": events, "s": round(elapsed, 2), "gw_cpu_s": round(cpu, 2),
+            "us_per_event": round(cpu / events * 1e6, 1), "tokens_per_cpu_s": round(streams * tokens / cpu)}
+
+
+async def main(args: argparse.Namespace) -> None:
+    for round_ in range(args.rounds):
+        for src in (args.srcs if round_ % 2 == 0 else args.srcs[::-1]):
+            result = await one_side(src, args.streams, args.tokens)
+            print(round_, src, json.dumps(result), "load", round(os.getloadavg()[0], 2), flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("srcs", nargs="+", help="src/ folders of the checkouts to compare")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=60000, help="tokens per stream")
+    asyncio.run(main(parser.parse_args()))

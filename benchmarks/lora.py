@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry
 from vllm_fleet.bench.lora_adapter import make_lora_adapter
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
-from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, SamplingParams, Usage
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
 
@@ -36,7 +37,7 @@ PROMPT = "The capital of France is"
 
 
 def request(rid: str, tokens: int = 1) -> GenerateRequest:
-    return GenerateRequest(rid, [GenerateInput(text=PROMPT)], SamplingParams(max_tokens=tokens, temperature=0.0))
+    return build_request(rid, [GenerateInput(text=PROMPT)], SamplingParams(max_tokens=tokens, temperature=0.0))
 
 
 async def ttft(router: Router, rid: str, model: str) -> float:

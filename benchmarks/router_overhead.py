@@ -27,7 +27,8 @@ from prometheus_client import CollectorRegistry
 from vllm_fleet.bench import percentile
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess
-from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, SamplingParams, Usage
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
 
@@ -38,7 +39,7 @@ def mock_worker() -> WorkerProcess:
 
 
 def request(rid: str, max_tokens: int) -> GenerateRequest:
-    return GenerateRequest(rid, [GenerateInput(text=f"benchmark prompt {rid}")], SamplingParams(max_tokens=max_tokens))
+    return build_request(rid, [GenerateInput(text=f"benchmark prompt {rid}")], SamplingParams(max_tokens=max_tokens))
 
 
 async def ttft(source, req: GenerateRequest) -> float:

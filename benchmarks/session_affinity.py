@@ -32,7 +32,8 @@ import numpy as np
 from vllm_fleet.bench import percentile
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
-from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import ChatMessage, GenerateInput
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
 
@@ -61,7 +62,7 @@ async def conversation(router: Router, index: int, args: argparse.Namespace, sal
     loop = asyncio.get_running_loop()
     for turn in range(args.turns):
         messages.append(ChatMessage("user", user_turn(rng, salt, index, turn, args.user_words)))
-        request = GenerateRequest(
+        request = build_request(
             f"{salt}-c{index}-t{turn}", [GenerateInput(messages=list(messages))],
             SamplingParams(max_tokens=args.max_tokens, temperature=0.0), session_id=f"{salt}-conversation-{index}",
         )
@@ -128,9 +129,9 @@ async def main(args: argparse.Namespace) -> None:
             async with WorkerClient(worker.address) as client:
                 info = await client.info()
                 # Warm-up: the first request of an engine pays one-off costs neither policy should.
-                warm = GenerateRequest(f"warm-{worker.address}",
-                                       [GenerateInput(messages=[ChatMessage("user", "Hello")])],
-                                       SamplingParams(max_tokens=8))
+                warm = build_request(f"warm-{worker.address}",
+                                     [GenerateInput(messages=[ChatMessage("user", "Hello")])],
+                                     SamplingParams(max_tokens=8))
                 async for _ in client.generate(warm, timeout=120):
                     pass
         print(f"workers: {addresses} model={info.model} block_size={info.settings.get('block_size')} "

@@ -35,7 +35,8 @@ import time
 from vllm_fleet.bench import percentile
 from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
 from vllm_fleet.processes import exit_on_sigterm
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router
 
@@ -67,8 +68,8 @@ async def client_run(addresses: list[str], texts: list[str], params: dict, concu
     async def one(index: int, text: str) -> None:
         nonlocal tokens
         async with slots:
-            request = GenerateRequest(request_id=f"bench-{index}", inputs=[GenerateInput(text=text)],
-                                      params=SamplingParams(**params))
+            request = build_request(request_id=f"bench-{index}", inputs=[GenerateInput(text=text)],
+                                    params=SamplingParams(**params))
             async for chunk in router.stream(request):
                 tokens += len(chunk.token_ids)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from vllm_fleet.client import ClientOptions, WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess
 from vllm_fleet.processes import exit_on_sigterm
-from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
 
 
 def cpu_seconds(pid: int) -> float:
@@ -46,8 +46,8 @@ async def one_round(address: str, streams: int, tokens: int, tag: str, multiplex
 
     async def stream(i: int) -> None:
         nonlocal chunks
-        request = GenerateRequest(f"{tag}-{i}", [GenerateInput(token_ids=[5, 6, 7, i % 30 + 1])],
-                                  SamplingParams(max_tokens=tokens, ignore_eos=True))
+        request = build_request(f"{tag}-{i}", [GenerateInput(token_ids=[5, 6, 7, i % 30 + 1])],
+                                SamplingParams(max_tokens=tokens, ignore_eos=True))
         async for chunk in client.generate(request, timeout=600):
             chunks += 1 if chunk.token_ids else 0
 

@@ -24,7 +24,7 @@ from vllm_fleet.client import WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess
 from vllm_fleet.models import resolve_model
 from vllm_fleet.processes import exit_on_sigterm
-from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import ChatMessage, GenerateInput, SamplingParams, build_request
 
 TOPICS = ["rivers", "mountains", "the sea", "cities", "music", "trees", "bridges", "stars"]
 
@@ -68,7 +68,7 @@ async def worker_round(client: WorkerClient, texts: list[str], max_tokens: int, 
     ttfts: list[float] = []
 
     async def one(i: int) -> int:
-        request = GenerateRequest(f"{tag}-{i}", [GenerateInput(messages=[ChatMessage("user", texts[i])])], params)
+        request = build_request(f"{tag}-{i}", [GenerateInput(messages=[ChatMessage("user", texts[i])])], params)
         count = 0
         async for chunk in client.generate(request, timeout=600):
             if chunk.token_ids and not count:

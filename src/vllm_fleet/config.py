@@ -269,6 +269,25 @@ def from_args(model: type[FleetModel], args: argparse.Namespace, *, prefix: str 
     return validated(model, values)
 
 
+def to_options(config: FleetModel) -> list[str]:
+    """`config` → the `--option value` list `add_options` reads back, for the fields that were set
+    (the rest keep their defaults in the process that reads them)."""
+    args: list[str] = []
+    for name in sorted(config.model_fields_set):
+        value = getattr(config, name)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            for item in value:
+                args += [flag, str(item)]
+        elif isinstance(value, float):
+            args += [flag, f"{value:g}"]  # 1.0 → "1": VLLM_CPU_KVCACHE_SPACE takes an integer
+        elif value is not None:
+            args += [flag, str(value)]
+    return args
+
+
 def validated(model: type[FleetModel], values: dict[str, Any]) -> Any:
     """Build a config model, turning pydantic's error into a ConfigError a person can act on."""
     try:

@@ -12,7 +12,8 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
 
@@ -113,8 +114,8 @@ def router_for(addresses: list[str], config: RouterConfig | None = None) -> Rout
 
 
 def text_request(request_id: str, prompt: str, max_tokens: int) -> GenerateRequest:
-    return GenerateRequest(request_id=request_id, inputs=[GenerateInput(text=prompt)],
-                           params=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return build_request(request_id=request_id, inputs=[GenerateInput(text=prompt)],
+                         params=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
 
 
 async def collect(stream, first: asyncio.Event | None = None) -> tuple[str, str | None]:

@@ -18,7 +18,8 @@ import pytest
 from chaos_support import router_for, stream_completion
 from support import wait_until
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest
 from vllm_fleet.router import RouterConfig
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,7 +39,7 @@ async def _answer(address: str, request: GenerateRequest) -> tuple[list[str], li
 
 
 def _request(rid: str, prompt: str, stop: list[str]) -> GenerateRequest:
-    return GenerateRequest(rid, [GenerateInput(text=prompt)], SamplingParams(max_tokens=TOKENS, stop=stop))
+    return build_request(rid, [GenerateInput(text=prompt)], SamplingParams(max_tokens=TOKENS, stop=stop))
 
 
 async def _stop_spanning_tokens_2_and_3(address: str) -> tuple[str, str, str]:
@@ -135,7 +136,7 @@ async def test_a_constrained_whole_answer_is_answered_again_from_scratch(workers
         victim.kill()
         reply = await asyncio.wait_for(task, 60)
         survivor = next(w for w in pool if w is not victim)
-        reference = await _answer(survivor.address, GenerateRequest(
+        reference = await _answer(survivor.address, build_request(
             "whole-ref", [GenerateInput(text=body["prompt"])], SamplingParams(max_tokens=60, ignore_eos=True)))
     assert reply.status_code == 200, reply.text
     choice = reply.json()["choices"][0]
@@ -171,8 +172,8 @@ async def test_a_constrained_request_still_fails_over_before_its_first_token(moc
             await wait_until(lambda: len(router.snapshot().eligible()) == 2, timeout=30, message="both serving")
             streams = []
             for number in range(2):  # round robin: one of them starts on the slow worker
-                request = GenerateRequest(f"constrained-{number}", [GenerateInput(text="json please")],
-                                          SamplingParams(max_tokens=10), constrained=True)
+                request = build_request(f"constrained-{number}", [GenerateInput(text="json please")],
+                                        SamplingParams(max_tokens=10), constrained=True)
                 stream = router.stream(request)
                 async with stream:
                     chunks = [chunk async for chunk in stream]

@@ -16,7 +16,7 @@ from chaos_support import collect, router_for, text_request
 from support import WorkerProcess, wait_until
 from vllm_fleet.router import RouterConfig
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)  # each restart of a mock worker imports vLLM (~9 s of CPU)
 
 FLAPS = 3
 MAX_AMPLIFICATION = 1.2  # worker attempts per client request
@@ -53,7 +53,7 @@ async def test_flapping_worker_breaker_opens_half_opens_and_closes(workers):
                 await wait_until(lambda: breaker() != "closed" or view().state != "serving", timeout=30,
                                  message="the router to take the flapping worker out")
                 restarted.append(WorkerProcess(args=flapper.args, env=flapper.env, port=flapper.port).start())
-                await restarted[-1].wait_serving(30)
+                await restarted[-1].wait_serving(60)
                 before = served_by_flapper()
                 await wait_until(lambda: breaker() == "closed" and view().state == "serving"
                                  and served_by_flapper() > before, timeout=30,

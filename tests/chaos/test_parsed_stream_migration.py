@@ -16,7 +16,8 @@ import pytest
 from chaos_support import router_for
 from parser_tokenizer import parser_tokenizer_dir  # noqa: F401  (fixture)
 from support import wait_until
-from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, OpenAIOptions, SamplingParams
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest
 from vllm_fleet.router import RouterConfig
 
 pytestmark = pytest.mark.timeout(300)
@@ -52,8 +53,8 @@ class Seen:
 
 def chat_request(request_id: str) -> GenerateRequest:
     body = {"model": "chaos", "tools": TOOLS}
-    return GenerateRequest(request_id, [GenerateInput(messages=[ChatMessage("user", "Weather in Zürich?")])],
-                           SamplingParams(max_tokens=500), openai=OpenAIOptions("chat", json.dumps(body).encode()))
+    return build_request(request_id, [GenerateInput(messages=[ChatMessage("user", "Weather in Zürich?")])],
+                         SamplingParams(max_tokens=500), extra_body=body)
 
 
 async def consume(stream, seen: Seen) -> Seen:

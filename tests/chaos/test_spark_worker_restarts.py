@@ -67,8 +67,9 @@ async def _kill_and_restart_while(job: asyncio.Future, pool: list[WorkerProcess]
 @pytest.mark.parametrize("rows", [pytest.param(4000, marks=pytest.mark.timeout(300), id="4k"),
                                   pytest.param(20_000, marks=[pytest.mark.slow, pytest.mark.timeout(900)], id="20k")])
 async def test_spark_job_survives_workers_killed_and_restarted(spark, workers, rows):
-    # ~160 ms a row, 2 partitions x 32 in flight: the job runs long enough for several kill cycles.
-    pool = await workers(3, mock_tokens_per_s=100, mock_ttft_ms=5)
+    # ~640 ms a row, 2 partitions x 32 in flight: a ~40 s job, long enough for several kill cycles
+    # now that a restarted mock worker takes ~10 s to serve (it imports vLLM, ~9 s of CPU).
+    pool = await workers(3, mock_tokens_per_s=25, mock_ttft_ms=5)
     addresses = [w.address for w in pool]
     await asyncio.to_thread(_job(spark, 200, addresses).collect)  # warm-up: executors' routers exist
 

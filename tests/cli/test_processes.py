@@ -18,7 +18,7 @@ from vllm_fleet.client import WorkerClient
 from vllm_fleet.errors import ProcessStartError
 from vllm_fleet.fleet.worker_process import WorkerProcess
 from vllm_fleet.processes import GatewayProcess, ServiceProcess
-from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -84,9 +84,9 @@ async def test_sigterm_runs_the_cleanup_that_stops_started_workers():
 
 async def test_mock_worker_serves_at_its_address_and_stops_with_nothing_left_in_its_group():
     async with WorkerProcess(["--engine", "mock", "--mock-tokens-per-s", "1000"]) as worker:
-        await worker.wait_serving(timeout=30)
+        await worker.wait_serving(timeout=60)
         assert worker.address == f"127.0.0.1:{worker.port}"
-        request = GenerateRequest("helper-1", [GenerateInput(text="hello")], SamplingParams(max_tokens=4))
+        request = build_request("helper-1", [GenerateInput(text="hello")], SamplingParams(max_tokens=4))
         async with WorkerClient(worker.address) as client:
             tokens = [t async for chunk in client.generate(request, timeout=30) for t in chunk.token_ids]
         assert len(tokens) == 4
@@ -139,7 +139,7 @@ async def test_worker_that_never_serves_raises_and_is_still_running():
 
 async def test_gateway_process_is_ready_in_front_of_its_worker_and_stops():
     async with WorkerProcess(["--engine", "mock", "--served-model-name", "helper"]) as worker:
-        await worker.wait_serving(timeout=30)
+        await worker.wait_serving(timeout=60)
         async with GatewayProcess(["--workers", worker.address, "--no-access-log"]) as gateway:
             await gateway.wait_ready(timeout=60)
             async with httpx.AsyncClient(base_url=gateway.url) as http:

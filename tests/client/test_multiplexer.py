@@ -23,21 +23,20 @@ from vllm_fleet.errors import (
     WorkerTimeoutError,
     WorkerUnavailableError,
 )
-from vllm_fleet.protocol import GenerateInput, GenerateRequest, worker_pb2_grpc
+from vllm_fleet.protocol import GenerateInput, GenerateRequest, build_request, worker_pb2_grpc
 
 
 def _request(request_id: str) -> GenerateRequest:
-    return GenerateRequest(request_id, [GenerateInput(text="hi")])
+    return build_request(request_id, [GenerateInput(text="hi")])
 
 
 async def _texts(chunks) -> list[str]:
     return [chunk.text async for chunk in chunks]
 
 
-def _run(mux: Multiplexer, request_id: str, **timeouts) -> asyncio.Task:
+def _run(mux: Multiplexer, request_id: str, *, timeout: float | None = None) -> asyncio.Task:
     """Consume one generate() in the background; the task's result is the texts it received."""
-    options = {"timeout": None, "first_chunk_timeout": None, **timeouts}
-    return asyncio.ensure_future(_texts(mux.generate(_request(request_id), **options)))
+    return asyncio.ensure_future(_texts(mux.generate(_request(request_id), timeout=timeout)))
 
 
 async def _result(task: asyncio.Task):
@@ -73,9 +72,8 @@ async def _burst_of_starts(scripted, mux, *, takes_batched: bool, count: int = 2
     start = await call.next_start()
     call.send(event(start.stream, "a", done=True), takes_batched=takes_batched)
     assert await _result(first) == ["a"]
-    options = {"timeout": None, "first_chunk_timeout": None}
-    tasks = [asyncio.ensure_future(_texts(mux.generate(GenerateRequest(f"b{i}", [GenerateInput(text=prompt)]),
-                                                        **options))) for i in range(count)]
+    tasks = [asyncio.ensure_future(_texts(mux.generate(build_request(f"b{i}", [GenerateInput(text=prompt)]),
+                                                        timeout=None))) for i in range(count)]
     messages, starts = [], []
     while len(starts) < count:
         message = await call.next_request()
@@ -122,7 +120,7 @@ async def test_a_late_event_of_a_finished_stream_never_reaches_a_new_request_wit
 
 
 async def test_leaving_a_stream_early_cancels_it_on_the_worker_and_frees_its_number(scripted, mux):
-    chunks = mux.generate(_request("leaves"), timeout=None, first_chunk_timeout=None)
+    chunks = mux.generate(_request("leaves"), timeout=None)
     head = asyncio.ensure_future(chunks.__anext__())
     call = await scripted.next_call()
     start = await call.next_start()
@@ -139,11 +137,11 @@ async def test_leaving_a_stream_early_cancels_it_on_the_worker_and_frees_its_num
     assert await _result(after) == ["next"]
 
 
-async def test_a_first_chunk_timeout_ends_the_stream_and_cancels_it_on_the_worker(scripted, mux):
-    task = _run(mux, "silent", first_chunk_timeout=0.2)
+async def test_a_stream_past_its_deadline_ends_and_is_cancelled_on_the_worker(scripted, mux):
+    task = _run(mux, "silent", timeout=0.2)
     call = await scripted.next_call()
     start = await call.next_start()
-    with pytest.raises(WorkerTimeoutError, match="no first chunk"):
+    with pytest.raises(WorkerTimeoutError, match="deadline exceeded"):
         await _result(task)
     cancel = await call.next_request()
     assert (cancel.stream, cancel.WhichOneof("kind")) == (start.stream, "cancel")

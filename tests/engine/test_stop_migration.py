@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from support import WorkerProcess, vllm_worker_args, wait_until
 from vllm_fleet.client import WorkerClient
+from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
@@ -41,7 +42,7 @@ async def victim():
 async def _alone(address: str) -> tuple[str, object]:
     text, final = "", None
     async with WorkerClient(address) as client:
-        async for chunk in client.generate(GenerateRequest("alone", QUESTION, PARAMS), timeout=120):
+        async for chunk in client.generate(build_request("alone", QUESTION, PARAMS), timeout=120):
             text += chunk.text
             final = chunk if chunk.finish_reason else final
     return text, final
@@ -61,7 +62,7 @@ async def test_a_stream_with_a_stop_string_killed_after_its_first_chunks_ends_as
     got: dict = {"text": "", "ids": [], "final": None}
     try:
         await router.wait_ready(timeout=60)
-        stream = router.stream(GenerateRequest("migrating", QUESTION, PARAMS))
+        stream = router.stream(build_request("migrating", QUESTION, PARAMS))
 
         async def consume():
             async with stream:

@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from vllm_fleet.client import WorkerClient
+from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
-from vllm_fleet.protocol.types import OpenAIOptions
 
 pytestmark = pytest.mark.engine
 
@@ -43,9 +43,9 @@ async def client(vllm_worker):
 ], ids=["named", "required"])
 async def test_a_forced_tool_choice_gives_a_tool_call_with_valid_arguments(client, tool_choice, finish):
     body = {"tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 80, "temperature": 0}
-    request = GenerateRequest("tool-" + str(finish), [GenerateInput(messages=[
+    request = build_request("tool-" + str(finish), [GenerateInput(messages=[
         ChatMessage("user", "What will the weather be in Paris for the next 3 days?")])], SamplingParams(),
-        openai=OpenAIOptions("chat", json.dumps(body).encode()))
+        extra_body=body)
     chunks = [c async for c in client.generate(request, timeout=300)]
     assert chunks[-1].finish_reason == finish, chunks[-1]
     assert "".join(c.text for c in chunks) == ""  # a tool call, not content

@@ -13,6 +13,7 @@ import pytest
 from support import WorkerProcess, free_port, vllm_worker_args, wait_until
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.errors import InvalidRequestError
+from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.engine
@@ -49,9 +50,9 @@ async def test_info_reports_the_default_model(client):
 
 
 async def test_chat_template_is_applied_and_greedy_output_is_deterministic(client):
-    request = GenerateRequest("paris", [chat("What is the capital of France?")], GREEDY)
+    request = build_request("paris", [chat("What is the capital of France?")], GREEDY)
     _, first, finals = await run(client, request)
-    _, second, _ = await run(client, GenerateRequest("paris-2", request.inputs, GREEDY))
+    _, second, _ = await run(client, build_request("paris-2", request.inputs, GREEDY))
     assert "Paris" in first[(0, 0)]
     assert first == second
     assert finals[(0, 0)].usage.prompt_tokens > 10  # the template wrapped the question
@@ -59,8 +60,8 @@ async def test_chat_template_is_applied_and_greedy_output_is_deterministic(clien
 
 async def test_streamed_deltas_concatenate_to_the_whole_answer(client):
     inputs = [chat("Name three rivers in Europe.")]
-    token_by_token, streamed, _ = await run(client, GenerateRequest("s1", inputs, GREEDY))
-    whole, at_once, _ = await run(client, GenerateRequest("s2", inputs, GREEDY, stream_interval_ms=60_000))
+    token_by_token, streamed, _ = await run(client, build_request("s1", inputs, GREEDY))
+    whole, at_once, _ = await run(client, build_request("s2", inputs, GREEDY, stream_interval_ms=60_000))
     assert len(token_by_token) > len(whole) == 2  # the first chunk at once, the rest in the final one
     assert streamed == at_once
 
@@ -77,7 +78,7 @@ async def test_several_inputs_come_back_under_their_indexes(client):
     shapes = [(5, 0), (20, 4), (40, 8)]  # (prompt tokens, resumed tokens) of each input
     inputs = [GenerateInput(token_ids=list(range(1000, 1000 + prompt)),
                             resume_token_ids=list(range(3000, 3000 + resumed))) for prompt, resumed in shapes]
-    _, texts, finals = await run(client, GenerateRequest("batch", inputs, params))
+    _, texts, finals = await run(client, build_request("batch", inputs, params))
     assert set(finals) == {(index, 0) for index in range(len(inputs))}
     assert all(final.finish_reason == "length" for final in finals.values())
     usages = [finals[(index, 0)].usage for index in range(len(inputs))]
@@ -89,30 +90,30 @@ async def test_several_inputs_come_back_under_their_indexes(client):
 
 async def test_n_samples(client):
     params = SamplingParams(temperature=1.0, seed=7, max_tokens=12, n=2)
-    _, texts, finals = await run(client, GenerateRequest("n2", [chat("Write a word.")], params))
+    _, texts, finals = await run(client, build_request("n2", [chat("Write a word.")], params))
     assert set(finals) == {(0, 0), (0, 1)}
     assert all(f.usage.completion_tokens >= 1 for f in finals.values())
 
 
 async def test_stop_string_and_max_tokens(client):
     stop = SamplingParams(temperature=0.0, max_tokens=32, stop=["Paris"])
-    _, texts, finals = await run(client, GenerateRequest("stop", [chat("What is the capital of France?")], stop))
+    _, texts, finals = await run(client, build_request("stop", [chat("What is the capital of France?")], stop))
     assert "Paris" not in texts[(0, 0)]
     assert finals[(0, 0)].finish_reason == "stop" and finals[(0, 0)].stop_reason == "Paris"
     capped = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
-    _, _, finals = await run(client, GenerateRequest("cap", [chat("Tell me a long story.")], capped))
+    _, _, finals = await run(client, build_request("cap", [chat("Tell me a long story.")], capped))
     assert finals[(0, 0)].finish_reason == "length" and finals[(0, 0)].usage.completion_tokens == 5
 
 
 async def test_every_chunk_of_chinese_and_emoji_is_whole_utf8(client):
     params = SamplingParams(temperature=0.0, max_tokens=80)
     inputs = [chat("用中文介绍一下北京，并加上表情符号 😀🎉")]
-    chunks, texts, _ = await run(client, GenerateRequest("zh", inputs, params))
+    chunks, texts, _ = await run(client, build_request("zh", inputs, params))
     assert any(ord(ch) > 0x2E80 for ch in texts[(0, 0)])  # it did answer in CJK
     for chunk in chunks:
         assert "\ufffd" not in chunk.text
         chunk.text.encode("utf-8")  # every delta is whole characters on its own
-    _, whole, _ = await run(client, GenerateRequest("zh-2", inputs, params, stream_interval_ms=60_000))
+    _, whole, _ = await run(client, build_request("zh-2", inputs, params, stream_interval_ms=60_000))
     assert whole == texts
 
 
@@ -121,7 +122,7 @@ async def test_a_stream_resumed_inside_a_character_loses_and_repeats_nothing(cli
     text held back); another worker continues. Text and token ids must join up exactly."""
     params = SamplingParams(temperature=0.0, max_tokens=40)
     inputs = [chat("用中文介绍一下北京，并加上表情符号 😀🎉")]
-    chunks, texts, _ = await run(client, GenerateRequest("whole", inputs, params))
+    chunks, texts, _ = await run(client, build_request("whole", inputs, params))
     full_text = texts[(0, 0)]
     full_ids = [t for c in chunks for t in c.token_ids]
     cuts, seen_ids, seen_text = [], [], ""
@@ -134,14 +135,14 @@ async def test_a_stream_resumed_inside_a_character_loses_and_repeats_nothing(cli
     assert inside, "the answer should contain characters split across tokens"
     for count, text_so_far, _ in inside + whole:
         resumed = GenerateInput(messages=inputs[0].messages, resume_token_ids=full_ids[:count])
-        rest, rest_text, _ = await run(client, GenerateRequest(f"resume-{count}", [resumed], params))
+        rest, rest_text, _ = await run(client, build_request(f"resume-{count}", [resumed], params))
         assert text_so_far + rest_text[(0, 0)] == full_text
         assert full_ids[:count] + [t for c in rest for t in c.token_ids] == full_ids
 
 
 async def test_logprobs(client):
     params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=2)
-    chunks, _, _ = await run(client, GenerateRequest("lp", [GenerateInput(text="The capital of France is")], params))
+    chunks, _, _ = await run(client, build_request("lp", [GenerateInput(text="The capital of France is")], params))
     logprobs = [lp for c in chunks for lp in (c.logprobs or [])]
     assert len(logprobs) == 4
     assert all(lp.logprob <= 0 and len(lp.top) >= 2 for lp in logprobs)
@@ -149,7 +150,7 @@ async def test_logprobs(client):
 
 async def test_abort_and_cancel_bring_running_back_to_zero(client):
     long = SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True)
-    stream = client.generate(GenerateRequest("cancel", [chat("Count forever.")], long))
+    stream = client.generate(build_request("cancel", [chat("Count forever.")], long))
     await stream.__anext__()
     await wait_until(lambda: _running(client, 1), timeout=30, message="the request running")
     await stream.aclose()
@@ -158,7 +159,7 @@ async def test_abort_and_cancel_bring_running_back_to_zero(client):
     chunks = []
 
     async def consume():
-        async for chunk in client.generate(GenerateRequest("abort", [chat("Count forever.")], long), timeout=120):
+        async for chunk in client.generate(build_request("abort", [chat("Count forever.")], long), timeout=120):
             chunks.append(chunk)
 
     task = asyncio.create_task(consume())
@@ -175,16 +176,16 @@ async def _running(client: WorkerClient, expected: int) -> bool:
 
 
 @pytest.mark.parametrize("request_, needle", [
-    (GenerateRequest("b1", [GenerateInput(text="")]), "prompt is empty"),
-    (GenerateRequest("b2", [GenerateInput(text="word " * 3000)], SamplingParams(max_tokens=8)), "context is 2048"),
-    (GenerateRequest("b3", [chat("hi")], SamplingParams(max_tokens=0)), "max_tokens must be at least 1"),
-    (GenerateRequest("b4", [GenerateInput(messages=[ChatMessage("wizard", "hi")])]), "unknown role 'wizard'"),
-    (GenerateRequest("b5", [chat("hi")], SamplingParams(n=64)), "n must be between 1 and 16"),
+    (build_request("b1", [GenerateInput(text="")]), "prompt is empty"),
+    (build_request("b2", [GenerateInput(text="word " * 3000)], SamplingParams(max_tokens=8)), "2048"),
+    (build_request("b3", [chat("hi")], SamplingParams(max_tokens=0)), "max_tokens"),
+    (build_request("b4", [chat("hi")], extra_body={"n": 2}), "travels in GenerateRequest.n"),
+    (build_request("b5", [chat("hi")], SamplingParams(n=64)), "n must be between 1 and 16"),
 ])
 async def test_bad_input_gets_invalid_argument_and_the_next_request_succeeds(client, request_, needle):
     with pytest.raises(InvalidRequestError, match=needle):
         await run(client, request_)
-    _, texts, _ = await run(client, GenerateRequest("after-bad", [chat("Say hi.")], SamplingParams(max_tokens=4)))
+    _, texts, _ = await run(client, build_request("after-bad", [chat("Say hi.")], SamplingParams(max_tokens=4)))
     assert texts[(0, 0)]
 
 
@@ -209,7 +210,7 @@ async def test_sigterm_drains_then_health_flips_and_the_engine_is_gone(own_worke
 
     async def consume():
         params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-        async for chunk in client.generate(GenerateRequest("drain", [chat("Tell me about rivers.")], params), timeout=120):
+        async for chunk in client.generate(build_request("drain", [chat("Tell me about rivers.")], params), timeout=120):
             chunks.append(chunk)
 
     task = asyncio.create_task(consume())

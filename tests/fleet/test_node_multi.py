@@ -18,7 +18,7 @@ from support import wait_until
 from vllm_fleet.cli import main
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.errors import NoWorkerError
-from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
 from vllm_fleet.registry.zookeeper import ZooKeeperRegistry
 from vllm_fleet.router import AdmissionConfig, Router, RouterConfig
 
@@ -99,8 +99,8 @@ def test_a_fleet_file_that_does_not_fit_starts_nothing(tmp_path, capsys, cluster
 
 
 async def routed_worker(router: Router, model: str, max_tokens: int) -> str:
-    request = GenerateRequest(f"r-{uuid.uuid4().hex[:6]}", [GenerateInput(text="hello")],
-                              SamplingParams(max_tokens=max_tokens))
+    request = build_request(f"r-{uuid.uuid4().hex[:6]}", [GenerateInput(text="hello")],
+                            SamplingParams(max_tokens=max_tokens))
     stream = router.stream(request, model=model)
     [chunk async for chunk in stream]
     return stream.worker

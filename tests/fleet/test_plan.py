@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 
 from test_gpus import recorded
+from vllm_fleet.cli import build_parser
+from vllm_fleet.config import EngineConfig, WorkerConfig, from_args
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.fleet.config import PlanConfig
 from vllm_fleet.fleet.gpus import Device, Inventory
 from vllm_fleet.fleet.model_shape import load_shape, shape_from_config
 from vllm_fleet.fleet.plan import build_plan
+from vllm_fleet.fleet.worker_process import WorkerProcess
 
 GiB = 1024**3
 SMOLLM2 = shape_from_config({  # the default model's published config
@@ -101,3 +104,28 @@ def test_mock_plan_needs_no_model():
     argv = result.workers[0].argv()
     assert argv[argv.index("--engine") + 1] == "mock"
     assert result.workers[0].capacity is None
+
+
+def as_read_by_the_worker(argv: list[str]) -> tuple[WorkerConfig, EngineConfig]:
+    """The configs `vllm-fleet worker` runs with, given this command line."""
+    assert argv[1:4] == ["-m", "vllm_fleet.cli", "worker"]
+    args = build_parser().parse_args(argv[3:])
+    return from_args(WorkerConfig, args), from_args(EngineConfig, args)
+
+
+def test_a_planned_worker_runs_with_the_settings_planned():
+    spec = plan("h100_nomig", tensor_parallel_size=2, enforce_eager=True, max_model_len=8192,
+                engine_arg=["swap_space=0"]).workers[1]
+    worker, engine = as_read_by_the_worker(spec.argv())
+    assert (worker.host, worker.port, worker.device, worker.worker_id) == (
+        spec.host, spec.port, spec.device, spec.worker_id)
+    assert engine.model_dump() == spec.engine.model_dump()
+
+
+def test_a_planned_worker_and_one_started_by_hand_are_the_same_worker(tmp_path):
+    spec = build_plan(cpu_machine(2, 24), PlanConfig(engine="mock", cpu_workers=2)).workers[1]
+    by_hand = WorkerProcess(["--engine", "mock", "--device", spec.device, "--worker-id", spec.worker_id],
+                            host=spec.host, port=spec.port, cores=spec.engine.cpu_cores, log_path=tmp_path / "w.log")
+    planned = as_read_by_the_worker(spec.argv())
+    assert planned[1].cpu_cores == "1"
+    assert [c.model_dump() for c in as_read_by_the_worker(by_hand.command)] == [c.model_dump() for c in planned]

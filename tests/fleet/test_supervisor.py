@@ -19,7 +19,7 @@ from vllm_fleet.fleet.config import PlanConfig, SupervisorConfig
 from vllm_fleet.fleet.gpus import Device, Inventory
 from vllm_fleet.fleet.plan import Plan, WorkerSpec, build_plan
 from vllm_fleet.fleet.supervisor import NodeSupervisor
-from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
 from vllm_fleet.registry.zookeeper import ZooKeeperRegistry
 from vllm_fleet.router import Router, RouterConfig
 
@@ -56,7 +56,7 @@ async def registries(zookeeper):
 
 
 async def routed_text(router: Router, prompt: str) -> str:
-    request = GenerateRequest(f"r-{uuid.uuid4().hex[:6]}", [GenerateInput(text=prompt)], SamplingParams(max_tokens=8))
+    request = build_request(f"r-{uuid.uuid4().hex[:6]}", [GenerateInput(text=prompt)], SamplingParams(max_tokens=8))
     return "".join([chunk.text async for chunk in router.stream(request)])
 
 

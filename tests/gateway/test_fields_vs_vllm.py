@@ -56,12 +56,27 @@ def test_every_openai_sdk_parameter_is_classified(endpoint):
 
 @pytest.mark.parametrize("endpoint, schema", [("chat", ChatCompletionRequest), ("completion", CompletionRequest)])
 def test_gateway_fields_are_modelled_and_modelled_fields_classified(endpoint, schema):
-    """A GATEWAY field the schema did not model would land among the extras and be dropped."""
+    """A GATEWAY field the schema did not model would land among the extras and be dropped. A
+    modelled field is the gateway's, forwarded in the body (ENGINE) or carried by the envelope."""
     table = fields.TABLES[endpoint]
     gateway = {name for name, rule in table.items() if rule.kind is Kind.GATEWAY}
     assert gateway <= set(schema.model_fields)
     assert set(schema.model_fields) <= set(table)
-    assert all(rule.kind in (Kind.GATEWAY, Kind.ENGINE) for name, rule in table.items() if name in schema.model_fields)
+    assert all(rule.kind in (Kind.GATEWAY, Kind.ENGINE, Kind.ENVELOPE)
+               for name, rule in table.items() if name in schema.model_fields)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completion"])
+def test_envelope_fields_are_what_the_worker_takes_from_the_envelope(endpoint):
+    """n and priority are vLLM's fields that the fleet schedules: the gateway keeps them out of the
+    body, and the worker refuses a body that carries them."""
+    from vllm_fleet.worker.openai.request import ENVELOPE_FIELDS
+
+    table = fields.TABLES[endpoint]
+    envelope = {name for name, rule in table.items() if rule.kind is Kind.ENVELOPE}
+    assert envelope == {"n", "priority"}
+    assert envelope <= set(ENVELOPE_FIELDS)
+    assert not envelope & fields.engine_fields(endpoint)
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completion"])

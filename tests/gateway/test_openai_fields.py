@@ -14,9 +14,12 @@ from vllm_fleet.client.pool import ClientPool
 from vllm_fleet.gateway import fields
 from vllm_fleet.gateway.fields import Kind
 from vllm_fleet.protocol.types import Chunk, GenerateRequest, ToolCallDelta, Usage
+from vllm_fleet.worker.openai.request import build_vllm_request
 
 from gateway_support import MODEL_A, MODEL_B
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
 CHAT = {"model": MODEL_A, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 COMPLETION = {"model": MODEL_A, "prompt": "hi", "max_tokens": 2}
 
@@ -116,14 +119,14 @@ async def test_engine_fields_reach_the_worker_as_sent(recorded):
     reply = await _post(server, "/v1/chat/completions", body)
     assert reply.status_code == 200, reply.text
     [request] = log
-    sent = json.loads(request.openai.body_json)
-    assert request.openai.endpoint == "chat"
-    assert {k: sent[k] for k in extras} == extras
-    assert sent["max_tokens"] == 4
-    # Messages travel typed; the gateway's own and inert fields stay behind.
-    assert not {"messages", "model", "stream", "user", "metadata"} & set(sent)
-    assert request.inputs[0].messages[0].content == "hi"
-    p = request.params
+    sent = json.loads(request.body.body_json)
+    assert request.body.endpoint == "chat"
+    assert sent == {**extras, "max_tokens": 4}
+    # Messages travel in the envelope as OpenAI dicts; the gateway's own and inert fields stay behind.
+    assert not {"messages", "model", "stream", "user", "metadata", "n"} & set(sent)
+    assert request.inputs[0].messages == [{"role": "user", "content": "hi"}]
+    # vLLM's request model gives them their meaning on the worker.
+    p = build_vllm_request(request, request.inputs[0]).to_sampling_params(4, {})
     assert (p.ignore_eos, p.min_tokens, p.top_k, p.stop_token_ids, p.logit_bias) == (True, 2, 5, [7], {11: -5.0})
     assert request.constrained  # json_object and a named tool: a grammar the router must not migrate
 
@@ -133,8 +136,9 @@ async def test_engine_fields_reach_the_worker_as_sent(recorded):
     ({"response_format": {"type": "text"}}, False),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}, True),
     ({"structured_outputs": {"regex": "[ab]+"}}, True),
-    ({"tool_choice": "required"}, True),
-    ({"tool_choice": "auto"}, False),
+    ({"tools": TOOLS, "tool_choice": "required"}, True),
+    ({"tools": TOOLS, "tool_choice": "none"}, False),
+    # "auto" (not constrained) needs a worker with --enable-auto-tool-choice: test_translate.py covers its flag.
 ])
 async def test_constrained_flag(recorded, extra, constrained):
     server, log, _ = recorded
@@ -147,7 +151,8 @@ async def test_completion_echo_reaches_the_worker(recorded):
     server, log, _ = recorded
     reply = await _post(server, "/v1/completions", {**COMPLETION, "echo": True, "ignore_eos": True})
     assert reply.status_code == 200, reply.text
-    assert json.loads(log[-1].openai.body_json) == {"echo": True, "ignore_eos": True, "max_tokens": 2}
+    assert log[-1].body.endpoint == "completion"
+    assert json.loads(log[-1].body.body_json) == {"echo": True, "ignore_eos": True, "max_tokens": 2}
 
 
 def _tool_script(request: GenerateRequest) -> list[Chunk]:
@@ -160,10 +165,6 @@ def _tool_script(request: GenerateRequest) -> list[Chunk]:
         Chunk(0, 0, "", [7], tool_calls=[ToolCallDelta(0, arguments='"Paris"}')], finish_reason="tool_calls",
               usage=Usage(12, 7, 0)),
     ]
-
-
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
 async def test_whole_answer_with_reasoning_and_tool_calls(recorded):
@@ -238,18 +239,23 @@ async def test_chat_echo_follows_vllm_rule(recorded):
     assert reply.json()["choices"][0]["message"]["content"] == " and more"
 
 
-async def test_history_with_tool_calls_and_reasoning_travels_typed(recorded):
+async def test_history_with_tool_calls_and_reasoning_travels_as_openai_messages(recorded):
     server, log, _ = recorded
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     messages = [{"role": "user", "content": "weather?"},
                 {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "need a tool",
                  "refusal": None},
                 {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"}]
-    reply = await _post(server, "/v1/chat/completions", {"model": MODEL_A, "messages": messages, "tools": TOOLS})
+    # tool_choice "none": with tools and no tool_choice vLLM means "auto", which (as under vllm serve)
+    # needs a worker started with --enable-auto-tool-choice; these mock workers are not.
+    reply = await _post(server, "/v1/chat/completions",
+                        {"model": MODEL_A, "messages": messages, "tools": TOOLS, "tool_choice": "none"})
     assert reply.status_code == 200, reply.text
-    typed = log[-1].inputs[0].messages
-    assert json.loads(typed[1].tool_calls_json) == [call] and typed[1].content == "" and typed[1].reasoning == "need a tool"
-    assert (typed[2].role, typed[2].tool_call_id, typed[2].name, typed[2].content) == ("tool", "call_1", "get_weather", "sunny")
+    sent = log[-1].inputs[0].messages
+    # The calls stay objects, never re-encoded; the older reasoning_content is sent as reasoning.
+    assert sent[1] == {"role": "assistant", "content": None, "tool_calls": [call], "reasoning": "need a tool"}
+    assert sent[2] == {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"}
+    assert json.loads(log[-1].body.body_json) == {"tools": TOOLS, "tool_choice": "none"}
 
 
 async def test_non_text_content_part_is_400_naming_its_type(recorded):

@@ -1,7 +1,7 @@
 """dataclass → protobuf → bytes → protobuf → dataclass is the identity (protocol/convert.py).
 
-Property-based: hypothesis draws every input kind, every optional sampling parameter unset,
-zero or set, and chunks with and without logprobs, usage and finish reasons. The values drawn
+Property-based: hypothesis draws every input kind, envelopes with any body, and chunks with and
+without logprobs, usage and finish reasons. The values drawn
 are those the wire can hold: integers within their proto widths, floats that fit 32 bits (the
 proto's `float`), text without lone surrogates (protobuf strings are UTF-8).
 """
@@ -9,6 +9,8 @@ proto's `float`), text without lone surrogates (protobuf strings are UTF-8).
 from __future__ import annotations
 
 from hypothesis import given, strategies as st
+
+import json
 
 from vllm_fleet.protocol import worker_pb2 as pb
 from vllm_fleet.protocol.convert import (
@@ -23,16 +25,14 @@ from vllm_fleet.protocol.convert import (
     request_from_pb,
     request_to_pb,
 )
+from vllm_fleet.protocol.sampling import Constraint, SamplingParams, build_request
 from vllm_fleet.protocol.types import (
-    Adapter,
     CHAT_ROLES,
-    ChatMessage,
+    Adapter,
     Chunk,
-    Constraint,
     GenerateInput,
     GenerateRequest,
-    OpenAIOptions,
-    SamplingParams,
+    RequestBody,
     TokenLogprob,
     ToolCallDelta,
     Usage,
@@ -54,24 +54,13 @@ def _maybe(values: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(st.none(), st.just(0), values)
 
 
-sampling_params = st.builds(
-    SamplingParams,
-    temperature=_maybe(f32), top_p=_maybe(f32), top_k=_maybe(i32), max_tokens=_maybe(i32),
-    min_tokens=_maybe(i32), stop=st.lists(text, max_size=3), stop_token_ids=ids, seed=_maybe(i64),
-    n=_maybe(i32), logprobs=_maybe(i32), ignore_eos=st.booleans(), presence_penalty=_maybe(f32),
-    frequency_penalty=_maybe(f32), repetition_penalty=_maybe(f32), min_p=_maybe(f32),
-    logit_bias=st.dictionaries(i32, f32, max_size=3), bad_words=st.lists(text, max_size=3),
-    allowed_token_ids=ids, include_stop_str_in_output=st.booleans(), skip_special_tokens=st.none() | st.booleans(),
-    truncate_prompt_tokens=_maybe(i32),
-    # Exactly one kind per constraint (what the type promises), each possibly empty.
-    constraint=st.none() | st.one_of(
-        st.builds(Constraint, json_schema=text), st.builds(Constraint, json_object=st.just(True)),
-        st.builds(Constraint, regex=text), st.builds(Constraint, choice=st.lists(text, max_size=3)),
-        st.builds(Constraint, grammar=text), st.builds(Constraint, structural_tag=text),
-    ),
-)
-messages = st.lists(st.builds(ChatMessage, role=st.sampled_from(CHAT_ROLES) | text, content=text, name=text,
-                              tool_call_id=text, tool_calls_json=text, reasoning=text), max_size=4)
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | text,
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+                           max_leaves=6)
+messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(CHAT_ROLES) | text, "content": text | st.none()},
+                                          optional={"name": text, "tool_call_id": text, "reasoning": text,
+                                                    "tool_calls": st.lists(json_values, max_size=2)}),
+                    max_size=4)
 # Exactly one kind per input, including the empty one of each (an empty prompt stays a prompt).
 delivered = st.none() | u32
 inputs = st.one_of(
@@ -80,11 +69,10 @@ inputs = st.one_of(
     st.builds(GenerateInput, token_ids=ids, resume_token_ids=ids, resume_delivered_chars=delivered),
 )
 requests = st.builds(
-    GenerateRequest, request_id=text, inputs=st.lists(inputs, max_size=4), params=sampling_params,
-    session_id=text, priority=i32, stream_interval_ms=u32,
-    openai=st.none() | st.builds(OpenAIOptions, endpoint=st.sampled_from(["chat", "completion"]),
-                                 body_json=st.binary(max_size=40)),
-    constrained=st.booleans(), adapter=text,
+    GenerateRequest, request_id=text, inputs=st.lists(inputs, max_size=4),
+    body=st.builds(RequestBody, endpoint=st.sampled_from(["chat", "completion"]), body_json=st.binary(max_size=40)),
+    n=st.integers(1, 2**32 - 1), session_id=text, priority=i32, stream_interval_ms=u32, constrained=st.booleans(),
+    adapter=text,
 )
 
 # A chunk's canonical form: finish/stop reasons are None or non-empty, logprobs None or non-empty
@@ -149,12 +137,54 @@ def test_worker_load_round_trip(load):
     assert load_from_pb(_over_the_wire(load_to_pb(load))) == load
 
 
-def test_unset_and_zero_sampling_params_stay_apart():
+def test_unset_and_zero_sampling_params_stay_apart_in_the_body():
     # temperature=0 is greedy, None is the model's default: collapsing them changes the answer.
-    zeros = SamplingParams(temperature=0.0, top_k=0, max_tokens=0, seed=0, n=0, logprobs=0, presence_penalty=0.0)
-    for params in (SamplingParams(), zeros):
-        request = GenerateRequest("r", [GenerateInput(text="")], params)
-        assert request_from_pb(_over_the_wire(request_to_pb(request))).params == params
+    zeros = SamplingParams(temperature=0.0, top_k=0, max_tokens=0, seed=0, logprobs=0, presence_penalty=0.0)
+    unset = json.loads(build_request("r", [GenerateInput(text="x")], SamplingParams()).body.body_json)
+    zero = json.loads(build_request("r", [GenerateInput(text="x")], zeros).body.body_json)
+    assert unset == {}
+    assert zero == {"temperature": 0.0, "top_k": 0, "max_tokens": 0, "seed": 0, "logprobs": 0, "presence_penalty": 0.0}
+
+
+def test_the_envelope_carries_no_sampling_field():
+    request = build_request("r", [GenerateInput(text="x")], SamplingParams(temperature=0.5, max_tokens=7, n=3,
+                                                                          stop=["."], logit_bias={5: 1.0}))
+    msg = request_to_pb(request)
+    assert not msg.HasField("params")  # the previous release's copy is never written
+    assert msg.n == 3
+    assert json.loads(msg.body.body_json) == {"temperature": 0.5, "max_tokens": 7, "stop": ["."],
+                                              "logit_bias": {"5": 1.0}}
+
+
+def test_a_previous_release_request_reads_as_the_body_its_params_stood_for():
+    # A 0.1 router (Spark, the Python client) sent typed params and typed chat messages.
+    old = pb.GenerateRequest(request_id="old", priority=2, session_id="s", adapter="a")
+    old.inputs.add().chat.messages.add(role="assistant", content="", tool_calls_json='[{"id": "c1"}]')
+    old.params.max_tokens = 9
+    old.params.n = 2
+    old.params.stop.append("!")
+    old.params.constraint.regex = "[a-z]+"
+    read = request_from_pb(_over_the_wire(old))
+    assert read.n == 2 and read.priority == 2 and read.constrained and read.body.endpoint == "chat"
+    assert read.inputs[0].messages == [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]
+    assert json.loads(read.body.body_json) == {"max_tokens": 9, "stop": ["!"], "structured_outputs": {"regex": "[a-z]+"}}
+    # An 0.1 gateway's request: the OpenAI body already carried the meaning; n came in params.
+    gateway = pb.GenerateRequest(request_id="gw", body=pb.RequestBody(endpoint="completion", body_json=b'{"seed":1}'))
+    gateway.inputs.add().text = "hi"
+    gateway.params.n = 3
+    read = request_from_pb(_over_the_wire(gateway))
+    assert read.n == 3 and read.body.body_json == b'{"seed":1}'
+
+
+def test_messages_that_are_not_a_json_list_are_refused_naming_them():
+    msg = pb.GenerateRequest(request_id="bad", n=1, body=pb.RequestBody(endpoint="chat", body_json=b"{}"))
+    msg.inputs.add().messages_json = b'{"role": "user"}'
+    try:
+        request_from_pb(msg)
+    except ValueError as exc:
+        assert getattr(exc, "param", None) == "messages"
+    else:
+        raise AssertionError("a request whose messages are not a list was read")
 
 
 def test_non_canonical_chunk_fields_read_back_canonical():

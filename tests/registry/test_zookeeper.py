@@ -145,8 +145,17 @@ def test_urls():
     assert (registry.hosts, registry.cluster, registry.path) == (
         "10.0.0.1:2181,10.0.0.2:2181", "prod", "/vllm-fleet/prod/workers")
     assert ZooKeeperRegistry.from_url("zk://h:1").cluster == "default"
-    with pytest.raises(ConfigError, match="not host:port"):
-        ZooKeeperRegistry.from_url("zk://nohost/prod")
+
+
+# The same table as tests/router/test_shared_quota.py: both read zk:// URLs with one parser.
+@pytest.mark.parametrize("url, reason", [
+    ("http://zk:2181/x", "is not zk://host:port"),
+    ("zk://zk/x", "'zk' in 'zk://zk/x' is not host:port"),
+    ("zk://zk:2181/a/b", "cluster name 'a/b' in .* must contain no '/'"),
+])
+def test_a_bad_registry_url_says_what_is_wrong(url, reason):
+    with pytest.raises(ConfigError, match=f"^registry URL.*{reason}"):
+        ZooKeeperRegistry.from_url(url)
 
 
 async def test_unreachable_zookeeper_is_a_clear_error():

@@ -4,10 +4,12 @@ worker client behind a one-worker Pool."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 from prometheus_client import CollectorRegistry
 
 from support import wait_until
+from vllm_fleet.client.loads import LoadFeed
 from vllm_fleet.errors import WorkerUnavailableError
 from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
 from vllm_fleet.registry import StaticRegistry
@@ -52,7 +54,10 @@ class ScriptedWorkerClient:
         self.load_fails = False                   # Load calls get no answer
         self.streaming: WorkerLoad | None = None  # a Load a stream call brings every turn
         self.pushing: WorkerLoad | None = None    # a Load the worker pushes on its stream call
+        self.push_stalled = False                 # it says it pushes, but no push comes
         self.push_asked_every: float | None = None
+        self.push_waits = 0                       # waits for a push begun
+        self.pushes_late = 0                      # ... that ran out
         self.health_calls = 0
         self.load_calls = 0
 
@@ -74,11 +79,21 @@ class ScriptedWorkerClient:
 
     def pushes_load(self, every_s: float) -> bool:
         self.push_asked_every = every_s
-        return self.pushing is not None
+        return self.pushing is not None or self.push_stalled
 
     async def next_pushed_load(self, timeout: float) -> WorkerLoad | None:
+        self.push_waits += 1
+        if self.push_stalled:
+            await asyncio.sleep(timeout)
+            self.pushes_late += 1
+            return None
         await asyncio.sleep(timeout / 4)  # the worker's pace: a push well within the timeout
         return self.pushing
+
+    def loads(self, every_s: float, *, health_every_s: float,
+              check: asyncio.Event | None = None) -> AsyncIterator[WorkerLoad]:
+        """The shipped rule (client/loads.py) over these scripted routes, as WorkerClient has it."""
+        return LoadFeed(self, every_s, health_every_s=health_every_s, check=check).loads()
 
     def get(self, address: str) -> ScriptedWorkerClient:  # the ClientPool the Pool asks
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.router.features import LONG, SHORT, features_of
 
@@ -12,7 +13,7 @@ def feats(request: GenerateRequest, **overrides):
 
 
 def test_short_request_counts_prompt_and_all_samples_of_all_inputs():
-    request = GenerateRequest("r", [GenerateInput(token_ids=[1] * 40), GenerateInput(token_ids=[2] * 10)],
+    request = build_request("r", [GenerateInput(token_ids=[1] * 40), GenerateInput(token_ids=[2] * 10)],
                               SamplingParams(max_tokens=20, n=3))
     f = feats(request)
     assert f.prompt_tokens == 50
@@ -22,27 +23,27 @@ def test_short_request_counts_prompt_and_all_samples_of_all_inputs():
 
 
 def test_long_by_prompt_or_by_max_tokens_and_class_pools_restrict_the_pool():
-    long_prompt = GenerateRequest("r", [GenerateInput(text="word " * 1000)], SamplingParams(max_tokens=10))
-    long_answer = GenerateRequest("r", [GenerateInput(text="hi")], SamplingParams(max_tokens=500))
+    long_prompt = build_request("r", [GenerateInput(text="word " * 1000)], SamplingParams(max_tokens=10))
+    long_answer = build_request("r", [GenerateInput(text="hi")], SamplingParams(max_tokens=500))
     assert feats(long_prompt).workload_class == LONG
     assert feats(long_answer).workload_class == LONG
     assert feats(long_answer, class_pools=True).pool == LONG
 
 
 def test_missing_max_tokens_uses_the_configured_default():
-    f = feats(GenerateRequest("r", [GenerateInput(text="hi")]))
+    f = feats(build_request("r", [GenerateInput(text="hi")]))
     assert f.max_tokens == 100
 
 
 def test_prefix_key_covers_the_start_of_the_prompt_as_the_worker_sees_it():
-    chat = GenerateRequest("r", [GenerateInput(messages=[ChatMessage("system", "You are terse."),
+    chat = build_request("r", [GenerateInput(messages=[ChatMessage("system", "You are terse."),
                                                          ChatMessage("user", "What is 2+2?")])])
-    other_question = GenerateRequest("r", [GenerateInput(messages=[ChatMessage("system", "You are terse."),
+    other_question = build_request("r", [GenerateInput(messages=[ChatMessage("system", "You are terse."),
                                                                    ChatMessage("user", "Capital of Peru?")])])
     assert feats(chat).prefix_key == feats(other_question).prefix_key  # same system prompt, same 16 chars
     assert feats(chat, prefix_chars=200).prefix_key != feats(other_question, prefix_chars=200).prefix_key
 
 
 def test_session_id_is_the_affinity_key():
-    request = GenerateRequest("r", [GenerateInput(text="hi")], session_id="user-7")
+    request = build_request("r", [GenerateInput(text="hi")], session_id="user-7")
     assert feats(request).session_key == "user-7"

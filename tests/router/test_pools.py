@@ -12,6 +12,7 @@ import pytest
 
 from fakes import snapshot, view
 from test_router_mock import Collected, consume, request, routed
+from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.router import AdmissionConfig
 from vllm_fleet.router.features import LONG, SHORT, RequestFeatures, features_of
@@ -68,7 +69,7 @@ def test_fallback_never_overrides_a_pool_that_has_workers():
 
 
 def test_fallback_is_only_asked_for_with_class_pools():
-    req = GenerateRequest("r", [GenerateInput(text="hi")], SamplingParams(max_tokens=500))
+    req = build_request("r", [GenerateInput(text="hi")], SamplingParams(max_tokens=500))
     common = dict(model=None, prefix_chars=8, default_max_tokens=16, long_prompt_tokens=1000, long_max_tokens=100)
     assert features_of(req, **common, class_pools=True, class_pool_fallback=True).pool_fallback
     assert not features_of(req, **common, class_pools=False, class_pool_fallback=True).pool_fallback

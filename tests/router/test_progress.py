@@ -3,6 +3,8 @@ output, never requests it merely holds, and never from a worker that says it is 
 
 from __future__ import annotations
 
+import dataclasses
+
 from fakes import POOL_WORKER as ADDRESS
 from support import wait_until
 from vllm_fleet.protocol.types import WorkerLoad
@@ -10,7 +12,13 @@ from vllm_fleet.router.pool import Pool
 
 
 async def answered(pool: Pool, load: WorkerLoad) -> None:
-    await wait_until(lambda: pool.worker(ADDRESS).load is load, timeout=5, message="the new Load answer")
+    """Until the pool took `load`. These Loads carry no health (a worker that predates the field),
+    so the pool's copy has the health service's status filled in."""
+    def taken() -> bool:
+        current = pool.worker(ADDRESS).load
+        return current is not None and dataclasses.replace(current, health=load.health) == load
+
+    await wait_until(taken, timeout=5, message="the new Load answer")
 
 
 async def test_held_requests_without_output_are_not_progress(scripted_pool):

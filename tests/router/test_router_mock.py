@@ -23,6 +23,7 @@ from vllm_fleet.errors import (
     RateLimitedError,
     UnknownModelError,
 )
+from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import AdmissionConfig, KeyLimits, Router, RouterConfig
@@ -50,7 +51,7 @@ async def routed(*addresses: str, **config):
 def request(rid: str, prompt: str, max_tokens: int, *, n: int = 1, inputs: int = 1, interval_ms: int = 0,
             session: str = "") -> GenerateRequest:
     items = [GenerateInput(text=f"{prompt} input {i}") for i in range(inputs)]
-    return GenerateRequest(rid, items, SamplingParams(max_tokens=max_tokens, n=n), session_id=session,
+    return build_request(rid, items, SamplingParams(max_tokens=max_tokens, n=n), session_id=session,
                            stream_interval_ms=interval_ms)
 
 

@@ -151,9 +151,14 @@ async def test_unreachable_zookeeper_at_start_is_a_config_error():
         await FleetQuota(store, metrics_registry=CollectorRegistry()).start()
 
 
-@pytest.mark.parametrize("url", ["http://zk:2181/x", "zk://zk/x", "zk://zk:2181/a/b"])
-def test_a_bad_fleet_quota_url_names_the_option(url):
-    with pytest.raises(ConfigError, match="--fleet-quota"):
+# The same table as tests/registry/test_zookeeper.py: both read zk:// URLs with one parser.
+@pytest.mark.parametrize("url, reason", [
+    ("http://zk:2181/x", "is not zk://host:port"),
+    ("zk://zk/x", "'zk' in 'zk://zk/x' is not host:port"),
+    ("zk://zk:2181/a/b", "cluster name 'a/b' in .* must contain no '/'"),
+])
+def test_a_bad_fleet_quota_url_names_the_option_and_the_problem(url, reason):
+    with pytest.raises(ConfigError, match=f"^--fleet-quota.*{reason}"):
         ZooKeeperQuotaStore(url)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import ChatMessage, GenerateInput
 
 
 async def client_answers(address: str, inputs: list[GenerateInput], params: dict, *,
@@ -16,7 +17,7 @@ async def client_answers(address: str, inputs: list[GenerateInput], params: dict
 
     async def one(index: int, item: GenerateInput) -> str:
         async with slots:
-            request = GenerateRequest(request_id=f"direct-{index}", inputs=[item], params=SamplingParams(**params))
+            request = build_request(request_id=f"direct-{index}", inputs=[item], params=SamplingParams(**params))
             return "".join([chunk.text async for chunk in client.generate(request, timeout=120)])
 
     try:

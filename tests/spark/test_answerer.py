@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry
 
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.errors import DuplicateRequestError, InvalidRequestError, MigrationUnsupportedError, WorkerUnavailableError
-from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, SamplingParams, Usage
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router
 from vllm_fleet.spark.answerer import Answerer
@@ -26,7 +27,7 @@ async def test_a_retried_task_waits_for_its_first_attempt_instead_of_failing_the
     try:
         await router.wait_ready(10)
         item = GenerateInput(text="the same row sent twice")
-        first = GenerateRequest(request_id="spk-row-1", inputs=[item], params=SamplingParams(max_tokens=30))
+        first = build_request(request_id="spk-row-1", inputs=[item], params=SamplingParams(max_tokens=30))
         chunks = client.generate(first, timeout=30)
         head = await chunks.__anext__()  # the first attempt is running on the worker now
         copy = asyncio.ensure_future(Answerer(router, config).answer(item, "spk-row-1"))

@@ -8,9 +8,13 @@ moved). It may only change when the worker really stops serving.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 from prometheus_client import CollectorRegistry
 
 from support import wait_until
+from vllm_fleet.client.loads import LoadFeed
 from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router.features import RequestFeatures
@@ -69,7 +73,20 @@ class ScriptedClient:
         return WorkerInfo(model="m", max_model_len=4096, engine="scripted")
 
     async def load(self, *, timeout: float) -> WorkerLoad:
-        return WorkerLoad()
+        return WorkerLoad()  # no health in it, as from a worker that predates the field
+
+    def pushes_load(self, every_s: float) -> bool:
+        return False  # it predates pushes: its health comes from the health checks scripted above
+
+    async def next_pushed_load(self, timeout: float) -> WorkerLoad | None:
+        return None
+
+    def take_streamed_load(self) -> WorkerLoad | None:
+        return None
+
+    def loads(self, every_s: float, *, health_every_s: float,
+              check: asyncio.Event | None = None) -> AsyncIterator[WorkerLoad]:
+        return LoadFeed(self, every_s, health_every_s=health_every_s, check=check).loads()
 
 
 class ScriptedClients:

@@ -10,7 +10,7 @@ import pytest
 from support import wait_until
 from vllm_fleet.client import ClientOptions, WorkerClient
 from vllm_fleet.errors import InvalidRequestError, WorkerUnavailableError
-from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams, build_request
 
 
 async def collect(client: WorkerClient, request: GenerateRequest):
@@ -35,18 +35,20 @@ async def mock(mock_worker_factory, request):
     await client.close()
 
 
-async def test_inputs_and_samples_come_back_under_their_indexes(mock):
+@pytest.mark.parametrize("inputs", [
+    [GenerateInput(text="one two"), GenerateInput(text="three"), GenerateInput(token_ids=[5, 6, 7])],
+    [GenerateInput(messages=[ChatMessage("user", "hi")]), GenerateInput(messages=[{"role": "user", "content": "yo"}]),
+     GenerateInput(messages=[ChatMessage("system", "s"), ChatMessage("user", "hello")])],
+], ids=["prompts", "chats"])
+async def test_inputs_and_samples_come_back_under_their_indexes(mock, inputs):
     _, client = mock
-    request = GenerateRequest("multi", [GenerateInput(text="one two"), GenerateInput(messages=[ChatMessage("user", "hi")]),
-                                        GenerateInput(token_ids=[5, 6, 7])],
-                              SamplingParams(max_tokens=6, n=2))
+    request = build_request("multi", inputs, SamplingParams(max_tokens=6, n=2))  # one kind of input per request
     _, texts, tokens, finals = await collect(client, request)
     assert set(finals) == {(i, s) for i in range(3) for s in range(2)}
     for key, final in finals.items():
         assert final.usage.completion_tokens == 6 == len(tokens[key])
     # The same input alone gives the same answer as inside a batch.
-    _, alone, _, _ = await collect(client, GenerateRequest("alone", [GenerateInput(token_ids=[5, 6, 7])],
-                                                           SamplingParams(max_tokens=6)))
+    _, alone, _, _ = await collect(client, build_request("alone", [inputs[2]], SamplingParams(max_tokens=6)))
     assert alone[(0, 0)] == texts[(2, 0)]
 
 
@@ -54,10 +56,10 @@ async def test_coalescing_bounds_chunks_per_interval(mock):
     _, client = mock
     loop = asyncio.get_running_loop()
     params = SamplingParams(max_tokens=200)
-    every_step, _, tokens_a, _ = await collect(client, GenerateRequest("fine", [GenerateInput(text="a b")], params))
+    every_step, _, tokens_a, _ = await collect(client, build_request("fine", [GenerateInput(text="a b")], params))
     started = loop.time()
     coalesced, _, tokens_b, _ = await collect(
-        client, GenerateRequest("coarse", [GenerateInput(text="a b")], params, stream_interval_ms=100))
+        client, build_request("coarse", [GenerateInput(text="a b")], params, stream_interval_ms=100))
     elapsed = loop.time() - started
     assert tokens_a == tokens_b  # coalescing never changes the tokens
     # One chunk per 100 ms at most, plus the first and the final chunk.
@@ -68,38 +70,53 @@ async def test_coalescing_bounds_chunks_per_interval(mock):
 async def test_resumed_stream_continues_where_it_left_off(mock):
     _, client = mock
     prompt = [11, 12, 13]
-    _, _, full, _ = await collect(client, GenerateRequest("full", [GenerateInput(token_ids=prompt)],
+    _, _, full, _ = await collect(client, build_request("full", [GenerateInput(token_ids=prompt)],
                                                           SamplingParams(max_tokens=20)))
     sent = full[(0, 0)][:7]
-    _, _, rest, finals = await collect(client, GenerateRequest(
+    _, _, rest, finals = await collect(client, build_request(
         "resume", [GenerateInput(token_ids=prompt, resume_token_ids=sent)], SamplingParams(max_tokens=20)))
     assert sent + rest[(0, 0)] == full[(0, 0)]
     assert finals[(0, 0)].usage.completion_tokens == 13  # only what this worker generated
 
 
-@pytest.mark.parametrize("request_, needle", [
-    (GenerateRequest("e1", []), "no inputs"),
-    (GenerateRequest("e2", [GenerateInput(text="")]), "prompt is empty"),
-    (GenerateRequest("e3", [GenerateInput(text="x")], SamplingParams(max_tokens=0)), "max_tokens must be at least 1"),
-    (GenerateRequest("e4", [GenerateInput(messages=[ChatMessage("robot", "x")])]), "unknown role 'robot'"),
-    (GenerateRequest("e5", [GenerateInput(text="x")], SamplingParams(n=99)), "n must be between 1 and 16"),
-    (GenerateRequest("e6", [GenerateInput(text="x " * 5000)], SamplingParams(max_tokens=5)), "context is 4096"),
-    (GenerateRequest("e7", [GenerateInput(text="x " * 4000)], SamplingParams(max_tokens=500)), "lower max_tokens"),
-    (GenerateRequest("e8", [GenerateInput(token_ids=[1, 999999])]), "outside the model's vocabulary"),
-    (GenerateRequest("e9", [GenerateInput(text="x")], SamplingParams(temperature=-1)), "temperature"),
-])
-async def test_bad_input_is_rejected_and_the_worker_keeps_serving(mock, request_, needle):
+# (request, words of the message, the field named as `param`)
+REFUSED = [
+    (build_request("e1", []), "no inputs", "inputs"),
+    (build_request("e2", [GenerateInput(text="")]), "prompt is empty", "prompt"),
+    (build_request("e3", [GenerateInput(text="x")], SamplingParams(max_tokens=0)), "max_tokens must be at least 1",
+     "max_tokens"),  # vLLM's rule, in vLLM's words
+    (build_request("e4", [GenerateInput(text="x")], extra_body={"n": 2}), "travels in GenerateRequest.n", "n"),
+    (build_request("e5", [GenerateInput(text="x")], SamplingParams(n=99)), "n must be between 1 and 16", "n"),
+    (build_request("e6", [GenerateInput(text="x " * 5000)], SamplingParams(max_tokens=5)),
+     r"maximum context length \(4096\)", "prompt"),
+    (build_request("e8", [GenerateInput(token_ids=[1, 999999])]), "outside the model's vocabulary", "prompt"),
+    (build_request("e9", [GenerateInput(text="x")], SamplingParams(temperature=-1)), "temperature", "temperature"),
+]
+
+
+@pytest.mark.parametrize("request_, needle, param", REFUSED, ids=[r.request_id for r, _, _ in REFUSED])
+async def test_bad_input_is_rejected_and_the_worker_keeps_serving(mock, request_, needle, param):
     _, client = mock
-    with pytest.raises(InvalidRequestError, match=needle):
+    with pytest.raises(InvalidRequestError, match=needle) as refused:
         await collect(client, request_)
-    _, texts, _, _ = await collect(client, GenerateRequest("ok", [GenerateInput(text="still there?")],
+    if param is not None:
+        assert refused.value.param == param
+    _, texts, _, _ = await collect(client, build_request("ok", [GenerateInput(text="still there?")],
                                                            SamplingParams(max_tokens=3)))
     assert texts[(0, 0)]
 
 
+async def test_max_tokens_beyond_the_context_is_lowered_to_what_fits_as_vllm_does(mock):
+    _, client = mock
+    request = build_request("long", [GenerateInput(text="x " * 4000)], SamplingParams(max_tokens=500))
+    _, _, tokens, finals = await collect(client, request)
+    assert len(tokens[(0, 0)]) == 4096 - 4000 == finals[(0, 0)].usage.completion_tokens
+    assert finals[(0, 0)].finish_reason == "length"
+
+
 async def test_client_cancel_aborts_the_engine_request(mock):
     _, client = mock
-    stream = client.generate(GenerateRequest("cancel-me", [GenerateInput(text="long")], SamplingParams(max_tokens=4000)))
+    stream = client.generate(build_request("cancel-me", [GenerateInput(text="long")], SamplingParams(max_tokens=4000)))
     await stream.__anext__()
     assert (await client.load()).running == 1
     await stream.aclose()
@@ -108,7 +125,7 @@ async def test_client_cancel_aborts_the_engine_request(mock):
 
 async def test_abort_rpc_ends_the_stream_with_reason_abort(mock):
     _, client = mock
-    request = GenerateRequest("abort-me", [GenerateInput(text="a"), GenerateInput(text="b")],
+    request = build_request("abort-me", [GenerateInput(text="a"), GenerateInput(text="b")],
                               SamplingParams(max_tokens=4000))
     chunks = []
 
@@ -136,7 +153,7 @@ async def test_sigterm_drains_in_flight_streams_then_exits(mock_worker_factory):
     chunks = []
 
     async def consume():
-        async for chunk in client.generate(GenerateRequest("drain", [GenerateInput(text="x")],
+        async for chunk in client.generate(build_request("drain", [GenerateInput(text="x")],
                                                            SamplingParams(max_tokens=150)), timeout=60):
             chunks.append(chunk)
 
@@ -145,7 +162,7 @@ async def test_sigterm_drains_in_flight_streams_then_exits(mock_worker_factory):
     worker.signal(signal.SIGTERM)
     await wait_until(lambda: _status_is(client, "NOT_SERVING"), timeout=10, message="NOT_SERVING on drain")
     with pytest.raises(WorkerUnavailableError, match="draining"):
-        async for _ in client.generate(GenerateRequest("late", [GenerateInput(text="x")])):
+        async for _ in client.generate(build_request("late", [GenerateInput(text="x")])):
             pass
     await asyncio.wait_for(task, 30)  # the in-flight stream finished
     assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 150
@@ -165,7 +182,7 @@ async def test_a_cancelled_consumer_sees_cancellation_not_a_worker_error(mock):
     first_chunk = asyncio.Event()
 
     async def consume(n: int):
-        request = GenerateRequest(f"cancel-me-{n}", [GenerateInput(text="a b")], SamplingParams(max_tokens=2000))
+        request = build_request(f"cancel-me-{n}", [GenerateInput(text="a b")], SamplingParams(max_tokens=2000))
         async for _ in client.generate(request, timeout=60):
             first_chunk.set()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import grpc
 import pytest
@@ -12,7 +13,7 @@ from support import wait_until
 from vllm_fleet.client import ClientOptions, WorkerClient
 from vllm_fleet.config import EngineConfig, WorkerConfig
 from vllm_fleet.errors import InvalidRequestError, WorkerTimeoutError
-from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams, worker_pb2 as pb, worker_pb2_grpc
+from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import request_to_pb
 from vllm_fleet.worker.engines.base import build_engine
 from vllm_fleet.worker.metrics import WorkerMetrics
@@ -38,7 +39,7 @@ async def test_one_call_carries_every_stream_in_fewer_messages_than_chunks(mock)
     async with grpc.aio.insecure_channel(worker.address) as channel:
         call = worker_pb2_grpc.WorkerStub(channel).GenerateMany()
         for stream in range(1, streams + 1):
-            request = GenerateRequest(f"mux-{stream}", [GenerateInput(token_ids=[5, 6, stream % 40 + 1])],
+            request = build_request(f"mux-{stream}", [GenerateInput(token_ids=[5, 6, stream % 40 + 1])],
                                       SamplingParams(max_tokens=tokens, ignore_eos=True))
             await call.write(pb.MuxRequest(stream=stream, start=request_to_pb(request)))
         received: dict[int, list[int]] = {s: [] for s in range(1, streams + 1)}
@@ -69,7 +70,7 @@ async def test_starts_and_cancels_batched_in_one_message_are_each_carried_out(mo
     tokens = 6
 
     def start(stream: int, max_tokens: int = tokens) -> pb.MuxRequest:
-        request = GenerateRequest(f"batched-{stream}", [GenerateInput(token_ids=[5, 6, stream])],
+        request = build_request(f"batched-{stream}", [GenerateInput(token_ids=[5, 6, stream])],
                                   SamplingParams(max_tokens=max_tokens, ignore_eos=True))
         return pb.MuxRequest(stream=stream, start=request_to_pb(request))
 
@@ -98,16 +99,16 @@ async def test_starts_and_cancels_batched_in_one_message_are_each_carried_out(mo
 
 async def test_cancelling_one_stream_aborts_it_and_leaves_the_others(mock):
     _, client = mock
-    long = client.generate(GenerateRequest("mux-long", [GenerateInput(text="a")], SamplingParams(max_tokens=4000)))
+    long = client.generate(build_request("mux-long", [GenerateInput(text="a")], SamplingParams(max_tokens=4000)))
     await long.__anext__()
-    short = [c async for c in client.generate(GenerateRequest("mux-short", [GenerateInput(text="b")],
+    short = [c async for c in client.generate(build_request("mux-short", [GenerateInput(text="b")],
                                                               SamplingParams(max_tokens=8)), timeout=30)]
     assert short[-1].finish_reason == "length"
     assert (await client.load()).in_flight == 1
     await long.aclose()
     await wait_until(lambda: _idle(client), timeout=10, message="the cancelled request aborted on the worker")
     # The call is still good for the next request.
-    again = [c async for c in client.generate(GenerateRequest("mux-again", [GenerateInput(text="c")],
+    again = [c async for c in client.generate(build_request("mux-again", [GenerateInput(text="c")],
                                                               SamplingParams(max_tokens=4)), timeout=30)]
     assert sum(len(c.token_ids) for c in again) == 4
 
@@ -115,7 +116,7 @@ async def test_cancelling_one_stream_aborts_it_and_leaves_the_others(mock):
 async def test_a_deadline_ends_the_stream_and_the_worker_aborts_it(mock):
     _, client = mock
     with pytest.raises(WorkerTimeoutError, match="deadline"):
-        async for _ in client.generate(GenerateRequest("mux-slow", [GenerateInput(text="a")],
+        async for _ in client.generate(build_request("mux-slow", [GenerateInput(text="a")],
                                                        SamplingParams(max_tokens=4000)), timeout=0.5):
             pass
     await wait_until(lambda: _idle(client), timeout=10, message="the timed-out request aborted on the worker")
@@ -123,11 +124,11 @@ async def test_a_deadline_ends_the_stream_and_the_worker_aborts_it(mock):
 
 async def test_errors_end_only_their_own_stream(mock):
     _, client = mock
-    good = client.generate(GenerateRequest("mux-good", [GenerateInput(text="a")], SamplingParams(max_tokens=30)),
+    good = client.generate(build_request("mux-good", [GenerateInput(text="a")], SamplingParams(max_tokens=30)),
                            timeout=30)
     first = await good.__anext__()
     with pytest.raises(InvalidRequestError, match="max_tokens"):
-        async for _ in client.generate(GenerateRequest("mux-bad", [GenerateInput(text="a")],
+        async for _ in client.generate(build_request("mux-bad", [GenerateInput(text="a")],
                                                        SamplingParams(max_tokens=-1))):
             pass
     rest = [c async for c in good]
@@ -151,7 +152,7 @@ async def test_a_worker_without_generate_many_gets_one_call_per_request():
     client = WorkerClient(f"127.0.0.1:{port}", ClientOptions(multiplex=True))
     try:
         for attempt in range(2):
-            chunks = [c async for c in client.generate(GenerateRequest(f"old-{attempt}", [GenerateInput(text="a")],
+            chunks = [c async for c in client.generate(build_request(f"old-{attempt}", [GenerateInput(text="a")],
                                                                        SamplingParams(max_tokens=5)), timeout=30)]
             assert sum(len(c.token_ids) for c in chunks) == 5
     finally:
@@ -166,7 +167,7 @@ async def test_the_call_brings_the_workers_load_and_health_so_routers_need_not_p
     _, client = mock
     assert (await client.load()).health == "SERVING"
     client.take_streamed_load()  # drop one a previous test's stream left
-    request = GenerateRequest("mux-load", [GenerateInput(token_ids=[5, 6, 7])],
+    request = build_request("mux-load", [GenerateInput(token_ids=[5, 6, 7])],
                               SamplingParams(max_tokens=120, ignore_eos=True))
     streamed = None
     async for _ in client.generate(request, timeout=30):
@@ -190,11 +191,49 @@ async def test_an_idle_call_pushes_the_workers_load_when_asked(mock):
         first, second = await asyncio.gather(client.next_pushed_load(timeout=5), client.next_pushed_load(timeout=5))
         assert first is not None and first is second
         chunks = [c async for c in client.generate(
-            GenerateRequest("pushed-load", [GenerateInput(token_ids=[5, 6])], SamplingParams(max_tokens=12,
+            build_request("pushed-load", [GenerateInput(token_ids=[5, 6])], SamplingParams(max_tokens=12,
                                                                                              ignore_eos=True)),
             timeout=30)]
         assert sum(len(c.token_ids) for c in chunks) == 12
         assert await client.next_pushed_load(timeout=5) is not None  # still pushing after the request
+    finally:
+        await client.close()
+
+
+class _CountingClient(WorkerClient):
+    """Counts its unary Load and health calls, which tell a polled Load from a pushed one."""
+
+    unary = 0
+
+    async def load(self, **kwargs):
+        self.unary += 1
+        return await super().load(**kwargs)
+
+    async def health(self, **kwargs):
+        self.unary += 1
+        return await super().health(**kwargs)
+
+
+async def test_loads_polls_a_worker_until_it_pushes_and_then_makes_no_unary_call(mock):
+    """A router's one source of a worker's state (WorkerClient.loads): polled at first, then the
+    worker's pushes over the stream call, each with its health, and no unary call at all."""
+    worker, _ = mock
+    client = _CountingClient(worker.address)
+    try:
+        async with contextlib.aclosing(client.loads(0.1, health_every_s=0.1)) as loads:
+            first = await asyncio.wait_for(anext(loads), 10)
+            assert first.health == "SERVING" and client.unary > 0  # polled: not asked to push yet
+            polls = client.unary
+            for _ in range(50):  # it says it pushes within a few turns
+                await asyncio.wait_for(anext(loads), 10)
+                if client.unary == polls:
+                    break
+                polls = client.unary
+            else:
+                pytest.fail("every Load was polled: the worker's pushes were never taken")
+            pushed = [await asyncio.wait_for(anext(loads), 10) for _ in range(5)]
+            assert all(load.health == "SERVING" for load in pushed)
+            assert client.unary == polls
     finally:
         await client.close()
 

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from parser_tokenizer import parser_tokenizer_dir  # noqa: F401  (fixture)
 from vllm_fleet.errors import ConfigError, InvalidRequestError
-from vllm_fleet.protocol.types import Chunk, SamplingParams
+from vllm_fleet.protocol.types import Chunk
 from vllm_fleet.worker.openai import parsing
 from vllm_fleet.worker.coalescer import merge_tool_call
 from vllm_fleet.worker.engines.base import SampleDelta
@@ -39,6 +39,12 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Zürich?"}]
 @pytest.fixture(scope="module")
 def tokenizer(parser_tokenizer_dir):  # noqa: F811
     return load_tokenizer(str(parser_tokenizer_dir))
+
+
+def engine_params():
+    from vllm import SamplingParams as VllmSamplingParams
+
+    return VllmSamplingParams()
 
 
 def vllm_request(parser_cls, tokenizer, **body):
@@ -77,8 +83,8 @@ def run(tokenizer, script: str, parser_cls, request, *, resume: list[int] | None
     """Stream the script's answer to `request` through a RequestStream, as the worker does."""
     prompt = prompt_ids(tokenizer, request)
     resumed = list(resume or [])
-    item = PreparedInput(prompt_token_ids=prompt + resumed, engine_params=SamplingParams(), prompt_len=len(prompt),
-                         openai_request=request, parser_cls=parser_cls, tokenizer=tokenizer)
+    item = PreparedInput(prompt_token_ids=prompt + resumed, engine_params=engine_params(), prompt_len=len(prompt),
+                         vllm_request=request, parser_cls=parser_cls, tokenizer=tokenizer)
     stream = RequestStream([item], 1, interval_s, WorkerMetrics(CollectorRegistry()), started=0.0)
     chunks, now = [], 0.0
     steps = MockScript(tokenizer, script).steps(prompt + resumed, max_tokens=1000)

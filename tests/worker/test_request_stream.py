@@ -2,8 +2,8 @@
 
 import pytest
 from prometheus_client import CollectorRegistry
+from vllm import SamplingParams as VllmSamplingParams
 
-from vllm_fleet.protocol.types import SamplingParams
 from vllm_fleet.worker.engines.base import SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.prepare import PreparedInput
@@ -12,7 +12,7 @@ from vllm_fleet.worker.resume.held import HeldTokens
 
 
 def prepared(prompt_len: int, held: list[int] | None = None) -> PreparedInput:
-    return PreparedInput(prompt_token_ids=list(range(prompt_len)), engine_params=SamplingParams(),
+    return PreparedInput(prompt_token_ids=list(range(prompt_len)), engine_params=VllmSamplingParams(),
                          prompt_len=prompt_len,
                          held=HeldTokens(held) if held else None)
 

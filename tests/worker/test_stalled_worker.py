@@ -15,7 +15,7 @@ import pytest
 from support import wait_until
 from vllm_fleet.client import ClientOptions, WorkerClient
 from vllm_fleet.errors import WorkerUnavailableError
-from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
 from vllm_fleet.worker.server import EXIT_ENGINE_STALLED
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 async def read_until_error(client: WorkerClient, request_id: str, first: asyncio.Event) -> tuple[int, Exception | None]:
     """Tokens received before the stream ended, and the error it ended with (None: a clean end)."""
     tokens = 0
-    request = GenerateRequest(request_id, [GenerateInput(text="a b c")], SamplingParams(max_tokens=2000, ignore_eos=True))
+    request = build_request(request_id, [GenerateInput(text="a b c")], SamplingParams(max_tokens=2000, ignore_eos=True))
     try:
         async for chunk in client.generate(request, timeout=60):
             tokens += len(chunk.token_ids)
@@ -48,7 +48,7 @@ async def test_a_stalled_engine_fails_its_streams_and_the_worker_exits(mock_work
         assert all(isinstance(error, WorkerUnavailableError) for _, error in results), results
         assert await client.health(timeout=2) == "NOT_SERVING"
         with pytest.raises(WorkerUnavailableError):
-            async for _ in client.generate(GenerateRequest("late", [GenerateInput(text="x")],
+            async for _ in client.generate(build_request("late", [GenerateInput(text="x")],
                                                            SamplingParams(max_tokens=3)), timeout=10):
                 pass
     assert await asyncio.wait_for(worker.wait_exit(), timeout=30) == EXIT_ENGINE_STALLED
@@ -59,7 +59,7 @@ async def test_a_long_quiet_stream_on_a_live_engine_is_not_a_stall(mock_worker_f
     """Slow steps (here 1.5 s each, below the 4 s cap of 10 × step) are not a stall."""
     worker = await mock_worker_factory.start(mock_tokens_per_s=0.66, mock_ttft_ms=5)
     async with WorkerClient(worker.address) as client:
-        request = GenerateRequest("slow", [GenerateInput(text="a")], SamplingParams(max_tokens=5, ignore_eos=True))
+        request = build_request("slow", [GenerateInput(text="a")], SamplingParams(max_tokens=5, ignore_eos=True))
         chunks = [c async for c in client.generate(request, timeout=60)]
         assert sum(len(c.token_ids) for c in chunks) == 5
         assert chunks[-1].finish_reason == "length"

@@ -14,7 +14,7 @@ from vllm_fleet.errors import (
     WorkerOverloadedError,
     WorkerUnavailableError,
 )
-from vllm_fleet.protocol import PARAM_METADATA_KEY, GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import PARAM_METADATA_KEY, GenerateInput, GenerateRequest, SamplingParams, build_request
 from vllm_fleet.protocol import worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import request_to_pb
 from vllm_fleet.worker.metrics import WorkerMetrics
@@ -127,10 +127,10 @@ TRANSPORTS = [pytest.param(_generate_status, id="Generate"), pytest.param(_many_
 @pytest.mark.parametrize("ends", TRANSPORTS)
 async def test_a_refused_request_names_its_field_on_both_transports(served, ends):
     _, _, stub = served
-    bad = GenerateRequest("bad", [GenerateInput(text="a")], SamplingParams(max_tokens=1, min_tokens=3))
+    bad = build_request("bad", [GenerateInput(text="a")], SamplingParams(max_tokens=0))  # vLLM refuses it
     code, message, param = await ends(stub, bad)
-    assert (code, param) == (Code.INVALID_ARGUMENT, "min_tokens")
-    assert "min_tokens (3) is larger than max_tokens (1)" in message
+    assert (code, param) == (Code.INVALID_ARGUMENT, "max_tokens")
+    assert "max_tokens must be at least 1" in message
 
 
 @pytest.mark.parametrize("ends", TRANSPORTS)
@@ -142,7 +142,7 @@ async def test_a_refused_request_names_its_field_on_both_transports(served, ends
 async def test_an_engine_failure_mid_stream_ends_the_request_with_its_status(served, ends, error, dies, code):
     engine, service, stub = served
     engine.error, engine.dies = error, dies
-    status = await ends(stub, GenerateRequest("fails", [GenerateInput(text="a")], SamplingParams(max_tokens=50)))
+    status = await ends(stub, build_request("fails", [GenerateInput(text="a")], SamplingParams(max_tokens=50)))
     assert status[0] == code and str(error) in status[1]
     assert not service.active  # the request is over on the worker too
 
@@ -151,13 +151,13 @@ async def test_an_engine_failure_mid_stream_ends_the_request_with_its_status(ser
 async def test_a_draining_worker_refuses_new_requests_as_unavailable(served, ends):
     _, service, stub = served
     service.draining = True
-    code, message, _ = await ends(stub, GenerateRequest("late", [GenerateInput(text="a")]))
+    code, message, _ = await ends(stub, build_request("late", [GenerateInput(text="a")]))
     assert code == Code.UNAVAILABLE and "draining" in message
 
 
 async def test_a_request_id_already_running_is_refused_as_already_exists(served):
     _, _, stub = served
-    long = GenerateRequest("twice", [GenerateInput(text="a")], SamplingParams(max_tokens=4000))
+    long = build_request("twice", [GenerateInput(text="a")], SamplingParams(max_tokens=4000))
     first = stub.Generate(request_to_pb(long), timeout=30)
     await first.read()  # it runs
     try:
@@ -171,9 +171,9 @@ async def test_a_request_id_already_running_is_refused_as_already_exists(served)
 async def test_a_stream_number_already_open_on_the_call_is_refused_as_already_exists(served):
     _, _, stub = served
     call = stub.GenerateMany(timeout=30)
-    long = GenerateRequest("mux-long", [GenerateInput(text="a")], SamplingParams(max_tokens=4000))
+    long = build_request("mux-long", [GenerateInput(text="a")], SamplingParams(max_tokens=4000))
     await call.write(pb.MuxRequest(stream=7, start=request_to_pb(long)))
-    await call.write(pb.MuxRequest(stream=7, start=request_to_pb(GenerateRequest("other", [GenerateInput(text="b")]))))
+    await call.write(pb.MuxRequest(stream=7, start=request_to_pb(build_request("other", [GenerateInput(text="b")]))))
     try:
         while True:
             done = [e for e in (await call.read()).events if e.done]

@@ -2,8 +2,8 @@
 that span the switch, come out as from one uninterrupted vLLM stream (stop_resume.py)."""
 
 from prometheus_client import CollectorRegistry
+from vllm import SamplingParams as VllmSamplingParams
 
-from vllm_fleet.protocol.types import SamplingParams
 from vllm_fleet.worker.engines.base import SampleDelta
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.engines.mock_stops import apply_stop_strings
@@ -21,7 +21,7 @@ def decode(ids: list[int]) -> str:
 
 
 def resumed(stop: list[str], delivered: int | None, *, include: bool = False, min_tokens: int = 0):
-    params = SamplingParams(stop=stop, include_stop_str_in_output=include, min_tokens=min_tokens)
+    params = VllmSamplingParams(stop=stop, include_stop_str_in_output=include, min_tokens=min_tokens)
     return for_resume(decode, [100, 101], list(ANSWER), delivered, params)
 
 
@@ -106,7 +106,7 @@ def test_the_earliest_ending_stop_string_wins_then_list_order():
 
 
 def test_request_stream_ends_the_input_at_a_stop_string_across_the_switch():
-    params = SamplingParams(stop=["Paris"])
+    params = VllmSamplingParams(stop=["Paris"])
     item = PreparedInput(prompt_token_ids=[100, 101, *ANSWER], engine_params=params, prompt_len=2,
                          stop_resume=for_resume(decode, [100, 101], list(ANSWER), DELIVERED, params))
     stream = RequestStream([item], 1, 0.0, WorkerMetrics(CollectorRegistry()), started=0.0)
@@ -119,12 +119,12 @@ def test_request_stream_ends_the_input_at_a_stop_string_across_the_switch():
 
 
 def test_the_mock_engine_holds_back_and_cuts_text_as_vllm_does():
-    params = SamplingParams(stop=["Paris"])
+    params = VllmSamplingParams(stop=["Paris"])
     steps = iter([[SampleDelta(0, decode([i]), [i])] for i in [*ANSWER, 6, 7]])
     out = [deltas[0] for deltas in apply_stop_strings(steps, params, decode)]
     assert "".join(d.text for d in out[:5]) == " The capital is"      # " Par" held back
     assert out[-1].text == " " and out[-1].token_ids == [6]
     assert (out[-1].finish_reason, out[-1].stop_reason) == ("stop", "Paris")
-    included = SamplingParams(stop=["Paris"], include_stop_str_in_output=True)
+    included = VllmSamplingParams(stop=["Paris"], include_stop_str_in_output=True)
     steps = iter([[SampleDelta(0, decode([i]), [i])] for i in [*ANSWER, 6, 7]])
     assert "".join(d[0].text for d in apply_stop_strings(steps, included, decode)) == " The capital is Paris"

@@ -8,13 +8,13 @@ import asyncio
 
 from support import wait_until
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
 
 
 async def _pieces(client: WorkerClient, prompt: str, tokens: int) -> tuple[list[str], list[int]]:
     """Each token's text and id of the mock's answer (no stop strings: nothing held back)."""
     pieces, ids = [], []
-    request = GenerateRequest(f"probe-{prompt}", [GenerateInput(text=prompt)], SamplingParams(max_tokens=tokens))
+    request = build_request(f"probe-{prompt}", [GenerateInput(text=prompt)], SamplingParams(max_tokens=tokens))
     async for chunk in client.generate(request, timeout=60):
         assert len(chunk.token_ids) <= 1
         pieces.append(chunk.text)
@@ -45,7 +45,7 @@ async def test_a_stop_string_completed_by_held_text_ends_its_input_and_stops_its
 
     three = "".join(pieces[:3])
     delivered = len(three) - (len(stop) - 1)  # what vLLM had sent of those 3 tokens' text
-    request = GenerateRequest("resumed", [
+    request = build_request("resumed", [
         GenerateInput(text=prompt, resume_token_ids=ids[:3], resume_delivered_chars=delivered),
         GenerateInput(text=other, resume_token_ids=other_ids[:50]),   # 50 tokens to go
     ], SamplingParams(max_tokens=100, stop=[stop]))

@@ -13,7 +13,7 @@ from support import wait_until
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.config import EngineConfig, WorkerConfig
 from vllm_fleet.errors import InvalidRequestError, UnknownModelError, WorkerOverloadedError
-from vllm_fleet.protocol import GenerateInput, GenerateRequest, SamplingParams, worker_pb2_grpc
+from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request, worker_pb2_grpc
 from vllm_fleet.worker.adapters import AdapterRegistry, HeldAdapter
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.engines.mock_engine import MockEngine
@@ -113,7 +113,7 @@ async def lora_worker():
 
 
 async def _text(client: WorkerClient, adapter: str = "") -> str:
-    request = GenerateRequest("", [GenerateInput(text="tell me")], SamplingParams(max_tokens=12), adapter=adapter)
+    request = build_request("", [GenerateInput(text="tell me")], SamplingParams(max_tokens=12), adapter=adapter)
     return "".join([c.text async for c in client.generate(request, timeout=30)])
 
 

@@ -14,7 +14,7 @@ import time
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.errors import ProcessStartError
 from vllm_fleet.fleet.worker_process import WorkerProcess
-from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import ChatMessage, GenerateInput, SamplingParams, build_request
 
 DEMO_PROMPTS = [
     "What is the capital of France?",
@@ -76,8 +76,8 @@ async def _demo(worker: WorkerProcess, args: argparse.Namespace) -> int:
 
 async def _ask(client: WorkerClient, request_id: str, prompt: str, max_tokens: int) -> None:
     print(f"\033[1m> {prompt}\033[0m", flush=True)
-    request = GenerateRequest(request_id, [GenerateInput(messages=[ChatMessage("user", prompt)])],
-                              SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    request = build_request(request_id, [GenerateInput(messages=[ChatMessage("user", prompt)])],
+                            SamplingParams(temperature=0.0, max_tokens=max_tokens))
     sent = time.monotonic()
     first: float | None = None
     tokens = 0

@@ -28,7 +28,6 @@ from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerLoad
 logger = logging.getLogger(__name__)
 
 _DEADLINE = object()      # the whole request ran out of time
-_FIRST_CHUNK = object()   # no first chunk in time
 _CLOSE = object()         # ends the call's request stream
 # A batch of requests stays this small: far below any gRPC message limit (a few requests near
 # the gateway's body limit would pass 64 MiB together and break the whole call), and large
@@ -116,28 +115,21 @@ class Multiplexer:
         """Done once the call has failed or ended."""
         return self._reader
 
-    async def generate(self, request: GenerateRequest, *, timeout: float | None,
-                       first_chunk_timeout: float | None) -> AsyncIterator[Chunk]:
+    async def generate(self, request: GenerateRequest, *, timeout: float | None) -> AsyncIterator[Chunk]:
         if self.failed is not None:
             raise self.failed
         stream = next(self._numbers)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[stream] = queue
-        loop = asyncio.get_running_loop()
-        timers = []
-        if timeout is not None:
-            timers.append(loop.call_later(timeout, queue.put_nowait, _DEADLINE))
-        if first_chunk_timeout is not None:
-            timers.append(loop.call_later(first_chunk_timeout, queue.put_nowait, _FIRST_CHUNK))
+        deadline = None if timeout is None else asyncio.get_running_loop().call_later(
+            timeout, queue.put_nowait, _DEADLINE)
         self._outgoing.put_nowait(pb.MuxRequest(stream=stream, start=request_to_pb(request)))
         ended = False
-        got_chunk = False
         try:
             while True:
                 item = await queue.get()
                 if isinstance(item, pb.MuxEvent):
                     for message in item.chunks:
-                        got_chunk = True
                         yield chunk_from_pb(message)
                     if item.done:
                         ended = True
@@ -145,11 +137,6 @@ class Multiplexer:
                             raise error_from_status(item.status_code, item.status_message, self.address,
                                                     param=item.status_param)
                         return
-                elif item is _FIRST_CHUNK:
-                    if not got_chunk:
-                        raise WorkerTimeoutError(
-                            f"worker {self.address}: no first chunk within {first_chunk_timeout:.1f}s",
-                            worker=self.address)
                 elif item is _DEADLINE:
                     raise WorkerTimeoutError(f"worker {self.address}: deadline exceeded", worker=self.address)
                 else:  # the call failed: every stream on it ends with its error
@@ -157,8 +144,8 @@ class Multiplexer:
                     raise item if isinstance(item, (FleetError, MuxUnsupported)) else WorkerUnavailableError(
                         f"worker {self.address}: {item}", worker=self.address)
         finally:
-            for timer in timers:
-                timer.cancel()
+            if deadline is not None:
+                deadline.cancel()
             del self._streams[stream]
             if not ended and self.failed is None:
                 # Left early (consumer gone, timeout): the worker aborts the engine requests.

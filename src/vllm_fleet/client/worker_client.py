@@ -1,5 +1,6 @@
 """Async client for one worker: generate (an async iterator of chunks), abort, info, load, health,
-and its LoRA adapters (load_adapter, unload_adapter, list_adapters).
+its LoRA adapters (load_adapter, unload_adapter, list_adapters), and the stream of its Loads a
+router follows (loads).
 
 One long-lived channel per client. By default every generate() of a client shares one
 GenerateMany call (mux.py: the worker batches all ready chunks into one message); with
@@ -19,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from vllm_fleet.client.errors import error_from_rpc
+from vllm_fleet.client.loads import LoadFeed
 from vllm_fleet.client.mux import Multiplexer, MuxUnsupported
 from vllm_fleet.errors import WorkerTimeoutError
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2 as pb, worker_pb2_grpc
@@ -89,47 +91,25 @@ class WorkerClient:
         self._streamed_load: WorkerLoad | None = None
         self._next_load: asyncio.Future | None = None  # what next_pushed_load callers wait on
 
-    async def generate(
-        self, request: GenerateRequest, *, timeout: float | None = None, first_chunk_timeout: float | None = None
-    ) -> AsyncIterator[Chunk]:
-        """Stream the chunks of `request`. Raises errors from `vllm_fleet.errors`.
-
-        `timeout` bounds the whole stream; `first_chunk_timeout` bounds the wait for the first
-        chunk only.
-        """
+    async def generate(self, request: GenerateRequest, *, timeout: float | None = None) -> AsyncIterator[Chunk]:
+        """Stream the chunks of `request`, within `timeout` seconds if given. Raises errors from
+        `vllm_fleet.errors`."""
         if self._multiplex:
             try:
-                async for chunk in self._open_mux().generate(request, timeout=timeout,
-                                                             first_chunk_timeout=first_chunk_timeout):
+                async for chunk in self._open_mux().generate(request, timeout=timeout):
                     yield chunk
                 return
             except MuxUnsupported:
                 logger.info("worker %s has no GenerateMany; one call per request from now on", self.address)
                 self._multiplex = False
-        async for chunk in self._generate_call(request, timeout=timeout, first_chunk_timeout=first_chunk_timeout):
+        async for chunk in self._generate_call(request, timeout=timeout):
             yield chunk
 
-    async def _generate_call(
-        self, request: GenerateRequest, *, timeout: float | None, first_chunk_timeout: float | None
-    ) -> AsyncIterator[Chunk]:
+    async def _generate_call(self, request: GenerateRequest, *, timeout: float | None) -> AsyncIterator[Chunk]:
         """One Generate call for this request (the worker sees `timeout` as its deadline)."""
         call = self._stub.Generate(request_to_pb(request), timeout=timeout)
         try:
-            first = True
-            while True:
-                try:
-                    if first and first_chunk_timeout is not None:
-                        msg = await asyncio.wait_for(call.read(), first_chunk_timeout)
-                    else:
-                        msg = await call.read()
-                except TimeoutError:
-                    raise WorkerTimeoutError(
-                        f"worker {self.address}: no first chunk within {first_chunk_timeout:.1f}s",
-                        worker=self.address,
-                    ) from None
-                if msg is grpc.aio.EOF:
-                    return
-                first = False
+            while (msg := await call.read()) is not grpc.aio.EOF:
                 yield chunk_from_pb(msg)
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, self.address) from None
@@ -162,6 +142,16 @@ class WorkerClient:
         arrived, self._next_load = self._next_load, None
         if arrived is not None and not arrived.done():
             arrived.set_result(load)
+
+    def loads(self, every_s: float, *, health_every_s: float,
+              check: asyncio.Event | None = None) -> AsyncIterator[WorkerLoad]:
+        """Each fresh Load of the worker, `health` always set, about every `every_s` seconds,
+        from whichever route brings it: pushed or attached to the GenerateMany call, else polled
+        (Load call and health check). Which wins is written once, in client/loads.py. Set `check`
+        to have the worker's health service asked at once. `aclose()` it when done."""
+        return LoadFeed(self, every_s, health_every_s=health_every_s, check=check).loads()
+
+    # The routes loads() reads; a router takes loads() rather than choosing among them.
 
     def pushes_load(self, every_s: float) -> bool:
         """Ask the worker to push its Load over the GenerateMany call at least every `every_s`

@@ -18,12 +18,13 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
-from vllm_fleet.config import EngineConfig
+from vllm_fleet.config import EngineConfig, WorkerConfig
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.fleet import capacity as cap
 from vllm_fleet.fleet.config import PlanConfig
 from vllm_fleet.fleet.gpus import Device, Inventory, format_cores
 from vllm_fleet.fleet.model_shape import ModelShape, load_shape
+from vllm_fleet.fleet.worker_process import worker_argv
 
 
 @dataclass
@@ -46,9 +47,10 @@ class WorkerSpec:
 
     def argv(self, python: str = sys.executable) -> list[str]:
         """The worker's command line."""
-        pool = ["--pool", self.pool] if self.pool else []
-        return [python, "-m", "vllm_fleet.cli", "worker", "--host", self.host, "--port", str(self.port),
-                "--device", self.device, "--worker-id", self.worker_id, *pool, *engine_options(self.engine)]
+        worker = WorkerConfig(host=self.host, port=self.port, device=self.device, worker_id=self.worker_id)
+        if self.pool:  # "" (any pool) is the worker's own default: no `--pool ''` on the command line
+            worker.pool = self.pool
+        return worker_argv(worker, self.engine, python=python)
 
     def capacity_summary(self) -> dict[str, float]:
         """What the registry advertises (WorkerRecord.capacity)."""
@@ -64,24 +66,6 @@ class Plan:
     source: str                          # how devices were found
     model: str
     notes: list[str] = field(default_factory=list)
-
-
-def engine_options(engine: EngineConfig) -> list[str]:
-    """EngineConfig → `--option value` for the fields that were set (the rest keep their defaults)."""
-    args: list[str] = []
-    for name in sorted(engine.model_fields_set):
-        value = getattr(engine, name)
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            args.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, list):
-            for item in value:
-                args += [flag, str(item)]
-        elif isinstance(value, float):
-            args += [flag, f"{value:g}"]  # 1.0 → "1": VLLM_CPU_KVCACHE_SPACE takes an integer
-        elif value is not None:
-            args += [flag, str(value)]
-    return args
 
 
 def build_plan(inventory: Inventory, config: PlanConfig, shape: ModelShape | None = None) -> Plan:

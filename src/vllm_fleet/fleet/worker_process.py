@@ -17,7 +17,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from vllm_fleet.client import WorkerClient
+from vllm_fleet.config import EngineConfig, WorkerConfig, to_options
 from vllm_fleet.processes import ServiceProcess, free_port
+
+
+def worker_argv(worker: WorkerConfig, engine: EngineConfig | None = None, args: Sequence[str] = (), *,
+                python: str = sys.executable) -> list[str]:
+    """`python -m vllm_fleet.cli worker` with the fields set in `worker` and `engine`, then `args`
+    as given. The one place the worker's command line is written: a plan's workers
+    (`WorkerSpec.argv()`) and a WorkerProcess given args start the same command."""
+    engine_options = to_options(engine) if engine is not None else []
+    return [python, "-m", "vllm_fleet.cli", "worker", *to_options(worker), *engine_options, *args]
 
 
 def small_vllm_args(*, kv_cache_space_gb: float = 1, max_model_len: int = 2048) -> list[str]:
@@ -50,9 +60,8 @@ class WorkerProcess(ServiceProcess):
         if command is not None and (self.args or cores is not None):
             raise ValueError("WorkerProcess: give `command`, or `args` and `cores`, not both")
         if command is None:
-            bind = ["--cpu-cores", cores] if cores is not None else []
-            command = [python, "-m", "vllm_fleet.cli", "worker", "--host", host, "--port", str(self.port), *bind,
-                       *self.args]
+            bind = EngineConfig(cpu_cores=cores) if cores is not None else None
+            command = worker_argv(WorkerConfig(host=host, port=self.port), bind, self.args, python=python)
         super().__init__(command, env, log_path=log_path, name=f"worker {self.address}",
                          die_with_parent=die_with_parent, stop_grace_s=stop_grace_s)
 

@@ -2,9 +2,12 @@
 what the gateway does with it. One place, so no field is ever dropped by accident.
 
     GATEWAY  the gateway itself implements it (framing, routing, limits); not forwarded.
-    ENGINE   forwarded to the worker in `GenerateRequest.openai.body_json`, where vLLM's own
-             request model gives it its meaning and validates it (the gateway may also read
-             some, e.g. `n` and `max_tokens`, for its limits and framing).
+    ENGINE   forwarded to the worker in the request body (`GenerateRequest.body`), where vLLM's
+             own request model gives it its meaning and validates it (the gateway may also read
+             some, e.g. `max_tokens`, for its limits and framing).
+    ENVELOPE vLLM's meaning too, but the fleet schedules it, so it travels in the request's
+             envelope (`GenerateRequest.n`, `.priority`; migration runs each sample with n=1),
+             and the worker puts it into vLLM's request model.
     INERT    OpenAI bookkeeping with no effect on the answer: accepted and dropped.
     REFUSED  a 400 naming the field when sent with a value other than its default (`default`,
              or null), with the reason in `why`.
@@ -26,6 +29,7 @@ from vllm_fleet.gateway.api_error import bad_request
 class Kind(enum.Enum):
     GATEWAY = "gateway"
     ENGINE = "engine"
+    ENVELOPE = "envelope"
     INERT = "inert"
     REFUSED = "refused"
 
@@ -44,6 +48,10 @@ def _gateway(why: str, **kw) -> Rule:
 
 def _engine(why: str = "vLLM's meaning, on the worker", **kw) -> Rule:
     return Rule(Kind.ENGINE, why, **kw)
+
+
+def _envelope(why: str, **kw) -> Rule:
+    return Rule(Kind.ENVELOPE, why, **kw)
 
 
 def _inert(why: str, **kw) -> Rule:
@@ -65,7 +73,7 @@ _COMMON: dict[str, Rule] = {
     "user": _gateway("session key for cache affinity when no x-session-id/session_id is given"),
     "session_id": _gateway("session key for cache affinity (after the x-session-id header)"),
     "request_id": _gateway("names the answer (chatcmpl-/cmpl-<request_id>); the worker request keeps a unique id"),
-    "n": _engine("samples per prompt (the gateway's --max-n applies)"),
+    "n": _envelope("samples per prompt (the gateway's --max-n applies)"),
     "max_tokens": _engine("most tokens per sample (the gateway's --max-tokens-limit and context guard apply)"),
     "temperature": _engine(),
     "top_p": _engine(),
@@ -90,7 +98,8 @@ _COMMON: dict[str, Rule] = {
     "add_special_tokens": _engine(),
     "response_format": _engine("structured output (json_schema, json_object, structural_tag)"),
     "structured_outputs": _engine("vLLM's structured outputs (json, regex, choice, grammar, ...)"),
-    "priority": _engine("vLLM refuses a non-zero priority unless the worker schedules by priority"),
+    "priority": _envelope("vLLM's priority scheduling; a worker that does not schedule by priority refuses "
+                          "a non-zero one"),
     "cache_salt": _engine(),
     "vllm_xargs": _engine("extra arguments for the worker's logits processors"),
     "repetition_detection": _engine(),

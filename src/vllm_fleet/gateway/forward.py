@@ -1,10 +1,10 @@
-"""What the worker gets of a request's fields besides its inputs.
+"""The request body the gateway forwards, and the envelope values it takes out of it.
 
-Every ENGINE field the client sent (fields.py) goes, as sent, into `OpenAIOptions.body_json`:
-vLLM's own request model on the worker gives it its meaning and validates it, so the gateway
-checks no more than JSON shape here. The typed `SamplingParams` are filled too, for the parts
-of the fleet that read them (the router's cost estimate, the mock engine, migration's token
-accounting); a value of the wrong JSON type is left out of them and refused by vLLM instead.
+Every ENGINE field the client sent (fields.py) goes, as sent, into the request body
+(`GenerateRequest.body`): vLLM's own request model on the worker gives it its meaning and
+validates it, so the gateway checks no more than JSON shape here. The ENVELOPE fields (n,
+priority) keep vLLM's meaning but travel in the envelope, where the fleet may reschedule them;
+their shape is checked by the gateway's schema, since the envelope is typed.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from pydantic import BaseModel
 
 from vllm_fleet.gateway import fields
 from vllm_fleet.gateway.api_error import bad_request
-from vllm_fleet.protocol.types import OpenAIOptions, SamplingParams
+from vllm_fleet.protocol.types import RequestBody
 
 # The standard encoder, not orjson: orjson writes NaN as null, silently changing what the client
 # sent; this one refuses it (the client gets a 400).
 _dump = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-_INT32 = (-(2**31), 2**31 - 1)
 
 
 def engine_body(endpoint: str, body: BaseModel) -> dict:
@@ -36,14 +35,19 @@ def engine_body(endpoint: str, body: BaseModel) -> dict:
     return forwarded
 
 
-def openai_options(endpoint: str, forwarded: dict) -> OpenAIOptions:
+def request_body(endpoint: str, forwarded: dict) -> RequestBody:
     try:
         body_json = _dump(forwarded).encode()
     except ValueError:
         name = next((k for k, v in forwarded.items() if _has_non_finite(v)), None)
         raise bad_request(f"{name or 'body'}: NaN and Infinity are not JSON numbers", param=name,
                           code="invalid_value") from None
-    return OpenAIOptions(endpoint=endpoint, body_json=body_json)
+    return RequestBody(endpoint=endpoint, body_json=body_json)
+
+
+def priority_of(body: BaseModel) -> int:
+    """vLLM's `priority` (lower runs first), for the envelope; the schema checked its shape."""
+    return getattr(body, "priority", None) or 0
 
 
 def _has_non_finite(value) -> bool:
@@ -56,61 +60,4 @@ def _has_non_finite(value) -> bool:
     return False
 
 
-def is_constrained(forwarded: dict) -> bool:
-    """Whether decoding follows a grammar: such a stream cannot migrate after its first token."""
-    response_format = forwarded.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
-        return True
-    if forwarded.get("structured_outputs") is not None:
-        return True
-    tool_choice = forwarded.get("tool_choice")
-    return tool_choice == "required" or isinstance(tool_choice, dict)
-
-
-def _typed(forwarded: dict, name: str, kind: type | tuple[type, ...]):
-    value = forwarded.get(name)
-    if isinstance(value, bool) and kind is not bool:
-        return None  # JSON true is not a number
-    if isinstance(value, float) and not abs(value) < 3.4e38:
-        return None  # NaN, infinite, or beyond a 32-bit float
-    if isinstance(value, int) and not isinstance(value, bool) and not _INT32[0] <= value <= _INT32[1]:
-        return None  # beyond the wire's widths; vLLM judges the value itself
-    return value if isinstance(value, kind) else None
-
-
-def _token_ids(value) -> list[int]:
-    if isinstance(value, list) and all(type(v) is int and 0 <= v <= _INT32[1] for v in value):
-        return list(value)
-    return []
-
-
-def _logit_bias(value) -> dict[int, float]:
-    if not isinstance(value, dict):
-        return {}
-    try:
-        bias = {int(k): float(v) for k, v in value.items()}
-    except (TypeError, ValueError):
-        return {}
-    if all(_INT32[0] <= k <= _INT32[1] and math.isfinite(v) for k, v in bias.items()):
-        return bias
-    return {}
-
-
-def fill_extras(params: SamplingParams, forwarded: dict) -> None:
-    """vLLM's sampling extras into the typed params, where their JSON type is right."""
-    number = (int, float)
-    params.ignore_eos = _typed(forwarded, "ignore_eos", bool) or False
-    params.min_tokens = _typed(forwarded, "min_tokens", int)
-    params.repetition_penalty = _typed(forwarded, "repetition_penalty", number)
-    params.min_p = _typed(forwarded, "min_p", number)
-    params.stop_token_ids = _token_ids(forwarded.get("stop_token_ids"))
-    params.allowed_token_ids = _token_ids(forwarded.get("allowed_token_ids"))
-    params.logit_bias = _logit_bias(forwarded.get("logit_bias"))
-    bad_words = forwarded.get("bad_words")
-    params.bad_words = list(bad_words) if isinstance(bad_words, list) and all(isinstance(w, str) for w in bad_words) else []
-    params.include_stop_str_in_output = _typed(forwarded, "include_stop_str_in_output", bool) or False
-    params.skip_special_tokens = _typed(forwarded, "skip_special_tokens", bool)
-    params.truncate_prompt_tokens = _typed(forwarded, "truncate_prompt_tokens", int)
-
-
-__all__ = ["engine_body", "fill_extras", "is_constrained", "openai_options"]
+__all__ = ["engine_body", "priority_of", "request_body"]

@@ -109,6 +109,9 @@ class _Sampling(_Request):
     user: str | None = Field(None, max_length=512, description="End-user id; also the session key for cache affinity")
     session_id: str | None = Field(None, max_length=512, description="Session key for cache affinity (vLLM extension)")
     request_id: str | None = Field(None, min_length=1, max_length=128, description="Names the answer's id (vLLM extension)")
+    priority: _int(-(2**31), 2**31 - 1) | None = Field(
+        None, description="vLLM extension: scheduling priority, lower runs first (a worker that does not schedule "
+                          "by priority refuses a non-zero one)")
 
 
 class ChatCompletionRequest(_Sampling):

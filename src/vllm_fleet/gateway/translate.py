@@ -4,11 +4,13 @@ The gateway owns three kinds of rule, each checked here once, before the router 
 HTTP shape (types and absolute bounds, in the pydantic schemas: `parse_body`), which fields
 exist at all (fields.py: unknown and refused ones are 400s naming them), and this gateway's
 configured limits (--max-n, --max-prompts, --max-top-logprobs, --max-tokens-limit). The
-engine's fields go to the worker as sent (forward.py), where vLLM's request model judges them. It also refuses, before routing, a request *certain* to overflow
-the model's context by a cheap lower bound (bytes per token), so that multi-megabyte prompts
-never cost a worker anything. Whether the model is served is the router's rule
-(UnknownModelError); the exact engine limits (tokenized prompt + max_tokens against the
-context, vocabulary, roles the engine takes) are the worker's.
+engine's fields go to the worker as sent, in the request body (forward.py), where vLLM's
+request model judges them: no rule of vLLM's is restated here. The envelope's fields (n,
+priority) are read here, since the envelope is typed. It also refuses, before routing, a request
+*certain* to overflow the model's context by a cheap lower bound (bytes per token), so that
+multi-megabyte prompts never cost a worker anything. Whether the model is served is the
+router's rule (UnknownModelError); the exact engine limits (tokenized prompt + max_tokens
+against the context, vocabulary, what the chat template takes) are the worker's and vLLM's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from vllm_fleet.gateway.api_error import ApiError, bad_request
 from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.messages import bytes_estimate, chat_messages, echo_prefix
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol.sampling import is_constrained, requested_max_tokens
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RoutingHints
 
 
 @dataclass(slots=True)
@@ -80,12 +83,10 @@ def chat_plan(body: ChatCompletionRequest, *, request_id: str, session_id: str, 
               max_model_len: int | None) -> Plan:
     """`max_model_len`: the model's context for the pre-routing guard; None skips it (unknown model)."""
     messages = chat_messages(body.messages)
-    logprobs = None
-    if body.logprobs:
-        logprobs = body.top_logprobs or 0
-    elif body.top_logprobs:
-        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    # How the answer is framed; that top_logprobs needs logprobs is vLLM's rule, on the worker.
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    max_tokens = requested_max_tokens({"max_completion_tokens": body.max_completion_tokens,
+                                       "max_tokens": body.max_tokens})
     estimate = int(bytes_estimate(messages) / config.prompt_bytes_per_token)
     plan = _plan(body, "chat", [GenerateInput(messages=messages)], estimate, max_tokens, logprobs,
                  request_id=request_id, session_id=session_id, config=config, max_model_len=max_model_len)
@@ -135,18 +136,11 @@ def _plan(body, kind: str, inputs: list[GenerateInput], estimate: int, max_token
         raise bad_request("stream_options can only be given with stream: true", param="stream_options")
     _check_lengths(estimate, max_tokens, config, max_model_len, "messages" if kind == "chat" else "prompt")
     forwarded = forward.engine_body(kind, body)
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    params = SamplingParams(
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens, stop=stop,
-        seed=body.seed, n=n, logprobs=logprobs, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-    )
-    forward.fill_extras(params, forwarded)
     request = GenerateRequest(
-        request_id=request_id, inputs=inputs, params=params,
-        session_id=session_id or body.session_id or body.user or "",
-        stream_interval_ms=config.stream_interval_ms, openai=forward.openai_options(kind, forwarded),
-        constrained=forward.is_constrained(forwarded),
+        request_id=request_id, inputs=inputs, body=forward.request_body(kind, forwarded), n=n,
+        priority=forward.priority_of(body), session_id=session_id or body.session_id or body.user or "",
+        stream_interval_ms=config.stream_interval_ms, constrained=is_constrained(forwarded),
+        hints=RoutingHints(max_tokens=max_tokens),
     )
     include_usage = bool(options and options.include_usage)
     return Plan(request=request, model=body.model, kind=kind, stream=bool(body.stream), include_usage=include_usage,

@@ -1,15 +1,18 @@
 """The worker protocol (`vllm_fleet.v1.Worker`): generated gRPC code and plain dataclasses.
 
-Code outside this folder uses the dataclasses in `types` and the converters in `convert`,
-never the generated messages, so the wire format can change in one place.
+Code outside this folder uses the dataclasses in `types`, the body builders in `sampling` and
+the converters in `convert`, never the generated messages, so the wire format can change in one
+place. A request is one form: an envelope plus vLLM's OpenAI body (the top of worker.proto).
 """
 
+from vllm_fleet.protocol.sampling import Constraint, SamplingParams, build_request
 from vllm_fleet.protocol.types import (
     ChatMessage,
     Chunk,
     GenerateInput,
     GenerateRequest,
-    SamplingParams,
+    RequestBody,
+    RoutingHints,
     TokenLogprob,
     Usage,
     WorkerInfo,
@@ -26,11 +29,15 @@ __all__ = [
     "SERVICE_NAME",
     "ChatMessage",
     "Chunk",
+    "Constraint",
     "GenerateInput",
     "GenerateRequest",
+    "RequestBody",
+    "RoutingHints",
     "SamplingParams",
     "TokenLogprob",
     "Usage",
     "WorkerInfo",
     "WorkerLoad",
+    "build_request",
 ]

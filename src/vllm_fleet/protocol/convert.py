@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from vllm_fleet.protocol import worker_pb2 as pb
+import json
+
+from vllm_fleet.protocol import legacy, worker_pb2 as pb
 from vllm_fleet.protocol.types import (
     Adapter,
-    ChatMessage,
     Chunk,
-    Constraint,
     GenerateInput,
     GenerateRequest,
-    OpenAIOptions,
-    SamplingParams,
+    RequestBody,
     TokenLogprob,
     ToolCallDelta,
     Usage,
@@ -19,74 +18,14 @@ from vllm_fleet.protocol.types import (
     WorkerLoad,
 )
 
-_OPTIONAL_PARAMS = (
-    "temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "n", "logprobs",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "skip_special_tokens",
-    "truncate_prompt_tokens",
-)
-_CONSTRAINT_TEXT = ("json_schema", "regex", "grammar", "structural_tag")
 
+class MalformedRequestError(ValueError):
+    """A request whose bytes cannot be read as this protocol's form (a client's bug, not a user's
+    input): the worker answers INVALID_ARGUMENT naming `param`."""
 
-def params_to_pb(params: SamplingParams) -> pb.SamplingParams:
-    msg = pb.SamplingParams(
-        stop=params.stop, stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
-        logit_bias=params.logit_bias, bad_words=params.bad_words, allowed_token_ids=params.allowed_token_ids,
-        include_stop_str_in_output=params.include_stop_str_in_output,
-    )
-    for name in _OPTIONAL_PARAMS:
-        value = getattr(params, name)
-        if value is not None:
-            setattr(msg, name, value)
-    if params.constraint is not None:
-        constraint_to_pb(msg.constraint, params.constraint)
-    return msg
-
-
-def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
-    params = SamplingParams(
-        stop=list(msg.stop), stop_token_ids=list(msg.stop_token_ids), ignore_eos=msg.ignore_eos,
-        logit_bias=dict(msg.logit_bias), bad_words=list(msg.bad_words),
-        allowed_token_ids=list(msg.allowed_token_ids), include_stop_str_in_output=msg.include_stop_str_in_output,
-    )
-    for name in _OPTIONAL_PARAMS:
-        if msg.HasField(name):
-            setattr(params, name, getattr(msg, name))
-    if msg.HasField("constraint"):
-        params.constraint = constraint_from_pb(msg.constraint)
-    return params
-
-
-def constraint_to_pb(msg: pb.Constraint, constraint: Constraint) -> None:
-    kind = constraint.kind
-    if kind in _CONSTRAINT_TEXT:
-        setattr(msg, kind, getattr(constraint, kind))
-    elif kind == "choice":
-        msg.choice.choices.extend(constraint.choice or [])
-        msg.choice.SetInParent()
-    elif kind == "json_object":
-        msg.json_object = True
-    else:
-        msg.SetInParent()  # an empty constraint stays one (the worker refuses it by name)
-
-
-def constraint_from_pb(msg: pb.Constraint) -> Constraint:
-    kind = msg.WhichOneof("kind")
-    if kind in _CONSTRAINT_TEXT:
-        return Constraint(**{kind: getattr(msg, kind)})
-    if kind == "choice":
-        return Constraint(choice=list(msg.choice.choices))
-    return Constraint(json_object=kind == "json_object" and msg.json_object)
-
-
-def message_to_pb(message: ChatMessage) -> pb.ChatMessage:
-    return pb.ChatMessage(role=message.role, content=message.content, name=message.name,
-                          tool_call_id=message.tool_call_id, tool_calls_json=message.tool_calls_json,
-                          reasoning=message.reasoning)
-
-
-def message_from_pb(msg: pb.ChatMessage) -> ChatMessage:
-    return ChatMessage(role=msg.role, content=msg.content, name=msg.name, tool_call_id=msg.tool_call_id,
-                       tool_calls_json=msg.tool_calls_json, reasoning=msg.reasoning)
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def input_to_pb(item: GenerateInput) -> pb.GenerateInput:
@@ -94,9 +33,7 @@ def input_to_pb(item: GenerateInput) -> pb.GenerateInput:
     if item.resume_delivered_chars is not None:
         msg.resume_delivered_chars = item.resume_delivered_chars
     if item.messages is not None:
-        msg.chat.messages.extend(message_to_pb(m) for m in item.messages)
-        if not item.messages:
-            msg.chat.SetInParent()
+        msg.messages_json = _json(item.messages)
     elif item.token_ids is not None:
         msg.token_ids.ids.extend(item.token_ids)
         if not item.token_ids:
@@ -107,47 +44,64 @@ def input_to_pb(item: GenerateInput) -> pb.GenerateInput:
 
 
 def input_from_pb(msg: pb.GenerateInput) -> GenerateInput:
+    """Raises MalformedRequestError when `messages_json` is not a JSON list of objects."""
     kind = msg.WhichOneof("kind")
     resume = list(msg.resume_token_ids)
     delivered = msg.resume_delivered_chars if msg.HasField("resume_delivered_chars") else None
+    if kind == "messages_json":
+        return GenerateInput(messages=_messages(msg.messages_json), resume_token_ids=resume,
+                             resume_delivered_chars=delivered)
     if kind == "chat":
-        return GenerateInput(messages=[message_from_pb(m) for m in msg.chat.messages],
-                             resume_token_ids=resume, resume_delivered_chars=delivered)
+        return GenerateInput(messages=legacy.messages(msg.chat), resume_token_ids=resume,
+                             resume_delivered_chars=delivered)
     if kind == "token_ids":
         return GenerateInput(token_ids=list(msg.token_ids.ids), resume_token_ids=resume,
                              resume_delivered_chars=delivered)
     return GenerateInput(text=msg.text, resume_token_ids=resume, resume_delivered_chars=delivered)
 
 
+def _json(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _messages(data: bytes) -> list:
+    try:
+        messages = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MalformedRequestError(f"messages_json is not JSON: {exc}", "messages") from None
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise MalformedRequestError("messages must be a list of message objects", "messages")
+    return messages
+
+
 def request_to_pb(request: GenerateRequest) -> pb.GenerateRequest:
-    msg = pb.GenerateRequest(
+    return pb.GenerateRequest(
         request_id=request.request_id,
         inputs=[input_to_pb(i) for i in request.inputs],
-        params=params_to_pb(request.params),
         session_id=request.session_id,
         priority=request.priority,
         stream_interval_ms=request.stream_interval_ms,
+        body=pb.RequestBody(endpoint=request.body.endpoint, body_json=request.body.body_json),
         constrained=request.constrained,
         adapter=request.adapter,
+        n=request.n,
     )
-    if request.openai is not None:
-        msg.openai.endpoint = request.openai.endpoint
-        msg.openai.body_json = request.openai.body_json
-    return msg
 
 
 def request_from_pb(msg: pb.GenerateRequest) -> GenerateRequest:
-    openai = None
-    if msg.HasField("openai"):
-        openai = OpenAIOptions(endpoint=msg.openai.endpoint, body_json=msg.openai.body_json)
+    """The request as this release reads it; a previous release's form is converted by legacy.py.
+    Raises MalformedRequestError for inputs that cannot be read."""
+    inputs = [input_from_pb(i) for i in msg.inputs]
+    if not msg.n and msg.HasField("params"):
+        return legacy.request(msg, inputs)
     return GenerateRequest(
         request_id=msg.request_id,
-        inputs=[input_from_pb(i) for i in msg.inputs],
-        params=params_from_pb(msg.params),
+        inputs=inputs,
+        body=RequestBody(endpoint=msg.body.endpoint, body_json=msg.body.body_json),
+        n=msg.n,  # 0 from a new router is a bug the worker refuses (n must be at least 1)
         session_id=msg.session_id,
         priority=msg.priority,
         stream_interval_ms=msg.stream_interval_ms,
-        openai=openai,
         constrained=msg.constrained,
         adapter=msg.adapter,
     )

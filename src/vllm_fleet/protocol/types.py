@@ -7,93 +7,90 @@ holds: floats as 32 bits, integers within their proto widths, and the canonical 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 @dataclass(slots=True)
 class ChatMessage:
-    """One message of a conversation. The tool fields are empty unless the message has them."""
+    """A typed chat message for the Python client and Spark: `to_openai()` is what travels (an
+    OpenAI message dict). The tool fields are empty unless the message has them."""
 
     role: str
-    content: str
+    content: str | None
     name: str = ""
-    tool_call_id: str = ""       # a tool message: the call it answers
-    tool_calls_json: str = ""    # an assistant message: its tool calls, as OpenAI's JSON list
-    reasoning: str = ""          # an assistant message: its reasoning, for templates that use it
+    tool_call_id: str = ""                   # a tool message: the call it answers
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # an assistant message: OpenAI's list
+    reasoning: str = ""                      # an assistant message: its reasoning, for templates that use it
+
+    def to_openai(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name:
+            message["name"] = self.name
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = list(self.tool_calls)
+        if self.reasoning:
+            message["reasoning"] = self.reasoning
+        return message
+
+
+def content_text(content: Any) -> str:
+    """An OpenAI message's content as text: text parts joined with newlines, as vLLM's chat
+    renderer joins them (other parts have no text)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.get("text", "") if isinstance(part, dict) else getattr(part, "text", "") for part in content)
 
 
 @dataclass(slots=True)
-class Constraint:
-    """A structured-output constraint (vLLM's StructuredOutputsParams); exactly one field is set."""
+class RequestBody:
+    """The request body in vLLM's OpenAI shape, as JSON: the only carrier of sampling meaning.
 
-    json_schema: str | None = None       # a JSON schema, as JSON text
-    json_object: bool = False
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None           # EBNF
-    structural_tag: str | None = None    # as JSON text
-
-    @property
-    def kind(self) -> str | None:
-        for name in ("json_schema", "regex", "choice", "grammar", "structural_tag"):
-            if getattr(self, name) is not None:
-                return name
-        return "json_object" if self.json_object else None
-
-
-@dataclass(slots=True)
-class SamplingParams:
-    """vLLM's sampling parameters; None means the engine's default."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_tokens: int | None = None
-    min_tokens: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    seed: int | None = None
-    n: int | None = None
-    logprobs: int | None = None
-    ignore_eos: bool = False
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_p: float | None = None
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    bad_words: list[str] = field(default_factory=list)
-    allowed_token_ids: list[int] = field(default_factory=list)
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool | None = None
-    truncate_prompt_tokens: int | None = None
-    constraint: Constraint | None = None
-
-
-@dataclass(slots=True)
-class OpenAIOptions:
-    """An OpenAI request's fields for vLLM's own request model on the worker (gateway/fields.py
-    says which); `endpoint` is "chat" or "completion". Messages and prompts travel as inputs."""
+    `endpoint` names the vLLM request model that reads it: "chat" (ChatCompletionRequest) or
+    "completion" (CompletionRequest). It never holds what the envelope carries (messages, prompt,
+    n, priority): the worker puts those in from the envelope. Build one from typed parameters with
+    `vllm_fleet.protocol.sampling`; the gateway forwards the client's fields as they came.
+    """
 
     endpoint: str
-    body_json: bytes
+    body_json: bytes = b"{}"
+
+
+@dataclass(slots=True)
+class RoutingHints:
+    """What a router may use to place a request; never sent to a worker, never a meaning.
+
+    `max_tokens` is the answer length the request asks for per sample (None: unknown), for the
+    cost estimate and the short/long workload class.
+    """
+
+    max_tokens: int | None = None
 
 
 @dataclass(slots=True)
 class GenerateInput:
-    """Exactly one of `text`, `messages`, `token_ids` is set.
+    """Exactly one of `text`, `messages` (OpenAI message dicts), `token_ids` is set.
 
     `resume_token_ids` are tokens already generated for this input elsewhere (migration):
     the worker continues after them and counts them against max_tokens.
     """
 
     text: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[dict[str, Any]] | None = None
     token_ids: list[int] | None = None
     resume_token_ids: list[int] = field(default_factory=list)
     # Characters of the resumed tokens' text the caller already has (None: all of it); the rest
     # was held back as a possible stop string, and the worker sends or matches it.
     resume_delivered_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.messages is not None:  # typed messages (the Python client, Spark) travel as OpenAI dicts
+            self.messages = [m.to_openai() if isinstance(m, ChatMessage) else m for m in self.messages]
 
     @property
     def kind(self) -> str:
@@ -106,21 +103,20 @@ class GenerateInput:
 
 @dataclass(slots=True)
 class GenerateRequest:
+    """One request: the envelope the fleet owns and may rewrite, and the body vLLM gives meaning to
+    (see the top of worker.proto for the split)."""
+
     request_id: str
     inputs: list[GenerateInput]
-    params: SamplingParams = field(default_factory=SamplingParams)
+    body: RequestBody
+    n: int = 1                 # samples per input, as the fleet schedules them
     session_id: str = ""
     priority: int = 0
     stream_interval_ms: int = 0
-    openai: OpenAIOptions | None = None
-    # Decoding follows a grammar (set by whoever builds an OpenAI request with one; a typed
-    # `params.constraint` implies it): such a stream cannot resume elsewhere after its first token.
+    # Decoding follows a grammar: such a stream cannot resume elsewhere after its first token.
     constrained: bool = False
     adapter: str = ""          # a LoRA adapter to generate with; "" = the base model
-
-    @property
-    def grammar_constrained(self) -> bool:
-        return self.constrained or self.params.constraint is not None
+    hints: RoutingHints = field(default_factory=RoutingHints)  # the router's; not on the wire
 
 
 @dataclass(slots=True)

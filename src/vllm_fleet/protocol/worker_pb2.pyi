@@ -35,18 +35,20 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateInput(_message.Message):
-    __slots__ = ("text", "chat", "token_ids", "resume_token_ids", "resume_delivered_chars")
+    __slots__ = ("text", "chat", "token_ids", "messages_json", "resume_token_ids", "resume_delivered_chars")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RESUME_DELIVERED_CHARS_FIELD_NUMBER: _ClassVar[int]
     text: str
     chat: ChatMessages
     token_ids: TokenIds
+    messages_json: bytes
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     resume_delivered_chars: int
-    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_delivered_chars: _Optional[int] = ...) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages_json: _Optional[bytes] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_delivered_chars: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "stop", "stop_token_ids", "seed", "n", "logprobs", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "bad_words", "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "constraint")
@@ -125,7 +127,7 @@ class ChoiceList(_message.Message):
     choices: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class OpenAIOptions(_message.Message):
+class RequestBody(_message.Message):
     __slots__ = ("endpoint", "body_json")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     BODY_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -134,26 +136,28 @@ class OpenAIOptions(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., body_json: _Optional[bytes] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "inputs", "params", "session_id", "priority", "stream_interval_ms", "openai", "constrained", "adapter")
+    __slots__ = ("request_id", "inputs", "params", "session_id", "priority", "stream_interval_ms", "body", "constrained", "adapter", "n")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
-    OPENAI_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINED_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     inputs: _containers.RepeatedCompositeFieldContainer[GenerateInput]
     params: SamplingParams
     session_id: str
     priority: int
     stream_interval_ms: int
-    openai: OpenAIOptions
+    body: RequestBody
     constrained: bool
     adapter: str
-    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[GenerateInput, _Mapping]]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., priority: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., openai: _Optional[_Union[OpenAIOptions, _Mapping]] = ..., constrained: _Optional[bool] = ..., adapter: _Optional[str] = ...) -> None: ...
+    n: int
+    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[GenerateInput, _Mapping]]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., priority: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., body: _Optional[_Union[RequestBody, _Mapping]] = ..., constrained: _Optional[bool] = ..., adapter: _Optional[str] = ..., n: _Optional[int] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "token", "logprob", "top")

@@ -34,6 +34,24 @@ REGISTRY_CONNECTED = Gauge(
 )
 
 
+def parse_zk_url(url: str, *, option: str = "registry URL") -> tuple[str, str]:
+    """`zk://host:port[,host:port...]/cluster` → (hosts, cluster); cluster defaults to 'default'.
+
+    Every zk:// URL of the fleet is read here (the registry's, --fleet-quota's), so a URL that
+    works for one works for the other. ConfigError, naming `option` (where the URL came from), if
+    it is malformed."""
+    parts = urlsplit(url)
+    if parts.scheme != "zk" or not parts.netloc:
+        raise ConfigError(f"{option} {url!r} is not zk://host:port[,host:port]/cluster")
+    for host in parts.netloc.split(","):
+        name, sep, port = host.rpartition(":")
+        if not sep or not name or not port.isdigit():
+            raise ConfigError(f"{option}: ZooKeeper address {host!r} in {url!r} is not host:port")
+    cluster = parts.path.strip("/") or "default"
+    if "/" in cluster:
+        raise ConfigError(f"{option}: cluster name {cluster!r} in {url!r} must contain no '/'")
+    return parts.netloc, cluster
+
 
 def call_on_loop(loop: asyncio.AbstractEventLoop | None, callback, *args) -> None:
     """Run `callback(*args)` on `loop` from one of kazoo's threads; nothing once the loop is gone."""
@@ -71,14 +89,8 @@ class ZooKeeperRegistry(Registry):
     @classmethod
     def from_url(cls, url: str, **options: float) -> ZooKeeperRegistry:
         """`zk://host:port[,host:port...]/cluster` (cluster defaults to 'default')."""
-        parts = urlsplit(url)
-        if parts.scheme != "zk" or not parts.netloc:
-            raise ConfigError(f"registry URL {url!r} is not zk://host:port[,host:port]/cluster")
-        for host in parts.netloc.split(","):
-            name, sep, port = host.rpartition(":")
-            if not sep or not name or not port.isdigit():
-                raise ConfigError(f"ZooKeeper address {host!r} in {url!r} is not host:port")
-        return cls(parts.netloc, parts.path.strip("/") or "default", **options)
+        hosts, cluster = parse_zk_url(url)
+        return cls(hosts, cluster, **options)
 
     # -- lifecycle ------------------------------------------------------------------------
 

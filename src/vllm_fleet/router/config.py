@@ -88,7 +88,10 @@ class RouterConfig(FleetModel):
     load_poll_interval_s: float = Field(
         0.5, gt=0, description="How often each worker's Load comes: pushed by the worker over its stream call, or "
                                "polled from a worker that does not push")
-    health_poll_interval_s: float = Field(1.0, gt=0, description="How often each worker's gRPC health is polled")
+    health_poll_interval_s: float = Field(
+        1.0, gt=0, description="How often a worker's gRPC health is asked when no fresh Load carried it (from "
+                               "workers that predate the field, or whose Loads get no answer); at most once per "
+                               "Load interval")
     stall_timeout_s: float = Field(
         5.0, gt=0, description="A stream with no chunk for this long, on a worker that produces no output (or is "
         "not SERVING), is treated as a failed worker and migrated; a worker still producing gets 6 times as long"

@@ -1,14 +1,16 @@
 """What routing and admission need to know about a request, computed once per request.
 
 The router never tokenizes (the worker owns the tokenizer), so prompt sizes are estimates:
-about four characters per token for text, the exact count for token ids.
+about four characters per token for text, the exact count for token ids. It reads only what it
+needs to route: the envelope (inputs, n, session) and its routing hints (the answer length asked
+for, `GenerateRequest.hints`), never the body, whose meaning is vLLM's on the worker.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, content_text
 
 CHARS_PER_TOKEN = 4
 # Per chat message: role markers and separators added by the chat template.
@@ -42,7 +44,7 @@ def input_prompt_tokens(item: GenerateInput) -> int:
     if item.token_ids is not None:
         return len(item.token_ids)
     if item.messages is not None:
-        chars = sum(len(m.content) + len(m.role) for m in item.messages)
+        chars = sum(len(content_text(m.get("content"))) + len(m.get("role", "")) for m in item.messages)
         return chars // CHARS_PER_TOKEN + TEMPLATE_TOKENS_PER_MESSAGE * len(item.messages)
     return len(item.text or "") // CHARS_PER_TOKEN + 1
 
@@ -53,7 +55,7 @@ def prefix_key(item: GenerateInput, length: int) -> str:
     if item.token_ids is not None:
         return ",".join(map(str, item.token_ids[:length]))
     if item.messages is not None:
-        text = "".join(f"<{m.role}>{m.content}" for m in item.messages)
+        text = "".join(f"<{m.get('role', '')}>{content_text(m.get('content'))}" for m in item.messages)
         return text[:length]
     return (item.text or "")[:length]
 
@@ -70,9 +72,9 @@ def features_of(
     class_pool_fallback: bool = False,
     ticket: int = 0,
 ) -> RequestFeatures:
-    samples = max(1, request.params.n or 1)
+    samples = max(1, request.n)
     prompt_tokens = sum(input_prompt_tokens(i) for i in request.inputs)
-    per_sample = request.params.max_tokens or default_max_tokens
+    per_sample = request.hints.max_tokens or default_max_tokens
     max_tokens = per_sample * samples * max(1, len(request.inputs))
     longest_prompt = max((input_prompt_tokens(i) for i in request.inputs), default=0)
     is_long = longest_prompt >= long_prompt_tokens or per_sample >= long_max_tokens

@@ -1,16 +1,13 @@
 """Pool state: registry membership, each worker's Info, health and Load, and local counts.
 
-One poller task per worker asks for gRPC health every `health_poll_interval_s` (and Info
-whenever the worker becomes SERVING, since a restarted worker may serve another model), and
-another asks for Load every `load_poll_interval_s`. Each unary call costs the gateway about a
-millisecond of CPU, so neither asks when it need not: a serving worker is asked to push its
-Load over the GenerateMany call (idle or not, every `load_poll_interval_s`; a message on an open
-call costs a fraction of a unary call), a Load the worker attached to a stream call stands for a
-Load poll, and a Load answered within the health interval carries the worker's health status,
-which stands for a health check. An idle gateway so makes no unary calls to its workers. A
-stream that sees a worker fail calls `report(...)`, which feeds the breaker and outlier ejection
-and wakes the health poller at once, so a dead worker leaves rotation in one round trip rather
-than one poll interval.
+One task per worker follows its Loads from one source, `WorkerClient.loads()`, which decides
+which of the worker's routes brings each (pushed or attached to the GenerateMany call, else the
+Load call and health check; the rule is written once, in client/loads.py), so that an idle
+gateway makes no unary calls to its workers. Each Load carries the worker's health status; the
+pool takes both, and asks for Info whenever the worker becomes SERVING, since a restarted worker
+may serve another model. A stream that sees a worker fail calls `report(...)`, which feeds the
+breaker and outlier ejection and has the worker's health service asked at once, so a dead worker
+leaves rotation in one round trip rather than one poll interval.
 
 A health check that gets no answer (UNREACHABLE: refused, or no reply within its timeout) is
 asked again at once before the worker leaves rotation, unless a request to that worker failed
@@ -33,7 +30,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from vllm_fleet.client import ClientPool, WorkerClient
+from vllm_fleet.client import ClientPool
+from vllm_fleet.client.loads import late_after
 from vllm_fleet.errors import FleetError, NoWorkerError
 from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
 from vllm_fleet.registry import Registry, WorkerRecord
@@ -61,16 +59,15 @@ class WorkerState:
         self.breaker = breaker
         self.info: WorkerInfo | None = None
         self.load: WorkerLoad | None = None
-        self.load_at = 0.0              # when `load` was last answered
-        self.loads = 0                  # Load answers so far
-        self.loads_at_check = 0         # ... when the last health check answered
+        self.load_at = 0.0              # when `load` came
+        self.loads = 0                  # Loads taken so far
         self.output_at = float("-inf")  # when a stream of ours last got a chunk from it
         self.health = "UNKNOWN"
         self.missed = 0                 # health checks in a row with no answer
         self.request_failed = False     # a request to it failed since its last health answer
         self.in_flight = 0
         self.outstanding_tokens = 0
-        self.wake = asyncio.Event()     # set to make the health poller check now
+        self.wake = asyncio.Event()     # set to have its health service asked now
         self.tasks: list[asyncio.Task] = []
 
     @property
@@ -189,8 +186,7 @@ class Pool:
         breaker = CircuitBreaker(failure_threshold=self.config.breaker_failures, open_s=self.config.breaker_open_s,
                                  success_threshold=self.config.breaker_successes, clock=self._clock)
         worker = self._workers[record.address] = WorkerState(record, breaker)
-        worker.tasks = [asyncio.ensure_future(self._poll_health(worker)),
-                        asyncio.ensure_future(self._poll_load(worker))]
+        worker.tasks = [asyncio.ensure_future(self._follow(worker))]
         self.metrics.watch_worker(
             record.address, breaker=lambda: breaker.state, in_flight=lambda: worker.in_flight,
             outstanding=lambda: worker.outstanding_tokens,
@@ -210,58 +206,40 @@ class Pool:
         self.metrics.forget_worker(address)
         self._notify()
 
-    # --- polling ------------------------------------------------------------------------
+    # --- following each worker -----------------------------------------------------------
 
-    async def _poll_health(self, worker: WorkerState) -> None:
+    async def _follow(self, worker: WorkerState) -> None:
+        """Take the worker's Loads and health from its one source, WorkerClient.loads()."""
         client = self.clients.get(worker.address)
-        interval = self.config.health_poll_interval_s
-        first = True
+        interval = self.config.load_poll_interval_s
         while True:
-            # Cleared before the check, so that a failure reported while it runs wakes the next one.
-            reported = worker.wake.is_set()
-            worker.wake.clear()
-            again = False
+            loads = client.loads(interval, health_every_s=self.config.health_poll_interval_s, check=worker.wake)
             try:
-                # The first check, and one after a failed request, ask the worker itself.
-                answered = None if first or reported else self._health_from_load(worker, interval)
-                if answered is not None:
-                    await self._apply_health(worker, answered)
-                else:
-                    again = await self._check_health(worker, client, interval)
-            except Exception:  # a poller that dies would freeze the worker's state: log and go on
-                logger.exception("worker %s: health poll failed", worker.address)
-            first = False
-            if again:
-                continue
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancel that arrives
-            # as the wake event is set (report() of a failure just before close()), and this loop
-            # then outlives the pool, so Router.close() never returns.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await worker.wake.wait()
+                async with contextlib.aclosing(loads):
+                    async for load in loads:
+                        await self._take(worker, load)
+            except Exception:  # a follower that dies would freeze the worker's state: log and go on
+                logger.exception("worker %s: following its Loads failed; following anew", worker.address)
+            await asyncio.sleep(interval)
 
-    def _health_from_load(self, worker: WorkerState, interval: float) -> str | None:
-        """The health status a Load answered within the last `interval` carries, if any: then the
-        health check is a unary call for nothing. A worker that stops answering Loads is checked
-        the usual way, and a failed request (report) always asks the worker itself."""
-        load = worker.load
-        if load is None or not load.health or self._clock() - worker.load_at > interval:
-            return None
-        if worker.loads <= worker.loads_at_check:
-            return None  # no Load answered since the last check: it would undo a newer verdict
-        return load.health
+    async def _take(self, worker: WorkerState, load: WorkerLoad) -> None:
+        if self._first_miss(worker, load.health):
+            worker.wake.set()  # the source asks the worker's health service again at once
+            return
+        worker.load = load
+        worker.load_at = self._clock()
+        worker.loads += 1
+        await self._apply_health(worker, load.health)
 
-    async def _check_health(self, worker: WorkerState, client: WorkerClient, interval: float) -> bool:
-        """One health check; True when it must be repeated at once (a first miss, see above)."""
-        status = await client.health(timeout=max(0.5, min(2.0, 2 * interval)))
-        worker.loads_at_check = worker.loads
-        if status == "UNREACHABLE" and worker.health in ("SERVING", "UNKNOWN") and not worker.request_failed:
-            worker.missed += 1
-            if worker.missed < HEALTH_MISSES_TO_LEAVE:
-                logger.info("worker %s: no health answer (%d in a row); asking again", worker.address, worker.missed)
-                return True
-        await self._apply_health(worker, status)
-        return False
+    def _first_miss(self, worker: WorkerState, status: str) -> bool:
+        """Whether an unanswered health check is one to ask again before believing it (see above)."""
+        if status != "UNREACHABLE" or worker.health not in ("SERVING", "UNKNOWN") or worker.request_failed:
+            return False
+        worker.missed += 1
+        if worker.missed >= HEALTH_MISSES_TO_LEAVE:
+            return False
+        logger.info("worker %s: no health answer (%d in a row); asking again", worker.address, worker.missed)
+        return True
 
     async def _apply_health(self, worker: WorkerState, status: str) -> None:
         worker.missed = 0
@@ -285,32 +263,6 @@ class Pool:
         worker.info = info
         self._notify()
 
-    async def _poll_load(self, worker: WorkerState) -> None:
-        client = self.clients.get(worker.address)
-        interval = self.config.load_poll_interval_s
-        while True:
-            pushed = None
-            try:
-                # A serving worker pushes its Load over the stream call, idle or not: a message
-                # on an open call costs a fraction of a unary call, and it comes as soon as sent.
-                if worker.health == "SERVING" and client.pushes_load(interval):
-                    pushed = await client.next_pushed_load(timeout=2 * interval + self._load_timeout())
-                # Otherwise a Load the worker attached to a stream call since the last turn is as
-                # fresh as a poll's answer, without the unary call; else a poll.
-                load = pushed or client.take_streamed_load() or await client.load(timeout=self._load_timeout())
-                worker.load = load
-                worker.load_at = self._clock()
-                worker.loads += 1
-            except FleetError:
-                pass  # health decides whether the worker is in rotation; keep the last Load
-            except Exception:
-                logger.exception("worker %s: load poll failed", worker.address)
-            if pushed is None:
-                await asyncio.sleep(interval)
-
-    def _load_timeout(self) -> float:
-        return max(0.5, min(2.0, 2 * self.config.load_poll_interval_s))
-
     # --- what streams use ---------------------------------------------------------------
 
     def progressing(self, address: str) -> bool:
@@ -323,7 +275,7 @@ class Pool:
         if worker.health != "SERVING" and not draining:
             return False  # its own verdict (e.g. its engine stalled), or no answer at all
         now = self._clock()
-        window = max(LOAD_FRESH_MIN_S, 2 * self.config.load_poll_interval_s + self._load_timeout())
+        window = max(LOAD_FRESH_MIN_S, late_after(self.config.load_poll_interval_s))
         if now - worker.output_at <= window:
             return True
         return worker.load is not None and now - worker.load_at <= window and worker.load.output_tokens_per_s > 0

@@ -11,7 +11,7 @@ recoverable failure, pick another worker and carry on:
   `resume_delivered_chars` says how much of those tokens' text the caller has: with stop
   strings a worker holds back text that could begin one, and the next worker sends that text
   first, or matches a stop string that spans the switch (worker/resume/stops.py).
-* A grammar-constrained request (`request.grammar_constrained`) cannot migrate: vLLM starts
+* A grammar-constrained request (`request.constrained`) cannot migrate: vLLM starts
   its grammar at the first generated token, so another worker could not keep the answer valid.
   It fails over before its first token as any other; after it, a worker failure ends the
   stream with MigrationUnsupportedError (fatal), never with an answer that breaks its grammar.
@@ -150,7 +150,7 @@ class RoutedStream:
     async def _run(self) -> AsyncIterator[Chunk]:
         await self.admit()
         ctx = self._context
-        n = max(1, self.request.params.n or 1)
+        n = max(1, self.request.n)
         self._samples = {(i, s): _Sample() for i in range(len(self.request.inputs)) for s in range(n)}
         outcome = "error"
         ctx.budget.record_request()
@@ -223,7 +223,7 @@ class RoutedStream:
         logger.warning("attempt %d on %s failed: %s", self.attempts, address, exc, extra={"request_id": rid})
         if isinstance(exc, DeadlineExceededError):
             raise exc
-        if self._delivered and self.request.grammar_constrained:
+        if self._delivered and self.request.constrained:
             tokens = sum(len(s.token_ids) for s in self._samples.values())
             raise MigrationUnsupportedError(
                 f"worker {address} failed after {tokens} tokens of a grammar-constrained answer; it cannot "
@@ -309,8 +309,9 @@ class RoutedStream:
                 resume_delivered_chars=_delivered_chars(original, progress)))
             progress.delivered_before = len(progress.token_ids)
             mapping.append((index, sample))
-        params = dataclasses.replace(request.params, n=1)
-        return dataclasses.replace(request, request_id=attempt_id, inputs=inputs, params=params), mapping
+        # Each unfinished sample resumes alone: n is the envelope's, the fleet's to schedule; the
+        # body, which says the client's n, is not touched.
+        return dataclasses.replace(request, request_id=attempt_id, inputs=inputs, n=1), mapping
 
     def _accept(self, chunk: Chunk, mapping: list[tuple[int, int]] | None) -> Chunk:
         if mapping is not None:

@@ -38,7 +38,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from vllm_fleet.protocol.types import SamplingParams
+from vllm_fleet.protocol.sampling import SamplingParams
 from vllm_fleet.spark.config import SparkGenerateConfig, build_config
 from vllm_fleet.spark.driver import check_fleet, collect_sessions, plan
 from vllm_fleet.spark.streaming import foreach_batch_writer

@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 
 from vllm_fleet.errors import (DeadlineExceededError, DuplicateRequestError, FleetError, InvalidRequestError,
                                MigrationUnsupportedError)
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest
+from vllm_fleet.protocol.sampling import build_request
+from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.router import RoutedStream, Router
 from vllm_fleet.spark.config import SparkGenerateConfig
 from vllm_fleet.spark.rows import RowResult
@@ -53,8 +54,8 @@ class Answerer:
         resends = 0  # a new id per resend, except after a duplicate: the copy must wait, not run
         for round_ in range(self.config.row_attempts):
             rid = request_id if resends == 0 else f"{request_id}-r{resends}"
-            request = GenerateRequest(request_id=rid, inputs=items, params=self.params, session_id=session_id,
-                                      constrained=self.params.constraint is not None)
+            # The body the gateway would send for these parameters: the worker reads no other form.
+            request = build_request(rid, items, self.params, session_id=session_id)
             stream: RoutedStream | None = None
             try:
                 stream = self.router.stream(request, model=self.config.model, deadline=deadline)

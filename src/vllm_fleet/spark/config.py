@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from vllm_fleet.config import FleetModel, validated
 from vllm_fleet.errors import ConfigError
-from vllm_fleet.protocol.types import Constraint, SamplingParams
+from vllm_fleet.protocol.sampling import Constraint, SamplingParams
 from vllm_fleet.router import RouterConfig
 
 SendAs = Literal["per_row", "one_request"]
@@ -102,7 +102,11 @@ def build_config(**values: Any) -> SparkGenerateConfig:
     """The config from `generate`'s keyword arguments; `params` may be a dict or SamplingParams."""
     params = values.get("params")
     if isinstance(params, SamplingParams):
-        params = {k: v for k, v in dataclasses.asdict(params).items() if v not in (None, [], False)}
+        # Only what differs from the default: 0, 0.0 and False can be values set on purpose (greedy,
+        # a seed, skip_special_tokens=False), so they are compared by type as well as value.
+        defaults = SamplingParams()
+        params = {k: v for k, v in dataclasses.asdict(params).items()
+                  if (type(v), v) != (type(getattr(defaults, k)), getattr(defaults, k))}
     elif params is None:
         params = {}
     elif not isinstance(params, dict):
@@ -115,6 +119,7 @@ def build_config(**values: Any) -> SparkGenerateConfig:
         raise ConfigError("params n must be 1: generate() writes one output per row")
     if isinstance(params.get("constraint"), Constraint):
         params["constraint"] = dataclasses.asdict(params["constraint"])
+    _check_body(params)
     values["params"] = params
     output_schema = values.get("output_schema")
     if output_schema is not None and not isinstance(output_schema, str):
@@ -127,6 +132,17 @@ def build_config(**values: Any) -> SparkGenerateConfig:
     except ValidationError as exc:
         problems = "; ".join(_describe(err) for err in exc.errors())
         raise ConfigError(f"vllm_fleet.spark.generate: {problems}") from None
+
+
+def _check_body(params: dict[str, Any]) -> None:
+    """The typed parameters must make a request body (e.g. a constraint of one kind): a job that
+    cannot build one fails before it reads a row. vLLM judges the values on the worker."""
+    constraint = params.get("constraint")
+    typed = SamplingParams(**{**params, "constraint": Constraint(**constraint) if isinstance(constraint, dict) else None})
+    try:
+        typed.body_fields("completion")
+    except ValueError as exc:
+        raise ConfigError(f"params: {exc}") from None
 
 
 def _struct_json(value: Any) -> str:

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from vllm_fleet.errors import ConfigError, NoWorkerError
-from vllm_fleet.protocol.types import Constraint
+from vllm_fleet.protocol.sampling import Constraint
 from vllm_fleet.registry import open_registry
 from vllm_fleet.router import Router
 from vllm_fleet.spark.config import SparkGenerateConfig

@@ -80,7 +80,7 @@ def to_input(value: Any, *, chat: bool) -> GenerateInput:
 
 def content_of(item: GenerateInput) -> Any:
     if item.messages is not None:
-        return [[m.role, m.content] for m in item.messages]
+        return [[m["role"], m.get("content")] for m in item.messages]
     return item.text
 
 

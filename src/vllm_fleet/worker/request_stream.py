@@ -63,7 +63,7 @@ class RequestStream:
         self._parsers = _StreamParsers(inputs)
         # A resumed stream's client has the echoed prompt already, from the first worker.
         self._echo = [None if item.held is not None or len(item.prompt_token_ids) > item.prompt_len
-                      else getattr(item, "echo_text", None) for item in inputs]
+                      else item.echo_text for item in inputs]
         self._echoed: set[tuple[int, int]] = set()
         self._n = n
         self._coalescer = Coalescer(interval_s)
@@ -179,11 +179,11 @@ class _StreamParsers:
 
 
 def _stream_parser(item: PreparedInput) -> StreamParser | None:
-    request = getattr(item, "openai_request", None)
+    request = item.vllm_request
     if request is None or not is_chat_request(request):
         return None
     prompt = item.prompt_token_ids[:item.prompt_len]
-    parser = StreamParser.create(getattr(item, "parser_cls", None), getattr(item, "tokenizer", None), request, prompt)
+    parser = StreamParser.create(item.parser_cls, item.tokenizer, request, prompt)
     resumed = item.prompt_token_ids[item.prompt_len:]
     if parser is not None and resumed:
         # Migration: the client has these tokens' deltas from the first worker; run them through

@@ -35,18 +35,13 @@ from vllm_fleet.worker.adapters import AdapterRegistry, HeldAdapter
 from vllm_fleet.worker.engines.base import Engine, SampleDelta
 from vllm_fleet.worker.watch.engine_watch import EngineWatch, StallBounds
 from vllm_fleet.worker.metrics import WorkerMetrics
-from vllm_fleet.worker.mux import MuxOutbox
+from vllm_fleet.worker.mux import MuxCall, MuxOutbox
 from vllm_fleet.worker.prepare import PreparedInput, prepare_input
 from vllm_fleet.worker.request_stream import Deltas, Ended, Failed, RequestStream, StreamEvent
 from vllm_fleet.worker.status import RequestStatus, status_for
 from vllm_fleet.worker.validation import Limits, validate_request
 
 logger = logging.getLogger(__name__)
-
-# How often a GenerateMany call that carries events also carries the worker's Load, unless the
-# client asked for pushes (MuxRequest.load_every_ms): twice per router Load interval (0.5 s by
-# default), so that each turn of a router that polls finds a fresh one and skips the poll.
-MUX_LOAD_INTERVAL_S = 0.25
 
 
 @dataclass
@@ -81,11 +76,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     # ------------------------------------------------------------------------------- Generate
 
     async def Generate(self, request_pb: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
-        request = request_from_pb(request_pb)
-        request_id = request.request_id or uuid.uuid4().hex
+        request_id = request_pb.request_id or uuid.uuid4().hex
         token = request_id_var.set(request_id)
         try:
-            async for chunk in self._run(request_id, request):
+            async for chunk in self._run(request_id, request_pb):
                 yield chunk_to_pb(chunk)
         except Exception as exc:
             status = self._status(exc)
@@ -97,82 +91,43 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def GenerateMany(self, requests: AsyncIterator[pb.MuxRequest],
                            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.MuxResponse]:
         """Requests of one client over one call; every chunk that is ready goes in one message."""
-        outbox = MuxOutbox()
-        running: dict[int, asyncio.Task] = {}
-
-        def handle(message: pb.MuxRequest) -> None:
-            nonlocal load_every, load_due
-            if message.load_every_ms:  # the client asks for Loads while the call is idle too
-                load_every = message.load_every_ms / 1000
-                load_due = loop.time()  # the first at once: it tells the client they will come
-                outbox.wake()
-            kind = message.WhichOneof("kind")
-            if kind == "start" and message.stream in running:
-                error = DuplicateRequestError(f"stream {message.stream} is already open on this call")
-                _end_with(outbox, message.stream, self._status(error))
-            elif kind == "start":
-                task = asyncio.create_task(self._run_muxed(message.stream, message.start, outbox))
-                running[message.stream] = task
-                task.add_done_callback(lambda _, stream=message.stream: running.pop(stream, None))
-            elif kind == "cancel":
-                task = running.get(message.stream)
-                if task is not None:
-                    task.cancel()
-            for more in message.batched:  # sent together by a busy client, in order
-                handle(more)
-
-        async def read() -> None:
-            try:
-                async for message in requests:
-                    handle(message)
-            finally:
-                # The client half-closed (or went away): the call ends once its requests have.
-                if running:
-                    await asyncio.gather(*running.values(), return_exceptions=True)
-                outbox.close()
-
-        loop = asyncio.get_running_loop()
-        load_due = loop.time()
-        load_every: float | None = None  # seconds between Loads on an idle call, once asked
-        timer: asyncio.TimerHandle | None = None
-
-        def wake_when_load_due() -> None:
-            # An idle call's writer waits in take(): this wakes it when a Load is due. Armed once
-            # per Load sent, not per message (a timeout per take() would cost every message).
-            nonlocal timer
-            if timer is not None:
-                timer.cancel()
-            timer = loop.call_at(load_due, outbox.wake)
-
-        reader = asyncio.create_task(read())
+        call = MuxCall(self.current_load)
+        reader = asyncio.create_task(self._read_mux(requests, call))
         try:
-            while (events := await outbox.take()) is not None:
-                load = None
-                if loop.time() >= load_due:  # the router then skips its Load poll (and health check)
-                    load = load_to_pb(self.current_load())
-                    # A client that asked for pushes takes each as it comes: its interval is enough.
-                    load_due = loop.time() + (load_every or MUX_LOAD_INTERVAL_S)
-                    if load_every is not None:
-                        wake_when_load_due()
-                elif not events:  # the timer ran a hair early: nothing due yet
-                    wake_when_load_due()
-                    continue
-                yield pb.MuxResponse(events=events, load=load, takes_batched=True,
-                                     load_every_ms=round(load_every * 1000) if load_every else 0)
+            while (response := await call.next_response()) is not None:
+                yield response
         finally:
-            if timer is not None:
-                timer.cancel()
             reader.cancel()
-            for task in list(running.values()):
-                task.cancel()
-            await asyncio.gather(reader, *running.values(), return_exceptions=True)
+            await call.close()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read_mux(self, requests: AsyncIterator[pb.MuxRequest], call: MuxCall) -> None:
+        """The call's incoming side, a task beside the writer: the client sends while it reads."""
+        try:
+            async for message in requests:
+                self._handle_mux(message, call)
+        finally:
+            await call.requests_ended()
+
+    def _handle_mux(self, message: pb.MuxRequest, call: MuxCall) -> None:
+        if message.load_every_ms:  # the client asks for Loads while the call is idle too
+            call.push_loads_every(message.load_every_ms / 1000)
+        kind = message.WhichOneof("kind")
+        if kind == "start" and call.is_open(message.stream):
+            error = DuplicateRequestError(f"stream {message.stream} is already open on this call")
+            _end_with(call.outbox, message.stream, self._status(error))
+        elif kind == "start":
+            call.start(message.stream, self._run_muxed(message.stream, message.start, call.outbox))
+        elif kind == "cancel":
+            call.cancel(message.stream)
+        for more in message.batched:  # sent together by a busy client, in order
+            self._handle_mux(more, call)
 
     async def _run_muxed(self, stream: int, request_pb: pb.GenerateRequest, outbox: MuxOutbox) -> None:
-        request = request_from_pb(request_pb)
-        request_id = request.request_id or uuid.uuid4().hex
+        request_id = request_pb.request_id or uuid.uuid4().hex
         request_id_var.set(request_id)  # this task's own context
         try:
-            async for chunk in self._run(request_id, request):
+            async for chunk in self._run(request_id, request_pb):
                 outbox.add_chunk(stream, chunk)
             outbox.end(stream)
         except asyncio.CancelledError:
@@ -184,8 +139,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """The status a failed request ends with, on either transport."""
         return status_for(exc, engine_healthy=self.engine.healthy)
 
-    async def _run(self, request_id: str, request: GenerateRequest) -> AsyncIterator[Chunk]:
-        """Admit, validate and stream one request; a refusal or failure raises a typed error."""
+    async def _run(self, request_id: str, request_pb: pb.GenerateRequest) -> AsyncIterator[Chunk]:
+        """Read, admit, validate and stream one request; a refusal or failure raises a typed error
+        (a request that cannot be read raises MalformedRequestError: INVALID_ARGUMENT)."""
+        request = request_from_pb(request_pb)
         if self.draining:
             raise WorkerUnavailableError("worker is draining; send the request to another worker")
         if not self.engine.healthy:
@@ -195,8 +152,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if request_id in self.active:
             raise DuplicateRequestError(f"request {request_id} is already running on this worker")
         try:
-            validate_request(request, self.limits)
-            prepared = [await prepare_input(self.engine, i, request) for i in range(len(request.inputs))]
+            validate_request(request, self.limits, schedules_by_priority=self.engine.schedules_by_priority)
+            prepared = [await prepare_input(self.engine, i, request, max_logprobs=self.limits.max_logprobs)
+                        for i in range(len(request.inputs))]
         except InvalidRequestError as exc:
             self.metrics.requests.labels("invalid").inc()
             logger.info("rejected: %s", exc)
@@ -214,7 +172,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         loop = asyncio.get_running_loop()
         started = loop.time()
         interval_ms = request.stream_interval_ms or self.config.default_stream_interval_ms
-        stream = RequestStream(prepared, request.params.n or 1, interval_ms / 1000, self.metrics, started)
+        stream = RequestStream(prepared, request.n, interval_ms / 1000, self.metrics, started)
         events: asyncio.Queue[StreamEvent] = asyncio.Queue()
         active = self._open(request_id)
         active.events = events

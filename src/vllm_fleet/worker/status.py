@@ -8,7 +8,8 @@ the status, GenerateMany reports it in the request's last event. In the order ch
     InvalidRequestError                           INVALID_ARGUMENT  (`param` names the field)
     WorkerOverloadedError                         RESOURCE_EXHAUSTED
     anything else, once the engine is unhealthy   UNAVAILABLE       ("the engine died: ...")
-    ValueError, TypeError                         INVALID_ARGUMENT  (vLLM refusing input it cannot take)
+    ValueError, TypeError                         INVALID_ARGUMENT  (vLLM refusing input it cannot take;
+                                                                     an undecodable request, naming `param`)
     anything else                                 INTERNAL          (logged with its traceback)
 
 Our own typed errors come first: they are decisions taken on purpose and say what they mean
@@ -59,6 +60,6 @@ def status_for(exc: BaseException, *, engine_healthy: bool = True) -> RequestSta
         logger.error("engine died during a request: %s", exc)
         return RequestStatus(grpc.StatusCode.UNAVAILABLE, f"the engine died: {exc}")
     if isinstance(exc, (ValueError, TypeError)):
-        return RequestStatus(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return RequestStatus(grpc.StatusCode.INVALID_ARGUMENT, str(exc), getattr(exc, "param", None))
     logger.error("the worker failed a request", exc_info=exc)
     return RequestStatus(grpc.StatusCode.INTERNAL, f"the worker failed this request: {exc}")

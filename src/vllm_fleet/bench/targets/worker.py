@@ -11,7 +11,8 @@ from vllm_fleet.bench.targets.base import Clock, Target
 from vllm_fleet.bench.workloads import BenchItem
 from vllm_fleet.client import ClientOptions, WorkerClient
 from vllm_fleet.errors import ConfigError
-from vllm_fleet.protocol.types import ChatMessage, Chunk, GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest
 
 
 def use_token_ids(config: BenchConfig, vocab_size: int | None) -> bool:
@@ -35,14 +36,14 @@ def generate_request(item: BenchItem, config: BenchConfig, request_id: str,
     """The worker-protocol request for `item`: token ids when the workload has them and the
     worker's vocabulary is known (or forced), else the text or chat messages."""
     if item.messages is not None:
-        inputs = GenerateInput(messages=[ChatMessage(m["role"], m["content"]) for m in item.messages])
+        inputs = GenerateInput(messages=[{"role": m["role"], "content": m["content"]} for m in item.messages])
     elif item.token_ids is not None and use_token_ids(config, vocab_size):
         inputs = GenerateInput(token_ids=fit_token_ids(item.token_ids, vocab_size))
     else:
         inputs = GenerateInput(text=item.prompt)
     params = SamplingParams(max_tokens=item.max_tokens, temperature=config.temperature, ignore_eos=config.ignore_eos)
-    return GenerateRequest(request_id=request_id, inputs=[inputs], params=params, session_id=item.session_id,
-                           stream_interval_ms=config.stream_interval_ms)
+    return build_request(request_id, [inputs], params, session_id=item.session_id,
+                         stream_interval_ms=config.stream_interval_ms)
 
 
 async def record_stream(chunks: AsyncIterable[Chunk], record: RequestRecord, clock: Clock) -> None:

@@ -21,10 +21,9 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from vllm_fleet.errors import ConfigError, FleetError
-from vllm_fleet.registry.zookeeper import call_on_loop
+from vllm_fleet.registry.zookeeper import call_on_loop, parse_zk_url
 
 logger = logging.getLogger(__name__)
 
@@ -38,27 +37,12 @@ class QuotaStoreUnavailable(FleetError):
     recoverable = True
 
 
-def parse_url(url: str) -> tuple[str, str]:
-    """`zk://host:port[,host:port...]/cluster` → (hosts, cluster); cluster defaults to 'default'."""
-    parts = urlsplit(url)
-    if parts.scheme != "zk" or not parts.netloc:
-        raise ConfigError(f"--fleet-quota {url!r} is not zk://host:port[,host:port]/cluster")
-    for host in parts.netloc.split(","):
-        name, sep, port = host.rpartition(":")
-        if not sep or not name or not port.isdigit():
-            raise ConfigError(f"--fleet-quota: ZooKeeper address {host!r} in {url!r} is not host:port")
-    cluster = parts.path.strip("/") or "default"
-    if "/" in cluster:
-        raise ConfigError(f"--fleet-quota: cluster name {cluster!r} must contain no '/'")
-    return parts.netloc, cluster
-
-
 class ZooKeeperQuotaStore:
     """Per-key shared state changed by compare-and-set, and the count of live gateways."""
 
     def __init__(self, url: str, *, session_timeout_s: float = 10.0, op_timeout_s: float = 2.0,
                  connect_timeout_s: float = 15.0) -> None:
-        self.hosts, self.cluster = parse_url(url)
+        self.hosts, self.cluster = parse_zk_url(url, option="--fleet-quota")
         self.base = f"{ROOT}/{self.cluster}/quota"
         self.session_timeout_s = session_timeout_s
         self.op_timeout_s = op_timeout_s

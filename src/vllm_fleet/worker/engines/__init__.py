@@ -5,6 +5,6 @@ control-plane tests and benchmarks (never a default); `dtype_choice.py` which we
 CPU worker loads.
 """
 
-from vllm_fleet.worker.engines.base import Engine, EnginePrompt, SampleDelta, build_engine
+from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta, build_engine
 
-__all__ = ["Engine", "EnginePrompt", "SampleDelta", "build_engine"]
+__all__ = ["Engine", "RenderedPrompt", "SampleDelta", "build_engine"]

@@ -1,7 +1,8 @@
 """The interface between the gRPC service and an inference engine.
 
-The service owns everything protocol-shaped (validation, coalescing, metrics, draining);
-an engine only tokenizes, generates and reports its load. Two implementations:
+The service owns everything protocol-shaped (validation, coalescing, metrics, draining), and
+prepare.py gives every request vLLM's meaning the same way for every engine; an engine only
+renders prompts, generates and reports its load. Two implementations:
 `VllmEngine` (the real one, vLLM's AsyncLLM) and `MockEngine` (a named stand-in).
 """
 
@@ -12,8 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, TokenLogprob, WorkerInfo, WorkerLoad
-from vllm_fleet.worker.validation import check_values
+from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad
 
 
 @dataclass(slots=True)
@@ -30,21 +30,12 @@ class SampleDelta:
 
 
 @dataclass(slots=True)
-class EnginePrompt:
-    """One input as the engine will run it: its prompt ids and the parameters `generate` takes.
+class RenderedPrompt:
+    """A request's prompt as the engine will run it: its token ids, and its text where the
+    renderer has it (a completion's `echo` sends it; None: decode the ids)."""
 
-    `params` is engine-shaped: vLLM's own SamplingParams (output kind DELTA) for the vLLM
-    engine, our typed SamplingParams for the mock. Either has `max_tokens` and `min_tokens`,
-    which prepare.py lowers by the tokens a resumed input already has.
-    `openai_request` is vLLM's ChatCompletionRequest / CompletionRequest (after the parser's
-    adjust_request) for an OpenAI request on the vLLM engine, else None; `echo_text` is the
-    prompt text a completion with `echo` sends first.
-    """
-
-    prompt_token_ids: list[int]
-    params: Any
-    openai_request: Any = None
-    echo_text: str | None = None
+    token_ids: list[int]
+    text: str | None = None
 
 
 class Engine(abc.ABC):
@@ -56,6 +47,8 @@ class Engine(abc.ABC):
     parser_cls: type | None = None
     # The model's tokenizer as the parsers take it (vLLM's); None for an engine without one.
     tokenizer: Any = None
+    # --enable-auto-tool-choice: tool_choice "auto" is accepted without a tool parser (vLLM's flag).
+    enable_auto_tool_choice: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -73,23 +66,21 @@ class Engine(abc.ABC):
     def vocab_size(self) -> int | None:
         return None
 
+    # What the engine adds to vLLM's meaning of a request (prepare.py): the model's generation
+    # config as sampling defaults, and a max_tokens the operator set for every request.
+    sampling_defaults: dict[str, Any] = {}
+    max_tokens_override: int | None = None
+    # Whether the engine schedules by priority: a request with a priority is refused otherwise,
+    # as vLLM refuses it, rather than run in arrival order without saying so.
+    schedules_by_priority: bool = False
+
     @abc.abstractmethod
-    async def tokenize(self, item: GenerateInput) -> list[int]:
-        """Prompt token ids for one input (chat template applied for chat inputs).
+    async def render(self, request: Any) -> RenderedPrompt:
+        """The prompt of one vLLM request (a ChatCompletionRequest with its chat template, or a
+        CompletionRequest's text or ids), rendered and tokenized as this engine's model does.
 
-        Raises InvalidRequestError for input the model cannot take (e.g. an unsupported role).
+        Raises InvalidRequestError for input the model cannot take.
         """
-
-    async def prepare(self, item: GenerateInput, request: GenerateRequest) -> EnginePrompt:
-        """One input of `request` made ready for `generate`; raises InvalidRequestError for bad input.
-
-        The default (the mock) tokenizes and keeps our typed SamplingParams; the vLLM engine
-        gives the request vLLM's meaning (its own request models for OpenAI bodies). With no
-        vLLM to check an OpenAI request's fields, the default checks their typed copies.
-        """
-        if request.openai is not None:
-            check_values(request.params)
-        return EnginePrompt(await self.tokenize(item), request.params)
 
     @abc.abstractmethod
     def decode(self, token_ids: list[int]) -> str:
@@ -100,7 +91,8 @@ class Engine(abc.ABC):
         self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0,
         adapter: Any = None,
     ) -> AsyncIterator[list[SampleDelta]]:
-        """Stream deltas. `params` is what this engine's `prepare` made (EnginePrompt.params);
+        """Stream deltas. `params` is vLLM's SamplingParams (output kind DELTA) as prepare.py made
+        them (the mock also takes the documented subset of mock_subset.py where vLLM is missing);
         `adapter` a HeldAdapter (adapters.py) to generate with, None for the base model.
         Cancelling the consumer must abort the request in the engine."""
 

@@ -6,10 +6,17 @@ checked against an uninterrupted one. It paces itself like an engine: a first-to
 (fixed + per prompt token), then `tokens_per_s` per sequence, emitted in steps of ~10 ms.
 Optionally `max_num_seqs` bounds concurrent sequences (the rest wait, as in a real scheduler).
 
-With `mock_tokenizer` (a real tokenizer folder) it tokenizes with that tokenizer (chat
-template included), serves OpenAI chat bodies through vLLM's request model and the configured
-tool/reasoning parsers, and with `mock_script` answers every prompt with the script's tokens
-(mock_script.py), so parser behaviour can be tested, migration included, without a model.
+It reads the same request body as the real engine, through the same preparation (prepare.py):
+vLLM's request model and SamplingParams, so it checks and samples with vLLM's meaning. Of that
+meaning it acts on n, max_tokens, min_tokens, stop strings (as vLLM streams them), logprobs,
+skip_special_tokens, and steers its hashed tokens by `logit_bias` (a bias of +100 or more
+forces a token, -100 or less bans it), `allowed_token_ids` (only those) and `seed` (a different,
+repeatable answer per seed); see `MockSampling`.
+
+With `mock_tokenizer` (a real tokenizer folder) it renders prompts with that tokenizer (chat
+template included), runs the configured tool/reasoning parsers, and with `mock_script` answers
+every prompt with the script's tokens (mock_script.py), so parser behaviour can be tested,
+migration included, without a model.
 """
 
 from __future__ import annotations
@@ -20,21 +27,16 @@ import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 from vllm_fleet import __version__
 from vllm_fleet.config import EngineConfig
-from vllm_fleet.errors import ConfigError, InvalidRequestError
-from vllm_fleet.protocol.types import (
-    CHAT_ROLES,
-    GenerateInput,
-    GenerateRequest,
-    SamplingParams,
-    TokenLogprob,
-    WorkerInfo,
-    WorkerLoad,
-)
+from vllm_fleet.errors import ConfigError
+from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad, content_text
 from vllm_fleet.worker.adapters import HeldAdapter
-from vllm_fleet.worker.engines.base import Engine, EnginePrompt, SampleDelta
+from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
 from vllm_fleet.worker.engines.mock_stops import apply_stop_strings
 from vllm_fleet.worker.engines.mock_script import MockScript, load_tokenizer
 
@@ -51,20 +53,55 @@ _STEP_S = 0.01
 RATE_WINDOW_S = 5  # Load's output tokens/s covers this many seconds
 
 
-def mock_next_token(previous: list[int], sample: int, first: bool, adapter: str = "") -> int:
+@dataclass(frozen=True, slots=True)
+class MockSampling:
+    """What of vLLM's sampling parameters steers the mock's hashed tokens."""
+
+    forced: int | None = None              # logit_bias of +100 or more: always this token
+    banned: frozenset[int] = frozenset()   # logit_bias of -100 or less: never these
+    allowed: tuple[int, ...] = ()          # allowed_token_ids: only these ("" = every word)
+    seed: int | None = None
+
+    @classmethod
+    def of(cls, params: Any) -> MockSampling:
+        bias = getattr(params, "logit_bias", None) or {}
+        forced = [token for token, value in bias.items() if value >= 100]
+        return cls(
+            forced=max(forced, key=lambda token: bias[token]) if forced else None,
+            banned=frozenset(token for token, value in bias.items() if value <= -100),
+            allowed=tuple(sorted(getattr(params, "allowed_token_ids", None) or ())),
+            seed=getattr(params, "seed", None),
+        )
+
+
+GREEDY = MockSampling()
+
+
+def mock_next_token(previous: list[int], sample: int, first: bool, adapter: str = "",
+                    sampling: MockSampling = GREEDY) -> int:
     """The deterministic next token after `previous` (the prompt plus what was generated).
 
     It depends only on the last two tokens (and, for the first answer token, the sample
     number), so a stream resumed elsewhere from prompt + tokens-so-far continues exactly as
     the uninterrupted one would. A LoRA adapter's name salts every token: an adapter answers
-    differently from the base model, and the same on every worker that holds it.
+    differently from the base model, and the same on every worker that holds it. `sampling`
+    steers the choice as the request's sampling parameters ask.
     """
+    if sampling.forced is not None:
+        return sampling.forced
     a = previous[-1] if previous else 0
     b = previous[-2] if len(previous) > 1 else 0
     salt = sample if first else 0
     key = f"{a}:{b}:{salt}" if not adapter else f"{a}:{b}:{salt}:{adapter}"
-    digest = hashlib.blake2b(key.encode(), digest_size=4).digest()
-    return len(_SPECIALS) + int.from_bytes(digest, "little") % len(_WORDS)
+    if sampling.seed is not None:
+        key += f":seed{sampling.seed}"
+    candidates = sampling.allowed or range(len(_SPECIALS), len(VOCAB))
+    for attempt in range(len(candidates)):
+        digest = hashlib.blake2b(f"{key}:{attempt}".encode() if attempt else key.encode(), digest_size=4).digest()
+        token = candidates[int.from_bytes(digest, "little") % len(candidates)]
+        if token not in sampling.banned:
+            return token
+    return token  # every candidate banned: vLLM would sample one anyway
 
 
 class MockEngine(Engine):
@@ -81,10 +118,14 @@ class MockEngine(Engine):
         self._recent: collections.deque[list[int]] = collections.deque()
         self._alive = False
         self.tokenizer = None        # a real tokenizer, with mock_tokenizer
+        self.enable_auto_tool_choice = config.enable_auto_tool_choice
         self._script: MockScript | None = None
         self._adapter_ids: set[int] = set()  # loaded adapters: a request on a removed one fails, as in vLLM
 
     async def start(self) -> None:
+        from vllm_fleet.worker.prepare import import_vllm_meaning
+
+        await asyncio.to_thread(import_vllm_meaning)  # the mock prepares requests with vLLM's meaning too
         if self.config.mock_script and not self.config.mock_tokenizer:
             raise ConfigError("--mock-script needs --mock-tokenizer (the script is tokenized with it)")
         if self.config.mock_tokenizer:
@@ -120,45 +161,26 @@ class MockEngine(Engine):
     def vocab_size(self) -> int:
         return len(self.tokenizer) if self.tokenizer is not None else len(VOCAB)
 
-    async def prepare(self, item: GenerateInput, request: GenerateRequest) -> EnginePrompt:
-        if self.tokenizer is None:
-            return await super().prepare(item, request)
-        vllm_request, template_kwargs = None, {}
-        if request.openai is not None and request.openai.endpoint == "chat":
-            from vllm_fleet.worker.openai import parsing
-            from vllm_fleet.worker.openai.request import build_vllm_request
-
-            vllm_request = parsing.adjust_request(self.parser_cls, self.tokenizer, build_vllm_request(request.openai, item),
-                                                  self.config.enable_auto_tool_choice)
-            template_kwargs = parsing.chat_template_kwargs(vllm_request)
-        return EnginePrompt(self._tokenize_real(item, template_kwargs), request.params, openai_request=vllm_request)
-
-    def _tokenize_real(self, item: GenerateInput, template_kwargs: dict) -> list[int]:
-        if item.token_ids is not None:
-            return list(item.token_ids)
-        if item.messages is None:
-            return list(self.tokenizer.encode(item.text or "", add_special_tokens=False))
-        template_kwargs = {"add_generation_prompt": True, **template_kwargs}
-        messages = [{"role": m.role, "content": m.content} for m in item.messages]
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, **template_kwargs)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    async def tokenize(self, item: GenerateInput) -> list[int]:
+    async def render(self, request: Any) -> RenderedPrompt:
+        """A vLLM request's prompt: the real tokenizer's (chat template included) with
+        mock_tokenizer, else one mock token per whitespace-separated word."""
+        messages = getattr(request, "messages", None)
+        if messages is None:  # a completion: text, or token ids as they are
+            prompt = request.prompt
+            if isinstance(prompt, list):
+                return RenderedPrompt(list(prompt))
+            if self.tokenizer is not None:
+                return RenderedPrompt(list(self.tokenizer.encode(prompt, add_special_tokens=False)), prompt)
+            return RenderedPrompt(_word_tokens(prompt), prompt)
+        turns = [{"role": m["role"], "content": content_text(m.get("content"))} for m in messages]
         if self.tokenizer is not None:
-            return self._tokenize_real(item, {})
-        if item.token_ids is not None:
-            return list(item.token_ids)
-        if item.messages is not None:
-            text = ""
-            for message in item.messages:
-                if message.role not in CHAT_ROLES:
-                    raise InvalidRequestError(f"unknown chat role {message.role!r}", param="messages")
-                text += f" <|{message.role}|> {message.content}"
-            text += " <|assistant|>"
-        else:
-            text = item.text or ""
-        # One token per whitespace-separated word, hashed into the vocabulary.
-        return [len(_SPECIALS) + (hash_word(w) % len(_WORDS)) for w in text.split()]
+            from vllm_fleet.worker.openai.parsing import chat_template_kwargs
+
+            kwargs = {"add_generation_prompt": True, **chat_template_kwargs(request)}
+            ids = self.tokenizer.apply_chat_template(turns, tokenize=True, **kwargs)
+            return RenderedPrompt(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        text = "".join(f" <|{turn['role']}|> {turn['content']}" for turn in turns) + " <|assistant|>"
+        return RenderedPrompt(_word_tokens(text), text)
 
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is not None:
@@ -166,11 +188,13 @@ class MockEngine(Engine):
         return "".join(VOCAB[i] for i in token_ids if i >= len(_SPECIALS))
 
     async def generate(
-        self, engine_request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, priority: int = 0,
+        self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0,
         adapter: HeldAdapter | None = None,
     ) -> AsyncIterator[list[SampleDelta]]:
-        n = params.n or 1
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(prompt_token_ids)
+        """`params`: vLLM's SamplingParams as prepare.py made them (or mock_subset.py's, without vLLM)."""
+        self._verify(params)
+        n = params.n
+        max_tokens = params.max_tokens
         if self._slots is not None:
             self._waiting += 1
             try:
@@ -185,7 +209,7 @@ class MockEngine(Engine):
                 steps = self._scripted_steps(prompt_token_ids, max_tokens, params, n)
             else:
                 steps = self._hashed_steps(prompt_token_ids, max_tokens, params, n,
-                                           adapter.name if adapter is not None else "")
+                                           adapter.name if adapter is not None else "", MockSampling.of(params))
             steps = apply_stop_strings(steps, params, self.decode)  # held-back text and all, as vLLM
             next_step = time.monotonic()
             for deltas in steps:
@@ -203,8 +227,23 @@ class MockEngine(Engine):
             if self._slots is not None:
                 self._slots.release()
 
-    def _hashed_steps(self, prompt_token_ids: list[int], max_tokens: int, params: SamplingParams,
-                      n: int, adapter: str = "") -> Iterator[list[SampleDelta]]:
+    def _verify(self, params: Any) -> None:
+        """What vLLM's engine checks of the parameters against the model when a request is added
+        (SamplingParams.verify), with vLLM's own checks, against the mock's vocabulary."""
+        vocabulary = SimpleNamespace(get_vocab_size=lambda: self.vocab_size)
+        for name in ("_validate_logit_bias", "_validate_allowed_token_ids", "_validate_stop_token_ids"):
+            check = getattr(params, name, None)  # vLLM's private checks; absent ones are skipped
+            if check is None:
+                continue
+            from vllm_fleet.worker.openai.errors import invalid_request, vllm_error_types
+
+            try:
+                check(vocabulary)
+            except vllm_error_types() as exc:
+                raise invalid_request(exc) from None
+
+    def _hashed_steps(self, prompt_token_ids: list[int], max_tokens: int, params: Any,
+                      n: int, adapter: str = "", sampling: MockSampling = GREEDY) -> Iterator[list[SampleDelta]]:
         """The deterministic hashed tokens, ~10 ms of tokens per step."""
         per_step = max(1, round(self.config.mock_tokens_per_s * _STEP_S))
         position = 0
@@ -215,7 +254,8 @@ class MockEngine(Engine):
             for sample in range(n):
                 ids = []
                 for k in range(count):
-                    token = mock_next_token(sequences[sample], sample, first=position + k == 0, adapter=adapter)
+                    token = mock_next_token(sequences[sample], sample, first=position + k == 0, adapter=adapter,
+                                            sampling=sampling)
                     sequences[sample] = [sequences[sample][-1], token]
                     ids.append(token)
                 done = position + count >= max_tokens
@@ -229,11 +269,11 @@ class MockEngine(Engine):
             position += count
             yield deltas
 
-    def _scripted_steps(self, prompt_token_ids: list[int], max_tokens: int, params: SamplingParams,
+    def _scripted_steps(self, prompt_token_ids: list[int], max_tokens: int, params: Any,
                         n: int) -> Iterator[list[SampleDelta]]:
         """The script after what the prompt already holds; every sample answers the same."""
         assert self._script is not None
-        skip = params.skip_special_tokens if getattr(params, "skip_special_tokens", None) is not None else True
+        skip = params.skip_special_tokens if params.skip_special_tokens is not None else True
         for step in self._script.steps(prompt_token_ids, max_tokens, skip_special_tokens=skip):
             yield [SampleDelta(sample=sample, text=step.text, token_ids=list(step.token_ids),
                                finish_reason=step.finish_reason) for sample in range(n)]
@@ -282,6 +322,11 @@ async def _wait_while_exists(path: str) -> None:
     while its EngineCore process is wedged)."""
     while os.path.exists(path):
         await asyncio.sleep(_STEP_S)
+
+
+def _word_tokens(text: str) -> list[int]:
+    """One mock token per whitespace-separated word, hashed into the vocabulary."""
+    return [len(_SPECIALS) + (hash_word(w) % len(_WORDS)) for w in text.split()]
 
 
 def hash_word(word: str) -> int:

@@ -18,13 +18,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from vllm_fleet.config import EngineConfig
-from vllm_fleet.errors import ConfigError, InvalidRequestError, ModelError
+from vllm_fleet.errors import ConfigError, InvalidRequestError, ModelError, WorkerUnavailableError
 from vllm_fleet.models import resolve_model
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.engines.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
-from vllm_fleet.worker.engines.base import Engine, EnginePrompt, SampleDelta
-from vllm_fleet.worker.openai.sampling import invalid_request, vllm_error_types
-from vllm_fleet.worker.openai.render import VllmPrompts
+from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
+from vllm_fleet.worker.openai.errors import invalid_request, vllm_error_types
+from vllm_fleet.worker.openai.render import VllmRenderer
 
 logger = logging.getLogger(__name__)
 
@@ -118,12 +118,11 @@ class VllmEngine(Engine):
         self._llm: Any = None
         self._tokenizer: Any = None
         self._recorder = _LoadRecorder()
-        self._defaults: dict[str, Any] = {}
         self._served_name = ""
         self._max_model_len = 0
-        self._priority_scheduling = False
         self._dtype_choice: DtypeChoice | None = None
-        self._prompts: VllmPrompts | None = None
+        self._renderer: VllmRenderer | None = None
+        self.enable_auto_tool_choice = config.enable_auto_tool_choice
         self.parser_cls: type | None = None
 
     async def start(self) -> None:
@@ -161,15 +160,22 @@ class VllmEngine(Engine):
             raise ModelError(f"vLLM could not load {resolved.path}: {exc}") from exc
         vllm_config = self._llm.vllm_config
         self._max_model_len = vllm_config.model_config.max_model_len
-        self._defaults = vllm_config.model_config.get_diff_sampling_param() or {}
-        self._priority_scheduling = vllm_config.scheduler_config.policy == "priority"
+        model_config = vllm_config.model_config
+        self.sampling_defaults = model_config.get_diff_sampling_param() or {}
+        # As vLLM's serving classes compute it: a max_tokens the operator set for the model caps
+        # every request.
+        if model_config.generation_config not in ("auto", "vllm"):
+            self.max_tokens_override = self.sampling_defaults.get("max_tokens")
+        else:
+            self.max_tokens_override = (getattr(model_config, "override_generation_config", None) or {}).get(
+                "max_new_tokens")
+        self.schedules_by_priority = vllm_config.scheduler_config.policy == "priority"
         try:
             self._tokenizer = self._llm.get_tokenizer()
         except Exception:  # token-id-only deployments (e.g. dummy weights with no tokenizer)
             self._tokenizer = None
         self.parser_cls = self._parser_class()
-        self._prompts = VllmPrompts(self._llm, self._tokenizer, self._defaults, parser_cls=self.parser_cls,
-                                    enable_auto_tool_choice=self.config.enable_auto_tool_choice)
+        self._renderer = VllmRenderer(self._llm, self._tokenizer)
         await self._warm_up()
         logger.info("vLLM engine ready: model=%s max_model_len=%d", self._served_name, self._max_model_len)
 
@@ -233,12 +239,11 @@ class VllmEngine(Engine):
     def vocab_size(self) -> int | None:
         return self._llm.vllm_config.model_config.get_vocab_size() if self._llm is not None else None
 
-    async def tokenize(self, item: GenerateInput) -> list[int]:
-        return await self._prompts.tokenize(item)
-
-    async def prepare(self, item: GenerateInput, request: GenerateRequest) -> EnginePrompt:
-        """vLLM's meaning of one input: its own request models and SamplingParams (vllm_prompt.py)."""
-        return await self._prompts.prepare(item, request)
+    async def render(self, request: Any) -> RenderedPrompt:
+        """vLLM's own rendering of a request (openai/render.py)."""
+        if self._renderer is None:
+            raise WorkerUnavailableError("the engine is not started")
+        return await self._renderer.render(request)
 
     def decode(self, token_ids: list[int]) -> str:
         if self._tokenizer is None:
@@ -252,7 +257,7 @@ class VllmEngine(Engine):
         """`params`: vLLM's SamplingParams with output kind DELTA, as `prepare` made them."""
         from vllm.inputs import TokensPrompt
 
-        extra: dict[str, Any] = {"priority": priority} if self._priority_scheduling else {}
+        extra: dict[str, Any] = {"priority": priority} if self.schedules_by_priority else {}
         if adapter is not None:
             extra["lora_request"] = self._lora_request(adapter)
         stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, engine_request_id, **extra)

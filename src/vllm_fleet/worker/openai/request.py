@@ -1,10 +1,12 @@
-"""An OpenAI request's fields as vLLM's own request model, so that vLLM gives them their meaning.
+"""A request's body and envelope as vLLM's own request model, so that vLLM gives every field its meaning.
 
-The gateway forwards the fields vLLM acts on as JSON (`GenerateRequest.openai.body_json`) and
-the messages or prompt as typed inputs (the router reads those). Here they become one
-`ChatCompletionRequest` (endpoint "chat") or `CompletionRequest` ("completion") per input, and
-vLLM's validators run on them. A field they refuse becomes an InvalidRequestError whose `param`
-is that field, so the client gets a 400 / INVALID_ARGUMENT naming it.
+The body (`GenerateRequest.body`) holds the client's fields in vLLM's OpenAI shape; the envelope
+holds what the fleet schedules: the input (messages or prompt), `n` and `priority`. Here the
+two become one `ChatCompletionRequest` (endpoint "chat") or `CompletionRequest` ("completion")
+per input, with the envelope's values put in, and vLLM's validators run on what will really
+run (a migrated sample's n=1, not the client's n). A field they refuse becomes an
+InvalidRequestError whose `param` is that field, so the client gets a 400 / INVALID_ARGUMENT
+naming it.
 
 vLLM names used (both 0.26 and 0.32): `vllm.entrypoints.openai.chat_completion.protocol.
 ChatCompletionRequest`, `vllm.entrypoints.openai.completion.protocol.CompletionRequest`.
@@ -13,89 +15,86 @@ ChatCompletionRequest`, `vllm.entrypoints.openai.completion.protocol.CompletionR
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_fleet.errors import InvalidRequestError
-from vllm_fleet.protocol.types import ChatMessage, GenerateInput, OpenAIOptions
-from vllm_fleet.worker.openai.sampling import invalid_request, vllm_error_types
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest
+from vllm_fleet.worker.openai.errors import invalid_request, vllm_error_types
+
+if TYPE_CHECKING:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    VllmRequest = ChatCompletionRequest | CompletionRequest
 
 ENDPOINTS = ("chat", "completion")
+# Fields the envelope carries; a body that has them is refused, so no field has two values.
+ENVELOPE_FIELDS = {"messages": "the inputs", "prompt": "the inputs", "n": "GenerateRequest.n",
+                   "priority": "GenerateRequest.priority"}
 _MAX_ERRORS_SHOWN = 3
 
 
-def message_dict(message: ChatMessage, position: int) -> dict[str, Any]:
-    """One typed message as the OpenAI dict vLLM's request model and chat templates take."""
-    entry: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.name:
-        entry["name"] = message.name
-    if message.tool_call_id:
-        entry["tool_call_id"] = message.tool_call_id
-    if message.tool_calls_json:
-        try:
-            entry["tool_calls"] = json.loads(message.tool_calls_json)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError(f"message {position}: tool_calls is not JSON: {exc}", param="messages") from None
-        if not message.content:
-            entry["content"] = None  # an assistant turn that only calls tools, as OpenAI sends it
-    if message.reasoning:
-        entry["reasoning"] = message.reasoning
-    return entry
-
-
-def request_body(openai: OpenAIOptions, item: GenerateInput) -> dict[str, Any]:
-    """The forwarded fields plus this input's messages (chat) or prompt (completion)."""
-    if openai.endpoint not in ENDPOINTS:
-        raise InvalidRequestError(f"unknown OpenAI endpoint {openai.endpoint!r}; use one of {', '.join(ENDPOINTS)}",
-                                  param="openai.endpoint")
+def request_fields(request: GenerateRequest, item: GenerateInput) -> dict[str, Any]:
+    """The body's fields plus what the envelope carries for this input, as one OpenAI request."""
+    endpoint = request.body.endpoint
+    if endpoint not in ENDPOINTS:
+        raise InvalidRequestError(f"unknown endpoint {endpoint!r} in the request body; use one of "
+                                  f"{', '.join(ENDPOINTS)}", param="body.endpoint")
     try:
-        body = json.loads(openai.body_json or b"{}")
+        fields = json.loads(request.body.body_json or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"the OpenAI body is not JSON: {exc}", param="openai.body_json") from None
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the OpenAI body must be a JSON object", param="openai.body_json")
-    for typed in ("messages", "prompt"):
-        if typed in body:
-            raise InvalidRequestError(f"the OpenAI body carries {typed!r}; it travels as the request's inputs",
-                                      param=typed)
-    if openai.endpoint == "chat":
+        raise InvalidRequestError(f"the request body is not JSON: {exc}", param="body") from None
+    if not isinstance(fields, dict):
+        raise InvalidRequestError("the request body must be a JSON object", param="body")
+    for name, carrier in ENVELOPE_FIELDS.items():
+        if name in fields:
+            raise InvalidRequestError(f"the request body carries {name!r}; it travels in {carrier}", param=name)
+    if endpoint == "chat":
         if item.messages is None:
             raise InvalidRequestError("a chat request needs messages as its input", param="messages")
-        body["messages"] = [message_dict(m, i) for i, m in enumerate(item.messages)]
+        fields["messages"] = item.messages
     else:
         if item.messages is not None:
             raise InvalidRequestError("a completion request takes a prompt (text or token ids), not messages",
                                       param="prompt")
-        body["prompt"] = list(item.token_ids) if item.token_ids is not None else (item.text or "")
-    return body
+        fields["prompt"] = list(item.token_ids) if item.token_ids is not None else (item.text or "")
+    fields["n"] = request.n
+    if request.priority:
+        fields["priority"] = request.priority
+    return fields
 
 
-def build_vllm_request(openai: OpenAIOptions, item: GenerateInput) -> Any:
+def build_vllm_request(request: GenerateRequest, item: GenerateInput) -> VllmRequest:
     """vLLM's ChatCompletionRequest or CompletionRequest for one input; vLLM's validators run.
 
     Raises InvalidRequestError naming the field vLLM refused.
     """
     from pydantic import ValidationError
 
-    body = request_body(openai, item)
-    if openai.endpoint == "chat":
+    fields = request_fields(request, item)
+    if request.body.endpoint == "chat":
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as model
     else:
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest as model
     try:
-        return model.model_validate(body)
+        return model.model_validate(fields)
     except ValidationError as exc:
-        raise validation_error(exc) from None
+        raise validation_error(exc, "messages" if request.body.endpoint == "chat" else "prompt") from None
     except vllm_error_types() as exc:  # a validator that raised vLLM's own error (0.32)
         raise invalid_request(exc) from None
 
 
-def validation_error(exc: Any) -> InvalidRequestError:
+def validation_error(exc: Any, input_param: str) -> InvalidRequestError:
     """pydantic's ValidationError as an InvalidRequestError: param is the first error's field
-    (or the field a vLLM validator named), the message lists the first few problems."""
+    (or the field a vLLM validator named; `input_param` when the error is inside an input, whose
+    location starts at a list index), the message lists the first few problems."""
     errors = exc.errors()
     first = errors[0] if errors else {}
     loc = first.get("loc") or ()
-    param = str(loc[0]) if loc else getattr((first.get("ctx") or {}).get("error"), "parameter", None)
+    if loc:
+        param = str(loc[0]) if isinstance(loc[0], str) and not loc[0].isdigit() else input_param
+    else:
+        param = getattr((first.get("ctx") or {}).get("error"), "parameter", None)
     problems = []
     for error in errors[:_MAX_ERRORS_SHOWN]:
         where = ".".join(str(part) for part in error.get("loc") or ())
