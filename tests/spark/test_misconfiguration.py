@@ -32,6 +32,12 @@ def df_of(spark):
     ({"prompt_col": "prompt", "output_col": "id"}, "already has column(s) id"),
     ({"prompt_col": "prompt", "params": {"max_token": 5}}, "unknown sampling parameter(s) max_token"),
     ({"prompt_col": "prompt", "params": {"n": 2}}, "n must be 1"),
+    # The typed parameters must build a request body before any row is read.
+    ({"prompt_col": "prompt", "params": {"constraint": 5}}, "constraint must be a Constraint or a dict"),
+    ({"prompt_col": "prompt", "params": {"constraint": {"regexx": "a"}}}, "unexpected keyword argument 'regexx'"),
+    ({"prompt_col": "prompt", "params": {"constraint": {"regex": "a", "choice": ["x"]}}},
+     "constraint must set exactly one of"),
+    ({"prompt_col": "prompt", "params": {"constraint": {"json_schema": "{not json"}}}, "json_schema is not JSON"),
 ])
 async def test_bad_arguments_are_config_errors(spark, mock_pair, no_jobs, kwargs, message):
     with pytest.raises(ConfigError) as caught:

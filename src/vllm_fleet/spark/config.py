@@ -138,10 +138,13 @@ def _check_body(params: dict[str, Any]) -> None:
     """The typed parameters must make a request body (e.g. a constraint of one kind): a job that
     cannot build one fails before it reads a row. vLLM judges the values on the worker."""
     constraint = params.get("constraint")
-    typed = SamplingParams(**{**params, "constraint": Constraint(**constraint) if isinstance(constraint, dict) else None})
+    if constraint is not None and not isinstance(constraint, dict):
+        raise ConfigError(f"params: constraint must be a Constraint or a dict of its fields, "
+                          f"not {type(constraint).__name__}")
     try:
+        typed = SamplingParams(**{**params, "constraint": Constraint(**constraint) if constraint else None})
         typed.body_fields("completion")
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         raise ConfigError(f"params: {exc}") from None
 
 
