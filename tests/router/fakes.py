@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from support import wait_until
 from vllm_fleet.client.loads import LoadFeed
 from vllm_fleet.errors import WorkerUnavailableError
-from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
+from vllm_fleet.protocol.types import REQUEST_FORM, WorkerInfo, WorkerLoad
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import RouterConfig
 from vllm_fleet.router.metrics import RouterMetrics
@@ -56,6 +56,8 @@ class ScriptedWorkerClient:
         self.pushing: WorkerLoad | None = None    # a Load the worker pushes on its stream call
         self.push_stalled = False                 # it says it pushes, but no push comes
         self.push_asked_every: float | None = None
+        self.request_form = REQUEST_FORM          # what its Info says it reads (0: a 0.1 worker)
+        self.info_calls = 0
         self.push_waits = 0                       # waits for a push begun
         self.pushes_late = 0                      # ... that ran out
         self.health_calls = 0
@@ -72,7 +74,8 @@ class ScriptedWorkerClient:
         return self.answer
 
     async def info(self, timeout: float) -> WorkerInfo:
-        return WorkerInfo(model="m", max_model_len=2048, engine="mock")
+        self.info_calls += 1
+        return WorkerInfo(model="m", max_model_len=2048, engine="mock", request_form=self.request_form)
 
     def take_streamed_load(self) -> WorkerLoad | None:
         return self.streaming

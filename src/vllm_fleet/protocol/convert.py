@@ -181,7 +181,7 @@ def info_to_pb(info: WorkerInfo) -> pb.WorkerInfo:
     return pb.WorkerInfo(
         model=info.model, max_model_len=info.max_model_len, engine=info.engine, version=info.version,
         engine_version=info.engine_version, settings=info.settings, device=info.device,
-        worker_id=info.worker_id, pool=info.pool,
+        worker_id=info.worker_id, pool=info.pool, request_form=info.request_form,
     )
 
 
@@ -189,7 +189,7 @@ def info_from_pb(msg: pb.WorkerInfo) -> WorkerInfo:
     return WorkerInfo(
         model=msg.model, max_model_len=msg.max_model_len, engine=msg.engine, version=msg.version,
         engine_version=msg.engine_version, settings=dict(msg.settings), device=msg.device,
-        worker_id=msg.worker_id, pool=msg.pool,
+        worker_id=msg.worker_id, pool=msg.pool, request_form=msg.request_form,
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from vllm_fleet.protocol import worker_pb2 as pb
 from vllm_fleet.protocol.sampling import Constraint, SamplingParams, body_json, endpoint_for, is_constrained
-from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RequestBody
+from vllm_fleet.protocol.types import ChatMessage, GenerateInput, GenerateRequest, RequestBody
 
 _OPTIONAL = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed", "n", "logprobs",
              "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "skip_special_tokens",
@@ -25,20 +25,14 @@ def messages(chat: pb.ChatMessages) -> list[dict[str, Any]]:
     """Typed messages as OpenAI dicts; tool calls that are not JSON stay a string, for vLLM to refuse."""
     out = []
     for m in chat.messages:
-        message: dict[str, Any] = {"role": m.role, "content": m.content}
-        if m.name:
-            message["name"] = m.name
-        if m.tool_call_id:
-            message["tool_call_id"] = m.tool_call_id
+        message = ChatMessage(m.role, m.content, m.name, m.tool_call_id, reasoning=m.reasoning).to_openai()
         if m.tool_calls_json:
             try:
                 message["tool_calls"] = json.loads(m.tool_calls_json)
             except json.JSONDecodeError:
                 message["tool_calls"] = m.tool_calls_json
             if not m.content:
-                message["content"] = None
-        if m.reasoning:
-            message["reasoning"] = m.reasoning
+                message["content"] = None  # an assistant turn that only calls tools, as OpenAI sends it
         out.append(message)
     return out
 

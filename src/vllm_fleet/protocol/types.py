@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+# The request form of this release (WorkerInfo.request_form): an envelope plus vLLM's body.
+REQUEST_FORM = 2
 
 
 @dataclass(slots=True)
@@ -182,6 +184,7 @@ class WorkerInfo:
     device: str = ""
     worker_id: str = ""
     pool: str = ""             # the workload pool it serves (e.g. short | long); "" = any
+    request_form: int = REQUEST_FORM  # the request form it reads; 0 from a 0.1 worker
 
 
 @dataclass(slots=True)

@@ -288,7 +288,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "engine", "version", "engine_version", "settings", "device", "worker_id", "pool")
+    __slots__ = ("model", "max_model_len", "engine", "version", "engine_version", "settings", "device", "worker_id", "pool", "request_form")
     class SettingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +305,7 @@ class WorkerInfo(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FORM_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     engine: str
@@ -314,7 +315,8 @@ class WorkerInfo(_message.Message):
     device: str
     worker_id: str
     pool: str
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., settings: _Optional[_Mapping[str, str]] = ..., device: _Optional[str] = ..., worker_id: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
+    request_form: int
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., settings: _Optional[_Mapping[str, str]] = ..., device: _Optional[str] = ..., worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., request_form: _Optional[int] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from vllm_fleet.client import ClientPool
 from vllm_fleet.client.loads import late_after
 from vllm_fleet.errors import FleetError, NoWorkerError
-from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
+from vllm_fleet.protocol.types import REQUEST_FORM, WorkerInfo, WorkerLoad
 from vllm_fleet.registry import Registry, WorkerRecord
 from vllm_fleet.router.breaker import CircuitBreaker
 from vllm_fleet.router.config import RouterConfig
@@ -58,6 +58,7 @@ class WorkerState:
         self.record = record
         self.breaker = breaker
         self.info: WorkerInfo | None = None
+        self.old_form_logged = False     # an older release's worker was refused (logged once)
         self.load: WorkerLoad | None = None
         self.load_at = 0.0              # when `load` came
         self.loads = 0                  # Loads taken so far
@@ -256,6 +257,15 @@ class Pool:
             info = await self.clients.get(worker.address).info(timeout=INFO_TIMEOUT_S)
         except FleetError as exc:
             logger.warning("worker %s: Info failed (%s); will retry", worker.address, exc)
+            return
+        if info.request_form < REQUEST_FORM:
+            # A worker of an older release would run this router's requests with the wrong n and
+            # default sampling: it stays out of routing until it is upgraded (workers go first).
+            if not worker.old_form_logged:
+                logger.error("worker %s reads request form %d, this router sends form %d: not routing to it; "
+                             "upgrade the worker (vllm-fleet workers are upgraded before routers)",
+                             worker.address, info.request_form, REQUEST_FORM)
+                worker.old_form_logged = True
             return
         if worker.info is None or worker.info.model != info.model:
             logger.info("worker %s serves %s (max_model_len %d, engine %s)", worker.address, info.model,
