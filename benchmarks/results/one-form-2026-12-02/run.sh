@@ -26,7 +26,7 @@ for r in 1 2; do
   for side in before after; do
     dir=$B; [ $side = after ] && dir=$A
     echo "=== gateway_overhead --quick $side round $r $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/gateway.txt"
-    PYTHONPATH=$dir/src timeout 900 "$PY" "$dir/benchmarks/gateway_overhead.py" --quick --src "$dir/src" \
+    PYTHONPATH=$dir/src timeout 900 "$PY" "$dir/benchmarks/gateway_overhead.py" --quick --src "$dir/src" --worker-src "$dir/src" \
       --json "$out/gw-$side-$r.json" \
       >> "$out/gateway.txt" 2>&1
   done
