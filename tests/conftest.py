@@ -24,7 +24,7 @@ def mock_worker_factory():
     started: list[WorkerProcess] = []
 
     class Factory:
-        async def start(self, *, timeout: float = 60.0, **options) -> WorkerProcess:
+        async def start(self, *, timeout: float = 120.0, **options) -> WorkerProcess:
             args = ["--engine", "mock"]
             for key, value in options.items():
                 flag = "--" + key.replace("_", "-")

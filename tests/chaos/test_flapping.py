@@ -53,7 +53,7 @@ async def test_flapping_worker_breaker_opens_half_opens_and_closes(workers):
                 await wait_until(lambda: breaker() != "closed" or view().state != "serving", timeout=30,
                                  message="the router to take the flapping worker out")
                 restarted.append(WorkerProcess(args=flapper.args, env=flapper.env, port=flapper.port).start())
-                await restarted[-1].wait_serving(60)
+                await restarted[-1].wait_serving(120)
                 before = served_by_flapper()
                 await wait_until(lambda: breaker() == "closed" and view().state == "serving"
                                  and served_by_flapper() > before, timeout=30,

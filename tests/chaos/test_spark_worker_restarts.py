@@ -58,7 +58,7 @@ async def _kill_and_restart_while(job: asyncio.Future, pool: list[WorkerProcess]
         kills.append(time.monotonic())
         await asyncio.sleep(DOWN_S)
         pool[victim] = WorkerProcess(args=worker.args, env=worker.env, port=worker.port).start()
-        await pool[victim].wait_serving(60)
+        await pool[victim].wait_serving(120)
         await wait_until(lambda: job.done() or _running(pool[victim].address), timeout=60, interval=0.05,
                          message=f"the restarted {worker.address} to take rows again")
         victim = (victim + 1) % len(pool)

@@ -84,7 +84,7 @@ async def test_sigterm_runs_the_cleanup_that_stops_started_workers():
 
 async def test_mock_worker_serves_at_its_address_and_stops_with_nothing_left_in_its_group():
     async with WorkerProcess(["--engine", "mock", "--mock-tokens-per-s", "1000"]) as worker:
-        await worker.wait_serving(timeout=60)
+        await worker.wait_serving(timeout=120)
         assert worker.address == f"127.0.0.1:{worker.port}"
         request = build_request("helper-1", [GenerateInput(text="hello")], SamplingParams(max_tokens=4))
         async with WorkerClient(worker.address) as client:
@@ -115,7 +115,7 @@ async def test_worker_that_exits_while_starting_raises_with_its_log_tail():
     worker = WorkerProcess(["--engine", "mock", "--no-such-option"]).start()
     try:
         with pytest.raises(ProcessStartError) as raised:
-            await worker.wait_serving(timeout=60)
+            await worker.wait_serving(timeout=120)
     finally:
         worker.stop(grace_s=5)
     assert raised.value.returncode == 2  # argparse's exit code
@@ -139,7 +139,7 @@ async def test_worker_that_never_serves_raises_and_is_still_running():
 
 async def test_gateway_process_is_ready_in_front_of_its_worker_and_stops():
     async with WorkerProcess(["--engine", "mock", "--served-model-name", "helper"]) as worker:
-        await worker.wait_serving(timeout=60)
+        await worker.wait_serving(timeout=120)
         async with GatewayProcess(["--workers", worker.address, "--no-access-log"]) as gateway:
             await gateway.wait_ready(timeout=60)
             async with httpx.AsyncClient(base_url=gateway.url) as http:

@@ -69,7 +69,7 @@ async def test_worker_killed_with_sigkill_is_restarted_reregistered_and_routed_t
                     metrics_registry=CollectorRegistry())
     await supervisor.start()
     try:
-        await supervisor.wait_serving(timeout=60)
+        await supervisor.wait_serving(timeout=120)
         worker = supervisor.workers[0]
         address = worker.spec.address
         await wait_until(lambda: address in watcher.members(), timeout=10, message="registered")
@@ -127,7 +127,7 @@ async def test_flapping_worker_is_given_up_and_never_registered(registries):
 async def test_stop_drains_every_worker():
     supervisor = NodeSupervisor(mock_plan(2), None, FAST)
     await supervisor.start()
-    await supervisor.wait_serving(timeout=60)
+    await supervisor.wait_serving(timeout=120)
     pids = [w.pid for w in supervisor.workers]
     await supervisor.stop()
     assert not any(alive(pid) for pid in pids)
@@ -141,7 +141,7 @@ async def _node_process(port: int) -> subprocess.Popen:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     async with WorkerClient(f"127.0.0.1:{port}") as client:
-        await client.wait_serving(timeout=60)
+        await client.wait_serving(timeout=120)
     return node
 
 
@@ -172,7 +172,7 @@ async def test_worker_alive_but_not_serving_past_the_grace_is_restarted():
     supervisor = NodeSupervisor(mock_plan(1), None, config)
     await supervisor.start()
     try:
-        await supervisor.wait_serving(timeout=60)
+        await supervisor.wait_serving(timeout=120)
         worker = supervisor.workers[0]
         hung_pid = worker.pid
         os.kill(hung_pid, signal.SIGSTOP)
@@ -191,7 +191,7 @@ async def test_worker_not_serving_for_less_than_the_grace_keeps_running():
     supervisor = NodeSupervisor(mock_plan(1), None, config)
     await supervisor.start()
     try:
-        await supervisor.wait_serving(timeout=60)
+        await supervisor.wait_serving(timeout=120)
         worker = supervisor.workers[0]
         pid = worker.pid
         os.kill(pid, signal.SIGSTOP)

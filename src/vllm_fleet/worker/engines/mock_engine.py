@@ -33,7 +33,7 @@ from typing import Any
 
 from vllm_fleet import __version__
 from vllm_fleet.config import EngineConfig
-from vllm_fleet.errors import ConfigError
+from vllm_fleet.errors import ConfigError, InvalidRequestError
 from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad, content_text
 from vllm_fleet.worker.adapters import HeldAdapter
 from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
@@ -163,7 +163,20 @@ class MockEngine(Engine):
 
     async def render(self, request: Any) -> RenderedPrompt:
         """A vLLM request's prompt: the real tokenizer's (chat template included) with
-        mock_tokenizer, else one mock token per whitespace-separated word."""
+        mock_tokenizer, else one mock token per whitespace-separated word. Like vLLM's renderer
+        (0.32's TokenizeParams), it refuses an answer length beyond the whole context; one that only
+        overflows with the prompt is lowered to fit, by get_max_tokens, as vLLM does."""
+        for name in ("max_completion_tokens", "max_tokens"):
+            requested = getattr(request, name, None)
+            if requested is not None:
+                if requested > self.max_model_len:
+                    raise InvalidRequestError(
+                        f"{name}={requested} cannot be greater than max_model_len={self.max_model_len}. "
+                        "Please request fewer output tokens.", param=name)
+                break
+        return self._render(request)
+
+    def _render(self, request: Any) -> RenderedPrompt:
         messages = getattr(request, "messages", None)
         if messages is None:  # a completion: text, or token ids as they are
             prompt = request.prompt
