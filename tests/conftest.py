@@ -17,29 +17,57 @@ from support import WorkerProcess, vllm_worker_args, worker_env
 VLLM_START_TIMEOUT_S = 600.0
 
 
-@pytest.fixture(scope="session")
-def mock_worker_factory():
+class MockWorkers:
     """`start(**options)` → a running mock worker (WorkerProcess). Options are worker/engine CLI
     options with underscores, e.g. start(mock_tokens_per_s=500, mock_ttft_ms=5, max_num_seqs=8)."""
-    started: list[WorkerProcess] = []
 
-    class Factory:
-        async def start(self, *, timeout: float = 120.0, **options) -> WorkerProcess:
-            args = ["--engine", "mock"]
-            for key, value in options.items():
-                flag = "--" + key.replace("_", "-")
-                if value is True:
-                    args.append(flag)
-                elif value is not False and value is not None:
-                    args += [flag, str(value)]
-            worker = WorkerProcess(args, worker_env()).start()
-            started.append(worker)
-            await worker.wait_serving(timeout)
-            return worker
+    def __init__(self) -> None:
+        self.started: list[WorkerProcess] = []
 
-    yield Factory()
-    for worker in started:
-        worker.stop(timeout=10)
+    async def start(self, *, timeout: float = 120.0, **options) -> WorkerProcess:
+        args = ["--engine", "mock"]
+        for key, value in options.items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                args.append(flag)
+            elif value is not False and value is not None:
+                args += [flag, str(value)]
+        worker = WorkerProcess(args, worker_env()).start()
+        self.started.append(worker)
+        await worker.wait_serving(timeout)
+        return worker
+
+    def stop_all(self) -> None:
+        for worker in self.started:
+            worker.stop(timeout=10)
+        self.started.clear()
+
+
+# A mock worker imports vLLM (~650 MB resident), so each lives only as long as the scope that
+# asked for it: kept for a whole session, forty of them pushed a 24 GB machine into reclaim and
+# its workers past their start deadline.
+@pytest.fixture
+def mock_worker_factory():
+    """Mock workers stopped when the test ends."""
+    workers = MockWorkers()
+    yield workers
+    workers.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_mock_workers():
+    """Mock workers for a module-scoped fixture, stopped when the module ends."""
+    workers = MockWorkers()
+    yield workers
+    workers.stop_all()
+
+
+@pytest.fixture(scope="session")
+def session_mock_workers():
+    """Mock workers for a session-scoped fixture (a fleet many modules share)."""
+    workers = MockWorkers()
+    yield workers
+    workers.stop_all()
 
 
 def _start_vllm(cores: str) -> WorkerProcess:

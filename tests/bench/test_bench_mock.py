@@ -22,8 +22,8 @@ TOKENS_PER_S = 100.0
 
 
 @pytest.fixture(scope="module")
-async def paced_workers(mock_worker_factory):
-    return [await mock_worker_factory.start(mock_tokens_per_s=TOKENS_PER_S, mock_ttft_ms=20) for _ in range(2)]
+async def paced_workers(module_mock_workers):
+    return [await module_mock_workers.start(mock_tokens_per_s=TOKENS_PER_S, mock_ttft_ms=20) for _ in range(2)]
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +117,8 @@ async def test_a_sweep_runs_every_rate_and_skips_warmup(paced_workers):
         assert sum(r["warmup"] for r in run["requests"]) == 2
 
 
-async def test_unanswered_requests_are_cancelled_after_the_drain_timeout(mock_worker_factory):
-    slow = await mock_worker_factory.start(mock_tokens_per_s=2, mock_ttft_ms=0)
+async def test_unanswered_requests_are_cancelled_after_the_drain_timeout(module_mock_workers):
+    slow = await module_mock_workers.start(mock_tokens_per_s=2, mock_ttft_ms=0)
     config = BenchConfig(target=f"grpc://{slow.address}", input_len=4, output_len=1000, rate="inf",
                          num_requests=2, warmup_requests=0, drain_timeout=0.5, progress=False)
     report = await run_bench(config)

@@ -41,14 +41,14 @@ async def test_answers_that_are_not_the_schemas_json_get_a_row_error_and_the_job
 
 
 @pytest.fixture(scope="module")
-async def scripted_json_worker(mock_worker_factory, tmp_path_factory):
+async def scripted_json_worker(module_mock_workers, tmp_path_factory):
     """A mock worker that answers every prompt with one JSON object, tokenized with the default
     model's tokenizer (the mock cannot follow a grammar; its script is the schema's JSON)."""
     from vllm_fleet.models import resolve_model
 
     script = tmp_path_factory.mktemp("script") / "answer.json"
     script.write_text('{"name": "Ada Lovelace", "age": 36}', encoding="utf-8")
-    return await mock_worker_factory.start(mock_tokenizer=resolve_model(None, None).path, mock_script=str(script),
+    return await module_mock_workers.start(mock_tokenizer=resolve_model(None, None).path, mock_script=str(script),
                                            mock_tokens_per_s=2000, mock_ttft_ms=2, timeout=120)
 
 

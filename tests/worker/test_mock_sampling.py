@@ -27,8 +27,8 @@ TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-async def worker(mock_worker_factory):
-    process = await mock_worker_factory.start(mock_tokens_per_s=2000, mock_ttft_ms=0)
+async def worker(module_mock_workers):
+    process = await module_mock_workers.start(mock_tokens_per_s=2000, mock_ttft_ms=0)
     client = WorkerClient(process.address)
     yield process, client
     await client.close()

@@ -27,9 +27,9 @@ async def collect(client: WorkerClient, request: GenerateRequest):
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["one-call-for-all", "one-call-per-request"])
-async def mock(mock_worker_factory, request):
+async def mock(module_mock_workers, request):
     # Every behaviour here holds over both transports: GenerateMany (the default) and Generate.
-    worker = await mock_worker_factory.start(mock_tokens_per_s=400, mock_ttft_ms=5)
+    worker = await module_mock_workers.start(mock_tokens_per_s=400, mock_ttft_ms=5)
     client = WorkerClient(worker.address, ClientOptions(multiplex=request.param))
     yield worker, client
     await client.close()
@@ -147,8 +147,8 @@ async def _idle(client: WorkerClient) -> bool:
     return load.running == 0 and load.in_flight == 0
 
 
-async def test_sigterm_drains_in_flight_streams_then_exits(mock_worker_factory):
-    worker = await mock_worker_factory.start(mock_tokens_per_s=100, mock_ttft_ms=5, drain_grace_s=30)
+async def test_sigterm_drains_in_flight_streams_then_exits(module_mock_workers):
+    worker = await module_mock_workers.start(mock_tokens_per_s=100, mock_ttft_ms=5, drain_grace_s=30)
     client = WorkerClient(worker.address)
     chunks = []
 

@@ -21,8 +21,8 @@ from vllm_fleet.worker.service import WorkerService
 
 
 @pytest.fixture(scope="module")
-async def mock(mock_worker_factory):
-    worker = await mock_worker_factory.start(mock_tokens_per_s=400, mock_ttft_ms=5)
+async def mock(module_mock_workers):
+    worker = await module_mock_workers.start(mock_tokens_per_s=400, mock_ttft_ms=5)
     client = WorkerClient(worker.address)
     yield worker, client
     await client.close()
