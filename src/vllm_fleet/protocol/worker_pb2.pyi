@@ -288,7 +288,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "engine", "version", "engine_version", "settings", "device", "worker_id", "pool", "request_form")
+    __slots__ = ("model", "max_model_len", "engine", "version", "engine_version", "settings", "device", "worker_id", "pool", "request_form", "kv_block_size", "kv_events")
     class SettingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +306,8 @@ class WorkerInfo(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FORM_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     engine: str
@@ -316,14 +318,16 @@ class WorkerInfo(_message.Message):
     worker_id: str
     pool: str
     request_form: int
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., settings: _Optional[_Mapping[str, str]] = ..., device: _Optional[str] = ..., worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., request_form: _Optional[int] = ...) -> None: ...
+    kv_block_size: int
+    kv_events: bool
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., settings: _Optional[_Mapping[str, str]] = ..., device: _Optional[str] = ..., worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., request_form: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., kv_events: _Optional[bool] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "output_tokens_per_s", "in_flight", "draining", "adapters", "max_adapters", "health")
+    __slots__ = ("running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "output_tokens_per_s", "in_flight", "draining", "adapters", "max_adapters", "health", "prefix_cache_queries", "prefix_cache_hits")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +338,8 @@ class WorkerLoad(_message.Message):
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     MAX_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_cache_usage: float
@@ -344,7 +350,9 @@ class WorkerLoad(_message.Message):
     adapters: _containers.RepeatedScalarFieldContainer[str]
     max_adapters: int
     health: str
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., output_tokens_per_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., health: _Optional[str] = ...) -> None: ...
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., output_tokens_per_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., health: _Optional[str] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ...) -> None: ...
 
 class LoadAdapterRequest(_message.Message):
     __slots__ = ("name", "path")
@@ -383,3 +391,79 @@ class AdapterList(_message.Message):
     adapters: _containers.RepeatedCompositeFieldContainer[Adapter]
     max_adapters: int
     def __init__(self, adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., max_adapters: _Optional[int] = ...) -> None: ...
+
+class KvEventsRequest(_message.Message):
+    __slots__ = ("after_sequence", "epoch")
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    after_sequence: int
+    epoch: str
+    def __init__(self, after_sequence: _Optional[int] = ..., epoch: _Optional[str] = ...) -> None: ...
+
+class KvBlocksStored(_message.Message):
+    __slots__ = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_name", "medium")
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PARENT_BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    parent_block_hash: bytes
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    block_size: int
+    lora_name: str
+    medium: str
+    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., parent_block_hash: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., lora_name: _Optional[str] = ..., medium: _Optional[str] = ...) -> None: ...
+
+class KvBlocksRemoved(_message.Message):
+    __slots__ = ("block_hashes", "medium")
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    medium: str
+    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., medium: _Optional[str] = ...) -> None: ...
+
+class KvAllCleared(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KvEvent(_message.Message):
+    __slots__ = ("stored", "removed", "cleared")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    stored: KvBlocksStored
+    removed: KvBlocksRemoved
+    cleared: KvAllCleared
+    def __init__(self, stored: _Optional[_Union[KvBlocksStored, _Mapping]] = ..., removed: _Optional[_Union[KvBlocksRemoved, _Mapping]] = ..., cleared: _Optional[_Union[KvAllCleared, _Mapping]] = ...) -> None: ...
+
+class KvEventBatch(_message.Message):
+    __slots__ = ("epoch", "sequence", "ts", "snapshot", "block_size", "events")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    sequence: int
+    ts: float
+    snapshot: bool
+    block_size: int
+    events: _containers.RepeatedCompositeFieldContainer[KvEvent]
+    def __init__(self, epoch: _Optional[str] = ..., sequence: _Optional[int] = ..., ts: _Optional[float] = ..., snapshot: _Optional[bool] = ..., block_size: _Optional[int] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
+
+class TokenizerFilesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FileChunk(_message.Message):
+    __slots__ = ("name", "data", "last")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    data: bytes
+    last: bool
+    def __init__(self, name: _Optional[str] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...

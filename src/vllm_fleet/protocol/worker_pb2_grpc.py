@@ -74,6 +74,16 @@ class WorkerStub:
                 request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.ListAdaptersRequest.SerializeToString,
                 response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.FromString,
                 _registered_method=True)
+        self.KvEvents = channel.unary_stream(
+                '/vllm_fleet.v1.Worker/KvEvents',
+                request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.KvEventsRequest.SerializeToString,
+                response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.KvEventBatch.FromString,
+                _registered_method=True)
+        self.TokenizerFiles = channel.unary_stream(
+                '/vllm_fleet.v1.Worker/TokenizerFiles',
+                request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.TokenizerFilesRequest.SerializeToString,
+                response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.FileChunk.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -135,6 +145,24 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KvEvents(self, request, context):
+        """The engine's KV-cache events (blocks stored, removed, all cleared), relayed on this port with
+        its TLS and keys. The stream opens with a snapshot of the blocks the engine holds now (or
+        replays what came after `after_sequence`, when the worker still has it), then follows live.
+        UNIMPLEMENTED / FAILED_PRECONDITION: this worker runs without KV-cache events.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TokenizerFiles(self, request, context):
+        """The served model's tokenizer files (tokenizer.json, tokenizer_config.json, chat template,
+        ...), so a router can render and tokenize a prompt exactly as this worker would, for routing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -177,6 +205,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.ListAdapters,
                     request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.ListAdaptersRequest.FromString,
                     response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.SerializeToString,
+            ),
+            'KvEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.KvEvents,
+                    request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.KvEventsRequest.FromString,
+                    response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.KvEventBatch.SerializeToString,
+            ),
+            'TokenizerFiles': grpc.unary_stream_rpc_method_handler(
+                    servicer.TokenizerFiles,
+                    request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.TokenizerFilesRequest.FromString,
+                    response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.FileChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -395,6 +433,60 @@ class Worker:
             '/vllm_fleet.v1.Worker/ListAdapters',
             vllm__fleet_dot_protocol_dot_worker__pb2.ListAdaptersRequest.SerializeToString,
             vllm__fleet_dot_protocol_dot_worker__pb2.AdapterList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vllm_fleet.v1.Worker/KvEvents',
+            vllm__fleet_dot_protocol_dot_worker__pb2.KvEventsRequest.SerializeToString,
+            vllm__fleet_dot_protocol_dot_worker__pb2.KvEventBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TokenizerFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vllm_fleet.v1.Worker/TokenizerFiles',
+            vllm__fleet_dot_protocol_dot_worker__pb2.TokenizerFilesRequest.SerializeToString,
+            vllm__fleet_dot_protocol_dot_worker__pb2.FileChunk.FromString,
             options,
             channel_credentials,
             insecure,
