@@ -182,6 +182,7 @@ def info_to_pb(info: WorkerInfo) -> pb.WorkerInfo:
         model=info.model, max_model_len=info.max_model_len, engine=info.engine, version=info.version,
         engine_version=info.engine_version, settings=info.settings, device=info.device,
         worker_id=info.worker_id, pool=info.pool, request_form=info.request_form,
+        kv_block_size=info.kv_block_size, kv_events=info.kv_events,
     )
 
 
@@ -190,6 +191,7 @@ def info_from_pb(msg: pb.WorkerInfo) -> WorkerInfo:
         model=msg.model, max_model_len=msg.max_model_len, engine=msg.engine, version=msg.version,
         engine_version=msg.engine_version, settings=dict(msg.settings), device=msg.device,
         worker_id=msg.worker_id, pool=msg.pool, request_form=msg.request_form,
+        kv_block_size=msg.kv_block_size, kv_events=msg.kv_events,
     )
 
 
@@ -199,6 +201,7 @@ def load_to_pb(load: WorkerLoad) -> pb.WorkerLoad:
         prefix_cache_hit_rate=load.prefix_cache_hit_rate, output_tokens_per_s=load.output_tokens_per_s,
         in_flight=load.in_flight, draining=load.draining, adapters=load.adapters,
         max_adapters=load.max_adapters, health=load.health,
+        prefix_cache_queries=load.prefix_cache_queries, prefix_cache_hits=load.prefix_cache_hits,
     )
 
 
@@ -208,6 +211,7 @@ def load_from_pb(msg: pb.WorkerLoad) -> WorkerLoad:
         prefix_cache_hit_rate=msg.prefix_cache_hit_rate, output_tokens_per_s=msg.output_tokens_per_s,
         in_flight=msg.in_flight, draining=msg.draining, adapters=list(msg.adapters),
         max_adapters=msg.max_adapters, health=msg.health,
+        prefix_cache_queries=msg.prefix_cache_queries, prefix_cache_hits=msg.prefix_cache_hits,
     )
 
 

@@ -185,6 +185,8 @@ class WorkerInfo:
     worker_id: str = ""
     pool: str = ""             # the workload pool it serves (e.g. short | long); "" = any
     request_form: int = REQUEST_FORM  # the request form it reads; 0 from a 0.1 worker
+    kv_block_size: int = 0     # tokens per KV-cache block; 0 = unknown
+    kv_events: bool = False    # KvEvents streams this engine's cache events
 
 
 @dataclass(slots=True)
@@ -199,6 +201,8 @@ class WorkerLoad:
     adapters: list[str] = field(default_factory=list)  # LoRA adapters loaded now
     max_adapters: int = 0                               # adapter slots; 0 = LoRA off
     health: str = ""                                    # gRPC health status name; "" from older workers
+    prefix_cache_queries: int = 0                       # the engine's own counters, lifetime tokens
+    prefix_cache_hits: int = 0
 
 
 @dataclass(slots=True)
