@@ -37,6 +37,13 @@ function render(state) {
     cell(row, load.waiting ?? "");
     cell(row, load.kv_cache_usage === undefined ? "" : (100 * load.kv_cache_usage).toFixed(0) + "%");
     cell(row, load.output_tokens_per_s === undefined ? "" : load.output_tokens_per_s.toFixed(0));
+    // Prefix-cache hits: what this gateway's cache index predicted for the prompts it sent there,
+    // next to the engine's own count (all its traffic); "stale" while its event stream is not in step.
+    const cache = w.cache || {};
+    const pct = (x) => (x === null || x === undefined) ? "–" : (100 * x).toFixed(0) + "%";
+    cell(row, cache.events === undefined ? "" :
+      `${pct(cache.predicted_hit_rate)} / ${pct(cache.engine_hit_rate)}` + (cache.events === "in step" ? "" : ` (${cache.events})`),
+      cache.events === "stale" ? "stale" : "");
     body.appendChild(row);
   }
   const serving = state.workers.filter((w) => w.state === "serving").length;

@@ -1,0 +1,212 @@
+"""Routing policies side by side on workloads with and without shared prefixes: TTFT, output
+tokens/s, and the engines' prefix-cache hits against the best the workload allows.
+
+    flock /tmp/vllm-fleet-heavy.lock python benchmarks/cache_routing.py --workers vllm \
+        --workload shared-start --policies round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware
+
+Two workers on disjoint cores: real vLLM engines (`--workers vllm`, prefix caching on, the KV
+cache capped at `--kv-blocks` blocks so that one worker cannot hold every prefix but the pair
+can), or mock engines with a simulated prefix cache of the same size (`--workers mock`, for
+rehearsing the sequence; their times are a model, not an engine). Each policy runs the same
+workload through one in-process Router, with its own salt so no run hits another's cache.
+
+Workloads (chat; every request's answer is `--max-tokens` long):
+- shared-start: the llm-d shape scaled down. One system text every request starts with, then
+  the tenant's document (`--tenants`, `--doc-words` each), then a user's question; users arrive
+  as a Poisson process (`--rate` per second) and each asks `--turns` questions in turn, the
+  history (answers included) resent each time. The tenants' documents together exceed one
+  worker's KV cache and fit in the pair's. Hashing the prompt's first characters sends every
+  request to one worker here; real cache knowledge splits tenants across both.
+- prefix-repetition: vLLM's bench dataset of that name: `--tenants` prefixes of `--doc-words`
+  words, each request one of them (uniform) plus a random suffix; single turn.
+- unique: no two requests share more than the chat template's first tokens.
+
+Figures per policy: TTFT P50/P90/P99 (Router.stream() to the first chunk with tokens), output
+tokens/s over the run, cached share = sum(usage.cached_tokens) / sum(usage.prompt_tokens), and
+the best cached share the workload allows: each request's longest full-block prefix shared
+with any earlier request (an unbounded cache that every request reaches), computed from the
+router's token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import time
+
+from vllm_fleet.bench import percentile
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import GenerateInput
+from vllm_fleet.registry import StaticRegistry
+from vllm_fleet.router import Router, RouterConfig
+
+WORDS = ("river mountain city forest ocean desert island volcano glacier lake valley canyon harbor bridge "
+         "market castle garden library museum station tower village meadow orchard vineyard quarry mill "
+         "engine signal ledger invoice contract tenant policy clause schedule payment balance account "
+         "report summary figure table chart record archive").split()
+SYSTEM = ("You are the support assistant of a document service. Answer from the document below, in one "
+          "sentence, and say so when the document does not contain the answer. ") * 6
+QUESTIONS = ("What does the document say about {w}?", "Summarise the part on {w}.", "Is {w} mentioned twice?",
+             "Which clause covers {w}?", "List what relates to {w}.")
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+class Workload:
+    """The requests of one run: a list of users, each a list of turns (first message lists)."""
+
+    def __init__(self, kind: str, args: argparse.Namespace, salt: str) -> None:
+        rng = random.Random(f"{args.seed}-{kind}")  # same texts for every policy; the salt differs
+        self.kind = kind
+        self.users: list[list[dict]] = []
+        docs = [f"[{salt} doc {t}] " + words(rng, args.doc_words) for t in range(args.tenants)]
+        for user in range(args.users):
+            if kind == "shared-start":
+                tenant = rng.randrange(args.tenants)
+                system = f"{SYSTEM}\n\nDocument:\n{docs[tenant]}"
+                turns = args.turns
+            elif kind == "prefix-repetition":
+                system = docs[rng.randrange(args.tenants)]
+                turns = 1
+            else:  # unique: the salt and user number first, so nothing beyond the template is shared
+                system = f"[{salt} user {user}] " + words(rng, args.doc_words)
+                turns = 1
+            questions = [rng.choice(QUESTIONS).format(w=rng.choice(WORDS)) + " " + words(rng, args.question_words)
+                         for _ in range(turns)]
+            self.users.append([{"role": "system", "content": system}, *({"role": "user", "content": q}
+                                                                         for q in questions)])
+
+
+async def run_user(router: Router, turns: list[dict], user: int, args, salt: str, results: dict) -> None:
+    loop = asyncio.get_running_loop()
+    history = [turns[0]]
+    for turn, question in enumerate(turns[1:]):
+        history.append(question)
+        request = build_request(f"{salt}-u{user}-t{turn}", [GenerateInput(messages=list(history))],
+                                SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True),
+                                session_id=f"{salt}-user-{user}")
+        started = loop.time()
+        first = None
+        answer = []
+        async with router.stream(request) as stream:
+            async for chunk in stream:
+                if first is None and chunk.token_ids:
+                    first = loop.time() - started
+                answer.append(chunk.text)
+                results["output_tokens"] += len(chunk.token_ids)
+                if chunk.usage is not None:
+                    results["prompt_tokens"] += chunk.usage.prompt_tokens
+                    results["cached_tokens"] += chunk.usage.cached_tokens
+        results["ttft"].append(first if first is not None else loop.time() - started)
+        results["retried"] += stream.attempts - 1
+        history.append({"role": "assistant", "content": "".join(answer)})
+
+
+async def run_policy(policy: str, addresses: list[str], workload_kind: str, args) -> dict:
+    salt = f"{policy}-{time.time_ns() % 100000}"
+    workload = Workload(workload_kind, args, salt)
+    router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy=policy, prefix_chars=args.prefix_chars))
+    await router.start()
+    results = {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0}
+    try:
+        await router.wait_ready(timeout=120)
+        if policy == "cache_aware":
+            await router.wait_tokenizers(timeout=120)
+        rng = random.Random(args.seed)  # the same arrival times for every policy
+        tasks = []
+        started = time.perf_counter()
+        for user, turns in enumerate(workload.users):
+            tasks.append(asyncio.create_task(run_user(router, turns, user, args, salt, results)))
+            await asyncio.sleep(rng.expovariate(args.rate))
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - started
+        stats = router.cache_stats() if hasattr(router, "cache_stats") else {}
+    finally:
+        await router.close()
+    ttft = results["ttft"]
+    return {
+        "policy": policy, "workload": workload_kind, "requests": len(ttft), "wall_s": wall,
+        "retried": results["retried"], "output_tokens": results["output_tokens"],
+        "output_tok_s": results["output_tokens"] / wall, "prompt_tokens": results["prompt_tokens"],
+        "cached_share": results["cached_tokens"] / max(1, results["prompt_tokens"]),
+        "ttft_p50_ms": percentile(ttft, 50) * 1000, "ttft_p90_ms": percentile(ttft, 90) * 1000,
+        "ttft_p99_ms": percentile(ttft, 99) * 1000, "router": stats,
+    }
+
+
+def worker_process(kind: str, cores: str, args) -> WorkerProcess:
+    env = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}
+    if kind == "vllm":
+        extra = ["--enable-prefix-caching", "--engine-arg", f"num_gpu_blocks_override={args.kv_blocks}"]
+        return WorkerProcess([*small_vllm_args(max_model_len=args.max_model_len), *extra], env, cores=cores,
+                             log_path=f"/tmp/cache-routing-worker-{cores}.log")
+    return WorkerProcess(["--engine", "mock", "--mock-kv-blocks", str(args.kv_blocks), "--mock-block-size",
+                          str(args.block_size), "--mock-prefill-tokens-per-s", str(args.mock_prefill_tokens_per_s),
+                          "--mock-tokens-per-s", "50", "--max-model-len", str(args.max_model_len),
+                          "--mock-tokenizer"], env, cores=cores, log_path=f"/tmp/cache-routing-mock-{cores}.log")
+
+
+async def main(args: argparse.Namespace) -> None:
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # leaving the block below must stop the engines
+        loop.add_signal_handler(sig, task.cancel)
+    async with contextlib.AsyncExitStack() as stack:
+        workers = [await stack.enter_async_context(worker_process(args.workers, cores, args)) for cores in ("0", "1")]
+        for worker in workers:
+            await worker.wait_serving(900)
+        addresses = [w.address for w in workers]
+        async with WorkerClient(addresses[0]) as client:
+            info = await client.info()
+        print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
+              f"kv_events={info.kv_events} kv_blocks={args.kv_blocks}")
+        print(f"workload: {args.workload}, {args.users} users, {args.tenants} tenants x {args.doc_words} words, "
+              f"{args.turns} turns, Poisson {args.rate}/s, max_tokens {args.max_tokens}")
+        results = []
+        for policy in args.policies.split(","):
+            result = await run_policy(policy, addresses, args.workload, args)
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    print()
+    print("| policy | requests | TTFT P50 | TTFT P90 | TTFT P99 | output tok/s | cached share | retried |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['policy']} | {r['requests']} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | "
+              f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {r['cached_share']:.1%} | {r['retried']} |")
+    base = next((r for r in results if r["policy"] == "round_robin"), None)
+    if base:
+        for r in results:
+            print(f"{r['policy']}: P90 TTFT {r['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}x round robin, "
+                  f"output tok/s {r['output_tok_s'] / base['output_tok_s']:.2f}x; output tokens {r['output_tokens']}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", choices=("vllm", "mock"), default="vllm")
+    parser.add_argument("--workload", choices=("shared-start", "prefix-repetition", "unique"), default="shared-start")
+    parser.add_argument("--policies", default="round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware")
+    parser.add_argument("--users", type=int, default=48)
+    parser.add_argument("--tenants", type=int, default=12)
+    parser.add_argument("--doc-words", type=int, default=900)
+    parser.add_argument("--question-words", type=int, default=12)
+    parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=1.0, help="Users arriving per second (Poisson)")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--kv-blocks", type=int, default=96, help="KV-cache blocks per worker")
+    parser.add_argument("--block-size", type=int, default=128, help="mock workers only (vLLM's CPU block is 128)")
+    parser.add_argument("--mock-prefill-tokens-per-s", type=int, default=4000)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--prefix-chars", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=7)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
