@@ -121,7 +121,8 @@ _COMMON: dict[str, Rule] = {
     "stream_interval": _refused("the gateway's --stream-interval-ms sets how tokens are grouped into events"),
     "metadata": _inert("OpenAI's stored-completion tags; nothing is stored", openai_only=True),
     "store": _inert("OpenAI's stored completions; nothing is stored", default=False, openai_only=True),
-    "service_tier": _inert("OpenAI's billing tier", openai_only=True),
+    "service_tier": _gateway("the service class: 'flex' runs as batch (after interactive work, in idle capacity); "
+                             "'auto', 'default', 'priority' as interactive", openai_only=True),
     "prompt_cache_key": _inert("OpenAI's cache hint; the router keeps its own affinity", openai_only=True),
     "safety_identifier": _inert("OpenAI's abuse-tracking id", openai_only=True),
 }

@@ -26,6 +26,7 @@ from vllm_fleet.gateway.messages import bytes_estimate, chat_messages, echo_pref
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from vllm_fleet.protocol.sampling import is_constrained, requested_max_tokens
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RoutingHints
+from vllm_fleet.router.classes import SERVICE_TIERS
 
 
 @dataclass(slots=True)
@@ -140,7 +141,7 @@ def _plan(body, kind: str, inputs: list[GenerateInput], estimate: int, max_token
         request_id=request_id, inputs=inputs, body=forward.request_body(kind, forwarded), n=n,
         priority=forward.priority_of(body), session_id=session_id or body.session_id or body.user or "",
         stream_interval_ms=config.stream_interval_ms, constrained=is_constrained(forwarded),
-        hints=RoutingHints(max_tokens=max_tokens),
+        hints=RoutingHints(max_tokens=max_tokens, service_class=SERVICE_TIERS[body.service_tier or "default"]),
     )
     include_usage = bool(options and options.include_usage)
     return Plan(request=request, model=body.model, kind=kind, stream=bool(body.stream), include_usage=include_usage,

@@ -143,13 +143,15 @@ def body_json(fields: dict[str, Any]) -> bytes:
 
 def build_request(request_id: str, inputs: list[GenerateInput], params: SamplingParams | None = None, *,
                   session_id: str = "", priority: int = 0, adapter: str = "", stream_interval_ms: int = 0,
-                  extra_body: dict[str, Any] | None = None, constrained: bool = False) -> GenerateRequest:
+                  extra_body: dict[str, Any] | None = None, constrained: bool = False,
+                  service_class: str = "interactive") -> GenerateRequest:
     """The request the gateway would send for `inputs` with these parameters.
 
     `extra_body`: further fields of vLLM's request model the typed parameters do not name (e.g.
     `chat_template_kwargs`, `response_format`), with vLLM's meaning. `constrained` marks a stream
     that must not migrate after its first token even with no grammar in the body (one the body
-    asks for marks it anyway). ValueError for a bad shape.
+    asks for marks it anyway). `service_class`: "interactive" or "batch" (router/classes.py).
+    ValueError for a bad shape.
     """
     params = params or SamplingParams()
     endpoint = endpoint_for(inputs)
@@ -158,7 +160,7 @@ def build_request(request_id: str, inputs: list[GenerateInput], params: Sampling
         request_id=request_id, inputs=inputs, body=RequestBody(endpoint, body_json(fields)),
         n=1 if params.n is None else params.n, session_id=session_id, priority=priority, adapter=adapter,
         stream_interval_ms=stream_interval_ms, constrained=constrained or is_constrained(fields),
-        hints=RoutingHints(max_tokens=requested_max_tokens(fields)),
+        hints=RoutingHints(max_tokens=requested_max_tokens(fields), service_class=service_class),
     )
 
 

@@ -68,10 +68,13 @@ class RoutingHints:
     """What a router may use to place a request; never sent to a worker, never a meaning.
 
     `max_tokens` is the answer length the request asks for per sample (None: unknown), for the
-    cost estimate and the short/long workload class.
+    cost estimate and the short/long workload class. `service_class` says who waits for whom.
     """
 
     max_tokens: int | None = None
+    # "interactive" (the default) or "batch": batch runs in the capacity interactive work leaves
+    # idle and steps aside for it (router/classes.py).
+    service_class: str = "interactive"
 
 
 @dataclass(slots=True)

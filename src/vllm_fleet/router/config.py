@@ -16,6 +16,7 @@ from pydantic import Field
 
 from vllm_fleet.config import FleetModel, add_options, from_args, validated
 from vllm_fleet.errors import ConfigError
+from vllm_fleet.router.classes import ServiceClassConfig
 
 PolicyName = Literal["least_outstanding", "power_of_two", "session_affinity", "prefix_affinity", "round_robin"]
 
@@ -128,6 +129,8 @@ class RouterConfig(FleetModel):
         256, ge=1, description="Output tokens assumed for load and budgets when a request sets no max_tokens"
     )
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig, description="Key budgets and workload classes")
+    classes: ServiceClassConfig = Field(
+        default_factory=ServiceClassConfig, description="How batch-class requests share workers with interactive ones")
 
 
 def add_router_options(parser: argparse.ArgumentParser) -> None:

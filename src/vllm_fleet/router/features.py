@@ -33,6 +33,7 @@ class RequestFeatures:
     pool: str | None = None        # restrict to workers of this pool (class pools)
     pool_fallback: bool = False    # when `pool` has no routable worker, take any pool's
     ticket: int = 0
+    service_class: str = "interactive"  # or "batch" (router/classes.py)
 
     @property
     def cost_tokens(self) -> int:
@@ -89,4 +90,5 @@ def features_of(
         pool=workload_class if class_pools else None,
         pool_fallback=class_pools and class_pool_fallback,
         ticket=ticket,
+        service_class=request.hints.service_class,
     )

@@ -23,6 +23,8 @@ class RouterMetrics:
                                 ["model", "outcome"], **common)
         self.retries = Counter("retries", "Extra worker attempts (failovers + migrations), by cause", ["reason"], **common)
         self.failovers = Counter("failovers", "Requests moved to another worker before their first token", **common)
+        self.withdrawals = Counter("batch_withdrawals", "Batch requests withdrawn before their first token for "
+                                   "interactive work, and requeued", **common)
         self.migrations = Counter("migrations", "Streams continued on another worker after tokens were sent", **common)
         self.rejections = Counter("rejections", "Requests refused, by reason (requests_per_min, tokens_per_min, "
                                   "queue_full, queue_timeout, no_worker, retry_budget)", ["reason"], **common)

@@ -36,6 +36,7 @@ from vllm_fleet.errors import FleetError, NoWorkerError
 from vllm_fleet.protocol.types import REQUEST_FORM, WorkerInfo, WorkerLoad
 from vllm_fleet.registry import Registry, WorkerRecord
 from vllm_fleet.router.breaker import CircuitBreaker
+from vllm_fleet.router.classes import BatchGate
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.ejection import OutlierDetector
 from vllm_fleet.router.metrics import RouterMetrics
@@ -82,8 +83,9 @@ class WorkerState:
             return DRAINING
         return EJECTED if ejected else SERVING
 
-    def view(self, ejected: bool) -> WorkerView:
+    def view(self, ejected: bool, batch_in_flight: int = 0) -> WorkerView:
         info = self.info
+        settings = info.settings if info else {}
         return WorkerView(
             address=self.address,
             model=info.model if info else self.record.model,
@@ -96,6 +98,9 @@ class WorkerState:
             in_flight=self.in_flight,
             outstanding_tokens=self.outstanding_tokens,
             max_model_len=info.max_model_len if info else 0,
+            max_num_seqs=int(settings.get("max_num_seqs") or 0),
+            schedules_by_priority=settings.get("scheduling_policy") == "priority",
+            batch_in_flight=batch_in_flight,
         )
 
 
@@ -144,6 +149,7 @@ class Pool:
             max_ratio=config.ejection_max_ratio, clock=clock,
         )
         self._changed = asyncio.Event()
+        self.batch = BatchGate()  # batch-class attempts per worker; wakes batch waiting for slack
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: Callable[[], None] | None = None
 
@@ -230,6 +236,7 @@ class Pool:
         worker.load = load
         worker.load_at = self._clock()
         worker.loads += 1
+        self.batch.notify()  # a fresh Load may show slack
         await self._apply_health(worker, load.health)
 
     def _first_miss(self, worker: WorkerState, status: str) -> bool:
@@ -296,7 +303,9 @@ class Pool:
 
     def snapshot(self) -> PoolSnapshot:
         is_ejected = self._outliers.is_ejected
-        return PoolSnapshot(tuple(w.view(is_ejected(a)) for a, w in self._workers.items()), self._clock())
+        batch = self.batch.running
+        return PoolSnapshot(tuple(w.view(is_ejected(a), batch.get(a, 0)) for a, w in self._workers.items()),
+                            self._clock())
 
     def worker(self, address: str) -> WorkerState | None:
         return self._workers.get(address)

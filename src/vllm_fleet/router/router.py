@@ -26,6 +26,7 @@ from vllm_fleet.router.admission import Admission
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.config import KeyLimits, RouterConfig
 from vllm_fleet.router.context import Connect, StreamContext
+from vllm_fleet.router.classes import SERVICE_CLASSES
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import make_policy
@@ -160,6 +161,9 @@ class Router:
         `__anext__` (or `admit()`)."""
         if not request.inputs:
             raise InvalidRequestError("the request has no inputs", param="prompt")
+        if request.hints.service_class not in SERVICE_CLASSES:
+            raise InvalidRequestError(f"service class {request.hints.service_class!r} is not one of "
+                                      f"{', '.join(SERVICE_CLASSES)}", param="service_class")
         admission = self.config.admission
         request, model = self._resolve_adapter(request, model)
         features = features_of(

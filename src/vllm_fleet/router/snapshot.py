@@ -31,6 +31,9 @@ class WorkerView:
     in_flight: int = 0                # requests this router has open on it
     outstanding_tokens: int = 0       # prompt + output tokens still expected of those requests
     max_model_len: int = 0
+    max_num_seqs: int = 0             # the engine's sequence slots (Info); 0 = not said
+    schedules_by_priority: bool = False  # the engine runs vLLM's priority scheduling (Info)
+    batch_in_flight: int = 0          # of `in_flight`, this router's batch-class requests
 
     @property
     def routable(self) -> bool:
@@ -48,6 +51,7 @@ class WorkerView:
             "address": self.address, "model": self.model, "pool": self.pool, "state": self.state,
             "breaker": self.breaker, "health": self.health, "in_flight": self.in_flight,
             "outstanding_tokens": self.outstanding_tokens, "max_model_len": self.max_model_len,
+            "batch_in_flight": self.batch_in_flight, "interactive_in_flight": self.in_flight - self.batch_in_flight,
             "load": None if load is None else {
                 "running": load.running, "waiting": load.waiting, "kv_cache_usage": load.kv_cache_usage,
                 "prefix_cache_hit_rate": load.prefix_cache_hit_rate,

@@ -50,6 +50,7 @@ from vllm_fleet.errors import (
 )
 from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
 from vllm_fleet.router.admission import Ticket
+from vllm_fleet.router.classes import BATCH, INTERACTIVE, guaranteed_batch, has_room, has_slack
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pool import Lease
@@ -58,6 +59,12 @@ from vllm_fleet.router.watchdog import StallWatchdog
 logger = logging.getLogger(__name__)
 
 DEADLINE_SLACK_S = 0.05
+# Batch waiting for slack looks again at least this often, even if no Load or finished attempt woke it.
+BATCH_RECHECK_S = 1.0
+
+
+class _Withdrawn(Exception):
+    """A batch attempt without a first token was withdrawn for interactive work (router/classes.py)."""
 
 
 @dataclass(slots=True)
@@ -96,6 +103,10 @@ class RoutedStream:
         self._delivered = False
         self._closed = False
         self._prompt_tokens: dict[int, int] = {}  # per input, as the worker counted them
+        self.withdrawals = 0                      # batch attempts withdrawn for interactive work
+        self._batch = features.service_class == BATCH
+        self._attempt_task: asyncio.Task | None = None  # a batch attempt awaiting its first chunk
+        self._withdraw_requested = False
 
     def __repr__(self) -> str:
         return (f"RoutedStream({self.request.request_id!r}, worker={self.worker!r}, attempts={self.attempts}, "
@@ -159,17 +170,29 @@ class RoutedStream:
             while True:
                 if self.request.adapter and ctx.adapters is not None:  # a LoRA request: some worker holds it
                     await ctx.adapters.place(self.request.adapter, self.features.model or "", self.features.pool)
-                address, lease = self._pick(tried)
+                address, lease = await self._pick_batch(tried) if self._batch else self._pick(tried)
                 self.attempts += 1
                 self.worker = address
                 tried.add(address)
                 verdict: bool | None = None
+                token = id(self)
+                if self._batch:
+                    ctx.pool.batch.started(address, token, self._withdraw)
                 try:
                     async with contextlib.aclosing(self._attempt(address, lease)) as chunks:
                         async for chunk in chunks:
                             yield chunk
                     verdict = True
                     break
+                except _Withdrawn:
+                    # Interactive work needed the slot; nothing reached the caller. Not a failure,
+                    # not a retry: wait for slack again.
+                    self.attempts -= 1
+                    self.withdrawals += 1
+                    tried.discard(address)
+                    ctx.metrics.withdrawals.inc()
+                    logger.info("batch request withdrawn from %s for interactive work; requeued", address,
+                                extra={"request_id": self.request.request_id})
                 except InvalidRequestError:
                     verdict = True  # the worker did its job: it refused a bad request
                     raise
@@ -190,6 +213,8 @@ class RoutedStream:
                 finally:
                     lease.release()
                     ctx.pool.report(address, verdict)
+                    if self._batch:
+                        ctx.pool.batch.ended(address, token)
             outcome = "ok"
         except (asyncio.CancelledError, GeneratorExit):
             outcome = "cancelled"
@@ -210,10 +235,49 @@ class RoutedStream:
         for address in [a for a in ranked if a not in tried] + [a for a in ranked if a in tried]:
             lease = ctx.pool.try_acquire(address, self._remaining_cost())
             if lease is not None:
+                if ctx.config.classes.withdraw_batch and self.features.service_class == INTERACTIVE:
+                    view = snapshot.get(address)
+                    if view is not None and view.batch_in_flight and not has_room(view):
+                        ctx.pool.batch.withdraw(address, 1)
                 return address, lease
         ctx.metrics.rejections.labels("no_worker").inc()
         model = f" for model {self.features.model!r}" if self.features.model else ""
         raise NoWorkerError(f"no serving worker{model} can take the request now", retry_after=ctx.pool.retry_after())
+
+    async def _pick_batch(self, tried: set[str]) -> tuple[str, Lease]:
+        """A worker with slack for a batch request, waiting for one as long as the deadline allows
+        (router/classes.py); the starvation guard lets a few through regardless."""
+        ctx = self._context
+        config = ctx.config.classes
+        while True:
+            snapshot = ctx.pool.snapshot()
+            ranked = ctx.policy.rank(self.features, snapshot)
+            if not ranked:
+                return self._pick(tried)  # no serving worker at all: NoWorkerError, as for interactive
+            if self.request.adapter and ctx.adapters is not None:
+                ranked = ctx.adapters.prefer_holders(self.request.adapter, ranked, snapshot)
+            views = {a: snapshot.get(a) for a in ranked}
+            open_ = [a for a in ranked if has_slack(views[a], config)]
+            if not open_ and ctx.pool.batch.total < guaranteed_batch(views.values(), config):
+                open_ = ranked  # starvation guard
+            for address in [a for a in open_ if a not in tried] + [a for a in open_ if a in tried]:
+                lease = ctx.pool.try_acquire(address, self._remaining_cost())
+                if lease is not None:
+                    return address, lease
+            # Time spent waiting for slack does not count against a batch request's deadline: the
+            # deadline bounds its work, not its queue, so the wait never fails it.
+            loop = asyncio.get_running_loop()
+            waited_from = loop.time()
+            await ctx.pool.batch.wait(BATCH_RECHECK_S)
+            if self.deadline is not None:
+                self.deadline += loop.time() - waited_from
+
+    def _withdraw(self) -> None:
+        """Called by an interactive request's pick: cancel this batch attempt if it is still
+        waiting for its first chunk (the cancellation lands in `_next_chunk`)."""
+        if self._attempt_task is not None and not self._withdraw_requested:
+            self._withdraw_requested = True
+            self._attempt_task.cancel()
 
     def _before_retry(self, exc: WorkerError, address: str) -> None:
         """Log the failure and decide whether another attempt may follow; re-raise if not."""
@@ -245,6 +309,10 @@ class RoutedStream:
         """Stream one attempt's chunks, mapped to the caller's (index, sample)."""
         ctx = self._context
         request, mapping = self._attempt_request()
+        if self._batch:
+            view = ctx.pool.snapshot().get(address)
+            if view is not None and view.schedules_by_priority:  # KV pressure preempts batch first
+                request = dataclasses.replace(request, priority=request.priority + ctx.config.classes.batch_priority)
         timeout = self._remaining()
         if self._deadline_passed():
             raise DeadlineExceededError(f"request {self.request.request_id}: deadline passed", worker=address)
@@ -256,11 +324,16 @@ class RoutedStream:
                 iterator = chunks.__aiter__()
                 while True:
                     limit = ctx.config.first_chunk_timeout_s if first else ctx.config.stall_timeout_s
+                    if first and self._batch:
+                        self._attempt_task, self._withdraw_requested = asyncio.current_task(), False
                     chunk = await self._next_chunk(iterator, watchdog, limit, address, first)
                     if chunk is None:
                         break
                     if first:
                         first = False
+                        if self._batch:  # from here on it cannot be withdrawn
+                            self._attempt_task = None
+                            ctx.pool.batch.first_token(address, id(self))
                         lease.progress(self.features.prompt_tokens)
                     lease.progress(len(chunk.token_ids))
                     yield self._accept(chunk, mapping)
@@ -284,6 +357,9 @@ class RoutedStream:
                 what = "no first chunk" if first else "stream stalled: no chunk"
                 raise WorkerTimeoutError(f"worker {address}: {what} for {watchdog.waited:.1f}s",
                                          worker=address) from None
+            if first and self._withdraw_requested and task is not None and task.uncancel() == 0:
+                self._attempt_task = None
+                raise _Withdrawn() from None
             raise
         except WorkerTimeoutError as exc:  # the gRPC deadline (the caller's) or the worker's own
             if self._deadline_passed():

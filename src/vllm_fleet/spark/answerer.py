@@ -55,7 +55,8 @@ class Answerer:
         for round_ in range(self.config.row_attempts):
             rid = request_id if resends == 0 else f"{request_id}-r{resends}"
             # The body the gateway would send for these parameters: the worker reads no other form.
-            request = build_request(rid, items, self.params, session_id=session_id)
+            request = build_request(rid, items, self.params, session_id=session_id,
+                                    service_class=self.config.service_class)
             stream: RoutedStream | None = None
             try:
                 stream = self.router.stream(request, model=self.config.model, deadline=deadline)

@@ -50,7 +50,12 @@ class SparkGenerateConfig(FleetModel):
         3, ge=1, description="Times a row is sent through the router (each may itself fail over) before it becomes an error"
     )
     retry_backoff_s: float = Field(0.5, ge=0, description="Pause before a row is sent again (doubles each time)")
-    request_timeout_s: float = Field(300.0, gt=0, description="Deadline of one row's request, retries included")
+    request_timeout_s: float = Field(
+        300.0, gt=0, description="Deadline of one row's request, retries included (a batch row's wait for a worker "
+        "with slack does not count)")
+    service_class: Literal["batch", "interactive"] = Field(
+        "batch", description="batch: rows run in the capacity interactive traffic leaves idle and step aside for it "
+        "(router/classes.py); interactive: rows compete with chat users as equals")
     connect_timeout_s: float = Field(30.0, gt=0, description="How long an executor (and the driver check) waits for a serving worker")
     router: dict[str, Any] = Field(default_factory=dict, description="RouterConfig fields (policy, max_attempts, ...)")
 

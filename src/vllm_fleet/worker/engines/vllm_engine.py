@@ -59,6 +59,10 @@ def engine_kwargs(config: EngineConfig, model_path: str, served_name: str) -> di
         except json.JSONDecodeError:
             value = raw
         kwargs[key.strip().replace("-", "_")] = value
+    # Priority scheduling by default: a router gives batch requests a higher (later) priority, so
+    # under KV pressure vLLM preempts batch first (router/classes.py). Within one priority vLLM
+    # still serves first come, first served. --engine-arg scheduling_policy=fcfs turns it off.
+    kwargs.setdefault("scheduling_policy", "priority")
     if config.adapter_slots:  # LoRA costs memory and a slower step: on only when asked for
         kwargs.update(enable_lora=True, max_loras=config.adapter_slots, max_lora_rank=config.max_lora_rank)
     return kwargs
@@ -218,6 +222,7 @@ class VllmEngine(Engine):
             "dtype": str(cfg.model_config.dtype).removeprefix("torch."),
             "dtype_reason": self._dtype_choice.reason if self._dtype_choice else "",
             "max_num_seqs": str(cfg.scheduler_config.max_num_seqs),
+            "scheduling_policy": str(cfg.scheduler_config.policy),
             "block_size": str(cfg.cache_config.block_size),
             "num_kv_blocks": str(cfg.cache_config.num_gpu_blocks or 0),
             "enable_prefix_caching": str(cfg.cache_config.enable_prefix_caching),

@@ -1,0 +1,126 @@
+"""Interactive and batch on the same workers: batch only where there is slack, a reserve kept
+for interactive, batch withdrawn before its first token when interactive work finds no room,
+and a starvation guard. Rules first (pure), then a Router over a real mock worker process."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from support import wait_until
+from vllm_fleet.errors import InvalidRequestError
+from vllm_fleet.protocol import GenerateInput, SamplingParams
+from vllm_fleet.protocol.sampling import build_request
+from vllm_fleet.protocol.types import WorkerLoad
+from vllm_fleet.registry import StaticRegistry, WorkerRecord
+from vllm_fleet.router import Router, RouterConfig
+from vllm_fleet.router.classes import ServiceClassConfig, guaranteed_batch, has_room, has_slack
+from vllm_fleet.router.snapshot import WorkerView
+
+CONFIG = ServiceClassConfig(interactive_reserve=0.25, batch_max_kv_usage=0.8, batch_min_share=0.1)
+
+
+def worker(running=0, waiting=0, kv=0.0, in_flight=0, slots=8):
+    return WorkerView("w", in_flight=in_flight, max_num_seqs=slots,
+                      load=WorkerLoad(running=running, waiting=waiting, kv_cache_usage=kv))
+
+
+def test_batch_needs_slack_and_leaves_the_interactive_reserve():
+    assert has_slack(worker(running=5), CONFIG)            # 5 < 8 × 0.75
+    assert not has_slack(worker(running=6), CONFIG)        # the last two slots are interactive's
+    assert not has_slack(worker(running=1, waiting=1), CONFIG)  # the engine queues already
+    assert not has_slack(worker(running=1, kv=0.9), CONFIG)     # KV nearly full
+    assert not has_slack(worker(running=0, in_flight=6), CONFIG)  # a stale Load: our own count wins
+    assert not has_slack(WorkerView("w", load=None, max_num_seqs=8), CONFIG)  # nothing known yet
+
+
+def test_room_for_interactive_and_the_guard():
+    assert has_room(worker(running=7)) and not has_room(worker(running=8))
+    assert not has_room(worker(running=2, waiting=1))
+    assert guaranteed_batch([worker(slots=8), worker(slots=8)], CONFIG) == 1   # 10% of 16, at least one
+    assert guaranteed_batch([worker(slots=64), worker(slots=64)], CONFIG) == 12
+
+
+FAST = dict(load_poll_interval_s=0.1, health_poll_interval_s=0.2, stall_timeout_s=30.0, first_chunk_timeout_s=30.0)
+
+
+@asynccontextmanager
+async def routed(address: str, **classes):
+    registry = StaticRegistry([WorkerRecord(address=address)])
+    config = RouterConfig(**FAST, classes=ServiceClassConfig(**classes))
+    router = Router(registry, config, metrics_registry=CollectorRegistry())
+    await router.start()
+    try:
+        await router.wait_ready(timeout=60)
+        yield router
+    finally:
+        await router.close()
+
+
+async def answer(router: Router, rid: str, service_class: str, max_tokens: int = 4) -> tuple[str, object]:
+    request = build_request(rid, [GenerateInput(text=f"question {rid}")], SamplingParams(max_tokens=max_tokens),
+                            service_class=service_class)
+    text = []
+    async with router.stream(request) as stream:
+        async for chunk in stream:
+            text.append(chunk.text)
+        return "".join(text), stream
+
+
+def batch_running(router: Router) -> int:
+    return sum(w.batch_in_flight for w in router.snapshot())
+
+
+async def test_batch_fills_only_the_slack_and_interactive_starts_at_once(mock_worker_factory):
+    # 4 slots, reserve 25%: batch holds at most 3; the fourth slot is there for interactive.
+    worker = await mock_worker_factory.start(max_num_seqs=4, mock_tokens_per_s=20, mock_ttft_ms=1)
+    async with routed(worker.address, interactive_reserve=0.25, batch_min_share=0.0) as router:
+        batch = [asyncio.create_task(answer(router, f"b{i}", "batch", max_tokens=40)) for i in range(6)]
+        await wait_until(lambda: batch_running(router) == 3, timeout=30, message="batch at its share")
+        assert batch_running(router) == 3  # three wait for slack, none fails
+        text, stream = await answer(router, "live", "interactive")
+        assert text and stream.withdrawals == 0
+        assert batch_running(router) <= 3
+        results = await asyncio.gather(*batch)
+    assert all(text for text, _ in results) and len(results) == 6
+
+
+async def test_interactive_work_withdraws_batch_that_has_not_started(mock_worker_factory):
+    # Two slots, no reserve: batch takes both; its first token is a long way off (TTFT 3 s).
+    worker = await mock_worker_factory.start(max_num_seqs=2, mock_tokens_per_s=200, mock_ttft_ms=3000)
+    async with routed(worker.address, interactive_reserve=0.0, batch_min_share=0.0) as router:
+        batch = [asyncio.create_task(answer(router, f"b{i}", "batch")) for i in range(2)]
+        await wait_until(lambda: batch_running(router) == 2, timeout=30, message="batch holds every slot")
+        await wait_until(lambda: router.snapshot().get(worker.address).load.running == 2, timeout=30,
+                         message="the worker runs both")
+        text, _ = await answer(router, "live", "interactive")
+        assert text
+        results = await asyncio.gather(*batch)
+    withdrawn = [s for _, s in results if s.withdrawals]
+    assert len(withdrawn) == 1                        # one made room, and was requeued...
+    assert all(text for text, _ in results)            # ...and still answered: nothing lost
+    assert all(s.attempts == 1 for _, s in results)    # a withdrawal is not a failed attempt
+
+
+async def test_the_starvation_guard_lets_batch_through_a_busy_fleet(mock_worker_factory):
+    worker = await mock_worker_factory.start(max_num_seqs=2, mock_tokens_per_s=50, mock_ttft_ms=1)
+    # Reserve 0.5 of 2 slots leaves batch one; interactive holds it, so batch has no slack at all.
+    async with routed(worker.address, interactive_reserve=0.5, batch_min_share=0.5, withdraw_batch=False) as router:
+        live = asyncio.create_task(answer(router, "live", "interactive", max_tokens=400))
+        await wait_until(lambda: router.snapshot().get(worker.address).in_flight == 1, timeout=30,
+                         message="interactive running")
+        text, _ = await answer(router, "b", "batch")  # the guard's one slot (50% of 2)
+        assert text and not live.done()  # it did not wait for interactive work to end
+        await live
+
+
+async def test_an_unknown_service_class_is_refused(mock_worker_factory):
+    worker = await mock_worker_factory.start(mock_ttft_ms=1)
+    async with routed(worker.address) as router:
+        request = build_request("x", [GenerateInput(text="hi")], SamplingParams(max_tokens=2), service_class="bulk")
+        with pytest.raises(InvalidRequestError) as refused:
+            router.stream(request)
+        assert refused.value.param == "service_class"
