@@ -238,3 +238,16 @@ def test_unknown_context_skips_only_the_context_guard():
     with pytest.raises(ApiError) as info:
         completion_plan(parsed, request_id="r", session_id="", config=capped, max_model_len=None)
     assert info.value.param == "max_tokens"
+
+
+@pytest.mark.parametrize("tier, service_class", [(None, "interactive"), ("default", "interactive"),
+                                                 ("auto", "interactive"), ("flex", "batch")])
+def test_service_tier_flex_runs_as_batch_and_is_not_sent_to_the_engine(tier, service_class):
+    body = {"messages": MSG} if tier is None else {"messages": MSG, "service_tier": tier}
+    plan = chat(body)
+    assert plan.request.hints.service_class == service_class
+    assert "service_tier" not in sent(plan)
+
+
+def test_an_unknown_service_tier_is_refused_naming_it():
+    assert refused(chat, {"messages": MSG, "service_tier": "bulk"}).param == "service_tier"

@@ -112,7 +112,7 @@ class _Sampling(_Request):
     priority: _int(-(2**31), 2**31 - 1) | None = Field(
         None, description="vLLM extension: scheduling priority, lower runs first (a worker that does not schedule "
                           "by priority refuses a non-zero one)")
-    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = Field(
         None, description="OpenAI's tier: 'flex' runs the request as batch (in capacity interactive traffic leaves "
                           "idle; slower to start, never failed for it); the others as interactive")
 

@@ -38,7 +38,7 @@ from vllm_fleet.router.snapshot import WorkerView
 INTERACTIVE, BATCH = "interactive", "batch"
 SERVICE_CLASSES = (INTERACTIVE, BATCH)
 # OpenAI's `service_tier` values and the class each runs as: "flex" is OpenAI's slower, cheaper tier.
-SERVICE_TIERS = {"auto": INTERACTIVE, "default": INTERACTIVE, "priority": INTERACTIVE, "flex": BATCH}
+SERVICE_TIERS = {"auto": INTERACTIVE, "default": INTERACTIVE, "priority": INTERACTIVE, "scale": INTERACTIVE, "flex": BATCH}
 # A worker that reports no max_num_seqs (an old mock) is taken to have this many slots.
 DEFAULT_SLOTS = 256
 
