@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.errors import WorkerError
+from vllm_fleet.errors import KvEventsUnsupportedError
 from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
 from vllm_fleet.protocol.kv_events import BlocksStored
 
@@ -72,5 +72,5 @@ async def test_a_mock_without_a_prefix_cache_refuses_kv_events(mock_worker_facto
     worker = await mock_worker_factory.start(mock_ttft_ms=5)
     async with WorkerClient(worker.address) as client:
         assert not (await client.info()).kv_events
-        with pytest.raises(WorkerError, match="mock-kv-blocks"):
+        with pytest.raises(KvEventsUnsupportedError, match="mock-kv-blocks"):
             await anext(client.kv_events())
