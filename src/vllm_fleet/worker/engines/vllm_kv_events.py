@@ -177,6 +177,8 @@ class KvEventReader:
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
         self._thread.join(timeout)
+        logger.info("KV-cache event reader stopped: %d malformed event(s), %d of other media, %d lost batch(es)",
+                    self.decoder.malformed, self.decoder.other_media, self.gaps)
 
     def _run(self) -> None:
         try:
