@@ -104,6 +104,10 @@ class EngineConfig(FleetModel):
     enforce_eager: bool = Field(False, description="Disable graph capture/compilation (faster start; on CPU ~30 s vs ~100 s)")
     block_size: int | None = Field(None, ge=1, description="KV-cache block size in tokens")
     enable_prefix_caching: bool | None = Field(None, description="Reuse KV cache across requests sharing a prefix")
+    kv_events: bool = Field(
+        True, description="With prefix caching on: relay the engine's KV-cache events to routers (KvEvents RPC; "
+        "vLLM publishes them over ZMQ on a localhost port)"
+    )
     load_format: str | None = Field(None, description="vLLM load format, e.g. 'dummy' for random weights (throughput tests)")
     kv_cache_space_gb: int | None = Field(
         None, ge=1, description="CPU only: KV-cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE; default 2)"
@@ -142,6 +146,10 @@ class EngineConfig(FleetModel):
     mock_ttft_ms: float = Field(20.0, ge=0, description="Mock engine: fixed delay before the first token")
     mock_prefill_ms_per_1k: float = Field(5.0, ge=0, description="Mock engine: extra prompt-processing delay per 1,000 prompt tokens")
     mock_max_model_len: int = Field(4096, ge=16, description="Mock engine: context length it reports")
+    mock_kv_blocks: int = Field(
+        0, ge=0, description="Mock engine: blocks of its simulated prefix cache (of --block-size tokens, 16 when "
+        "unset), LRU-evicted, with KV-cache events; 0 = no cache"
+    )
     mock_tokenizer: str | None = Field(
         None, description="Mock engine: a real tokenizer folder to tokenize with (chat template, tool/reasoning parsers)"
     )

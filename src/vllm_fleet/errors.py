@@ -18,8 +18,10 @@ everything else goes straight back to the caller with its message.
     │   ├── WorkerOverloadedError    the worker refused for capacity (gRPC RESOURCE_EXHAUSTED)
     │   ├── WorkerTimeoutError       a deadline passed, or the stream stalled
     │   │   └── DeadlineExceededError    fatal: the caller's own deadline passed (nothing left to retry in)
-    │   └── MigrationUnsupportedError fatal: a worker failed mid-answer and the answer cannot continue on
-    │                                 another worker (grammar-constrained decoding); retry the whole request
+    │   ├── MigrationUnsupportedError fatal: a worker failed mid-answer and the answer cannot continue on
+    │   │                             another worker (grammar-constrained decoding); retry the whole request
+    │   └── KvEventsUnsupportedError fatal: the worker relays no KV-cache events (gRPC FAILED_PRECONDITION,
+    │                                or UNIMPLEMENTED from an older worker): route it without them
     ├── NoWorkerError          recoverable later: no serving worker can take the request now
     ├── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
     └── ProcessStartError      fatal    a process we started (worker, gateway) exited or was not ready in time;
@@ -137,6 +139,15 @@ class MigrationUnsupportedError(WorkerError):
     elsewhere: vLLM starts a structured-output grammar at the first generated token, so a
     grammar-constrained answer cannot continue on another worker. Fatal for this stream (a
     continuation could break the grammar); the whole request, sent again, may succeed.
+    """
+
+    recoverable = False
+
+
+class KvEventsUnsupportedError(WorkerError):
+    """The worker relays no KV-cache events: its engine has none (prefix caching or --kv-events off, a
+    mock without --mock-kv-blocks), or the worker predates the KvEvents call. Fatal for this worker:
+    asking again will not help; route to it without knowing what it holds.
     """
 
     recoverable = False

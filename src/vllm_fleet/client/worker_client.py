@@ -1,6 +1,6 @@
 """Async client for one worker: generate (an async iterator of chunks), abort, info, load, health,
-its LoRA adapters (load_adapter, unload_adapter, list_adapters), and the stream of its Loads a
-router follows (loads).
+its LoRA adapters (load_adapter, unload_adapter, list_adapters), and the streams a router follows:
+its Loads (loads) and its engine's KV-cache events (kv_events).
 
 One long-lived channel per client. By default every generate() of a client shares one
 GenerateMany call (mux.py: the worker batches all ready chunks into one message); with
@@ -22,9 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from vllm_fleet.client.errors import error_from_rpc
 from vllm_fleet.client.loads import LoadFeed
 from vllm_fleet.client.mux import Multiplexer, MuxUnsupported
-from vllm_fleet.errors import WorkerTimeoutError
+from vllm_fleet.errors import KvEventsUnsupportedError, WorkerTimeoutError
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import adapters_from_pb, chunk_from_pb, info_from_pb, load_from_pb, request_to_pb
+from vllm_fleet.protocol.kv_events import KvEventBatch, batch_from_pb
 from vllm_fleet.protocol.types import Adapter, Chunk, GenerateRequest, WorkerInfo, WorkerLoad
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,22 @@ class WorkerClient:
             return info_from_pb(await self._stub.Info(pb.InfoRequest(), timeout=timeout))
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, self.address) from None
+
+    async def kv_events(self, *, after_sequence: int = 0, epoch: str = "") -> AsyncIterator[KvEventBatch]:
+        """The worker's KV-cache event batches (protocol/kv_events.py): those after `after_sequence`
+        of `epoch` when the worker still has them, else a snapshot first; then live ones until the
+        worker stops. Raises KvEventsUnsupportedError from a worker without events (or without the
+        call), other errors of `vllm_fleet.errors` as the other calls do."""
+        call = self._stub.KvEvents(pb.KvEventsRequest(after_sequence=after_sequence, epoch=epoch))
+        try:
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                yield batch_from_pb(msg)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED):
+                raise KvEventsUnsupportedError(f"worker {self.address}: {exc.details()}", worker=self.address) from None
+            raise error_from_rpc(exc, self.address) from None
+        finally:
+            call.cancel()
 
     def _open_mux(self) -> Multiplexer:
         """The GenerateMany call, opened anew if there is none or it failed."""

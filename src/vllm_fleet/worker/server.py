@@ -169,6 +169,8 @@ class WorkerServer:
                 await asyncio.wait_for(self.service.idle.wait(), self.config.drain_grace_s)
             except TimeoutError:
                 logger.warning("grace period over; cancelling %d request(s)", len(self.service.active))
+        if self.engine.kv_relay is not None:
+            self.engine.kv_relay.close()  # KvEvents streams end now, not at the server's grace
         if self._server is not None:
             await self._server.stop(grace=1.0)
         await self.engine.shutdown()

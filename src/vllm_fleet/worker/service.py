@@ -30,6 +30,7 @@ from vllm_fleet.errors import (
 from vllm_fleet.logs import request_id_var
 from vllm_fleet.protocol import PARAM_METADATA_KEY, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import adapters_to_pb, chunk_to_pb, info_to_pb, load_to_pb, request_from_pb
+from vllm_fleet.protocol.kv_events import batch_to_pb
 from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.adapters import AdapterRegistry, HeldAdapter
 from vllm_fleet.worker.engines.base import Engine, SampleDelta
@@ -285,6 +286,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         info.device = self.config.device
         info.pool = self.config.pool
         info.worker_id = self.config.worker_id or f"{self.config.host}:{self.config.port}"
+        info.kv_events = self.engine.kv_relay is not None
         return info
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
@@ -301,6 +303,23 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         load.max_adapters = self.adapters.slots
         load.health = self.health
         return load
+
+    async def KvEvents(self, request: pb.KvEventsRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KvEventBatch]:
+        """The engine's KV-cache events (kv_relay.py): catch-up from `after_sequence` of `epoch`,
+        or a snapshot, then live batches until the engine stops or the caller goes."""
+        relay = self.engine.kv_relay
+        if relay is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"the {self.engine.name} engine publishes no KV-cache events here: run the worker "
+                                "with prefix caching on and without --no-kv-events (the mock engine needs "
+                                "--mock-kv-blocks)")
+        batches = relay.subscribe(request.after_sequence, request.epoch)
+        try:
+            async for batch in batches:
+                yield batch_to_pb(batch)
+        finally:
+            await batches.aclose()
 
     # ------------------------------------------------------------------------------- adapters
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.worker.kv_relay import KvRelay
 
 
 @dataclass(slots=True)
@@ -49,6 +50,9 @@ class Engine(abc.ABC):
     tokenizer: Any = None
     # --enable-auto-tool-choice: tool_choice "auto" is accepted without a tool parser (vLLM's flag).
     enable_auto_tool_choice: bool = False
+    # The relay of the engine's KV-cache events (KvEvents RPC), set once started by an engine that
+    # publishes them; None: KvEvents is refused.
+    kv_relay: KvRelay | None = None
 
     @abc.abstractmethod
     async def start(self) -> None:

