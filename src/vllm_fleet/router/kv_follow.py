@@ -18,7 +18,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from vllm_fleet.errors import FleetError
+from vllm_fleet.errors import FleetError, KvEventsUnsupportedError
 from vllm_fleet.router.cache_index import ApplyResult, CacheIndex
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,6 @@ class KvFollower:
         self.reconnects = 0     # times the stream was reopened after it closed or failed
         self._epoch = ""
         self._sequence = 0
-        self._unsupported_logged = False
 
     def _set_fresh(self, fresh: bool) -> None:
         if fresh != self.fresh:
@@ -61,15 +60,13 @@ class KvFollower:
                 applied = await self._follow_once()
             except asyncio.CancelledError:
                 raise
+            except KvEventsUnsupportedError as exc:  # asking again will not help; a new Info restarts us
+                logger.info("worker %s streams no KV-cache events (%s): routing it by load alone", self.address, exc)
+                self._set_fresh(False)
+                return
             except FleetError as exc:
                 applied = False
-                if "FAILED_PRECONDITION" in str(exc) or "UNIMPLEMENTED" in str(exc):
-                    if not self._unsupported_logged:
-                        logger.info("worker %s streams no KV-cache events (%s): routing it by load alone",
-                                    self.address, exc)
-                        self._unsupported_logged = True
-                else:
-                    logger.info("worker %s: KV-cache event stream failed (%s); reopening", self.address, exc)
+                logger.info("worker %s: KV-cache event stream failed (%s); reopening", self.address, exc)
             except Exception:  # a follower that died would leave the worker stale for good
                 applied = False
                 logger.exception("worker %s: following KV-cache events failed; reopening", self.address)
