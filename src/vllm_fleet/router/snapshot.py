@@ -31,6 +31,8 @@ class WorkerView:
     in_flight: int = 0                # requests this router has open on it
     outstanding_tokens: int = 0       # prompt + output tokens still expected of those requests
     max_model_len: int = 0
+    kv_events_fresh: bool = False     # the cache index follows its KV events, in order and lately:
+                                      # cache-aware routing may count its cached tokens
 
     @property
     def routable(self) -> bool:
@@ -48,6 +50,7 @@ class WorkerView:
             "address": self.address, "model": self.model, "pool": self.pool, "state": self.state,
             "breaker": self.breaker, "health": self.health, "in_flight": self.in_flight,
             "outstanding_tokens": self.outstanding_tokens, "max_model_len": self.max_model_len,
+            "kv_events_fresh": self.kv_events_fresh,
             "load": None if load is None else {
                 "running": load.running, "waiting": load.waiting, "kv_cache_usage": load.kv_cache_usage,
                 "prefix_cache_hit_rate": load.prefix_cache_hit_rate,
