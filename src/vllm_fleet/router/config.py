@@ -146,7 +146,7 @@ class RouterConfig(FleetModel):
     )
     cache_index_max_entries: int = Field(
         10_000_000, ge=1, description="Cache-aware routing: most (worker, KV block) entries the router's cache "
-        "index keeps (about 150-200 bytes each); past it, it forgets the blocks least recently stored or routed "
+        "index keeps (about 210 bytes each); past it, it forgets the blocks least recently stored or routed "
         "of the worker holding most"
     )
     cache_speculative_ttl_s: float = Field(
