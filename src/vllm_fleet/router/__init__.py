@@ -35,7 +35,8 @@ request and token buckets. Session affinity keys on `request.session_id` (the ga
 OpenAI `user` there when no session is given).
 
 Modules: config (settings + CLI options), snapshot (immutable pool view), features (request
-estimates), policies (pure ranking functions), breaker, ejection (outliers), budget (retries),
+estimates), policies (pure ranking functions), cache_index (which worker holds which KV blocks, from
+the engines' KV events; bounded), breaker, ejection (outliers), budget (retries),
 admission (buckets, queues), pool (membership and polling), stream (failover and migration),
 context (the frozen bundle a stream gets instead of the router), watchdog (stall detection),
 metrics (Prometheus), router (the facade).

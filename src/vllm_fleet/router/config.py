@@ -18,7 +18,9 @@ from vllm_fleet.config import FleetModel, add_options, from_args, validated
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.router.classes import ServiceClassConfig
 
-PolicyName = Literal["least_outstanding", "power_of_two", "session_affinity", "prefix_affinity", "round_robin"]
+PolicyName = Literal[
+    "least_outstanding", "power_of_two", "session_affinity", "prefix_affinity", "round_robin", "cache_aware",
+]
 
 
 class KeyLimits(FleetModel):
@@ -125,6 +127,33 @@ class RouterConfig(FleetModel):
         "(of this router's requests); null: no bound, a key leaves its worker only when that worker stops serving"
     )
     prefix_chars: int = Field(256, ge=1, description="Prefix affinity: characters (or tokens) of the prompt hashed")
+    cache_prefill_weight: float = Field(
+        1.0, ge=0, description="Cache-aware routing: cost of one prompt token a worker would still have to prefill "
+        "(the prompt less the leading tokens its KV cache holds)"
+    )
+    cache_load_weight: float = Field(
+        1.0, ge=0, description="Cache-aware routing: cost of one token of load on a worker (outstanding tokens of "
+        "this router's requests, plus --cache-queued-tokens per other sequence it runs or queues); raise it to "
+        "spread load over saving prefill"
+    )
+    cache_queued_tokens: int = Field(
+        256, ge=0, description="Cache-aware routing: tokens of load counted for each sequence a worker reports "
+        "running or waiting beyond this router's own (other gateways' work, whose size is unknown here)"
+    )
+    cache_load_bound: float | None = Field(
+        1.25, ge=1, description="Cache-aware routing: a worker whose load is above this times the mean load "
+        "(this request included) goes after all others, whatever it holds, so a hot prefix cannot pile onto "
+        "one worker; null: no bound"
+    )
+    cache_index_max_entries: int = Field(
+        10_000_000, ge=1, description="Cache-aware routing: most (worker, KV block) entries the router's cache "
+        "index keeps (about 210 bytes each); past it, it forgets the blocks least recently stored or routed "
+        "of the worker holding most"
+    )
+    cache_speculative_ttl_s: float = Field(
+        2.0, gt=0, description="Cache-aware routing: a prompt just routed counts as cached on its worker for this "
+        "long, until the worker's KV events confirm it"
+    )
     default_max_tokens: int = Field(
         256, ge=1, description="Output tokens assumed for load and budgets when a request sets no max_tokens"
     )

@@ -8,7 +8,8 @@ for, `GenerateRequest.hints`), never the body, whose meaning is vLLM's on the wo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, content_text
 
@@ -22,7 +23,12 @@ SHORT, LONG = "short", "long"
 @dataclass(frozen=True, slots=True)
 class RequestFeatures:
     """The inputs of a routing decision. `ticket` is a per-request counter: policies that
-    rotate or sample derive it from here, so that they stay pure functions."""
+    rotate or sample derive it from here, so that they stay pure functions.
+
+    `cached_tokens` is what the router's cache index (router/cache_index.py) matched of this
+    prompt: worker address -> leading prompt tokens that worker holds in its KV cache (absent or
+    empty: none, or unknown). It is read-only by convention, like the rest of the bundle; when it
+    is set, `prompt_tokens` is the exact token count the keys were computed from."""
 
     model: str | None = None
     session_key: str = ""          # session_id (or the OpenAI `user`): session affinity
@@ -34,6 +40,7 @@ class RequestFeatures:
     pool_fallback: bool = False    # when `pool` has no routable worker, take any pool's
     ticket: int = 0
     service_class: str = "interactive"  # or "batch" (router/classes.py)
+    cached_tokens: Mapping[str, int] = field(default_factory=dict, hash=False)
 
     @property
     def cost_tokens(self) -> int:

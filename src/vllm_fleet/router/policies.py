@@ -11,6 +11,9 @@ random draw from `features.ticket`, so the same inputs always give the same rank
                         on the worker that holds its prefix cache unless that worker is overfull
     prefix_affinity     the same ring, keyed by the prompt's first characters (shared system prompts)
     round_robin         each worker in turn; the baseline for benchmarks
+    cache_aware         lowest cost: the prefill a worker still has to do for this prompt (prompt
+                        tokens less the leading tokens it holds, per the router's cache index)
+                        plus its load, with a bounded-load guard (see CacheAware)
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hashlib
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from vllm_fleet.errors import ConfigError
@@ -152,15 +156,71 @@ class PrefixAffinity(SessionAffinity):
         return features.prefix_key
 
 
+@dataclass(frozen=True, slots=True)
+class CacheCosts:
+    """The weights of cache-aware routing (RouterConfig's cache_* fields say what each means)."""
+
+    prefill_weight: float = 1.0
+    load_weight: float = 1.0
+    queued_tokens: int = 256
+    load_bound: float | None = 1.25
+
+
+class CacheAware(Policy):
+    """Lowest cost first, where a worker's cost for this request is
+
+        prefill_weight * (prompt_tokens - cached_tokens[worker])  the prefill it would still do
+      + load_weight * load(worker)                                what it has to get through first
+
+    and load(worker) = its outstanding tokens of this router's requests + `queued_tokens` for each
+    sequence it reports running or waiting beyond those (other routers' work). A worker whose
+    events are not fresh (`WorkerView.kv_events_fresh` False) counts as holding nothing: its
+    cost is its load alone, since a stale index may promise blocks it freed long ago.
+
+    Bounded load: a worker whose load is above `load_bound` times the mean load, counting this
+    request's tokens in the total, goes after every worker within the bound, however much of the
+    prompt it holds (least loaded first), so one hot prefix cannot pile onto one worker while the
+    others idle; within the bound the cheapest worker wins. `load_bound=None` drops the guard.
+    Ties keep the ticket's rotation (sorting is stable), as least_outstanding does."""
+
+    name = "cache_aware"
+
+    def __init__(self, costs: CacheCosts | None = None) -> None:
+        self.costs = costs or CacheCosts()
+
+    def load(self, worker: WorkerView) -> int:
+        others = max(0, worker.queued - worker.in_flight)
+        return worker.outstanding_tokens + self.costs.queued_tokens * others
+
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+        costs = self.costs
+        loads = {w.address: self.load(w) for w in workers}
+
+        def cost(worker: WorkerView) -> float:
+            cached = features.cached_tokens.get(worker.address, 0) if worker.kv_events_fresh else 0
+            prefill = max(0, features.prompt_tokens - cached)
+            return costs.prefill_weight * prefill + costs.load_weight * loads[worker.address]
+
+        rotated = _rotated(workers, features.ticket)
+        if costs.load_bound is None:
+            return sorted(rotated, key=cost)
+        bound = costs.load_bound * (sum(loads.values()) + features.cost_tokens) / len(workers)
+        within = sorted((w for w in rotated if loads[w.address] <= bound), key=cost)
+        over = sorted((w for w in rotated if loads[w.address] > bound), key=lambda w: loads[w.address])
+        return within + over
+
+
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (LeastOutstanding, PowerOfTwo, SessionAffinity, PrefixAffinity, RoundRobin)
+    cls.name: cls for cls in (LeastOutstanding, PowerOfTwo, SessionAffinity, PrefixAffinity, RoundRobin, CacheAware)
 }
 
 
-def make_policy(name: str, *, load_bound: float | None = 1.25) -> Policy:
+def make_policy(name: str, *, load_bound: float | None = 1.25, cache_costs: CacheCosts | None = None) -> Policy:
     cls = POLICIES.get(name)
     if cls is None:
         raise ConfigError(f"unknown routing policy {name!r}; choose one of: {', '.join(POLICIES)}")
     if issubclass(cls, SessionAffinity):
         return cls(load_bound)
+    if cls is CacheAware:
+        return CacheAware(cache_costs)
     return cls()

@@ -29,7 +29,7 @@ from vllm_fleet.router.context import Connect, StreamContext
 from vllm_fleet.router.classes import SERVICE_CLASSES
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
-from vllm_fleet.router.policies import make_policy
+from vllm_fleet.router.policies import CacheCosts, make_policy
 from vllm_fleet.router.pool import Pool
 from vllm_fleet.router.quota.fleet import FleetQuota
 from vllm_fleet.router.quota.shared_buckets import SharedBucketFile
@@ -60,7 +60,11 @@ class Router:
         self._owns_clients = pool is None
         self._owns_registry = own_registry
         self._metrics = RouterMetrics.for_registry(metrics_registry)
-        self._policy = make_policy(self.config.policy, load_bound=self.config.affinity_load_bound)
+        cache_costs = CacheCosts(
+            prefill_weight=self.config.cache_prefill_weight, load_weight=self.config.cache_load_weight,
+            queued_tokens=self.config.cache_queued_tokens, load_bound=self.config.cache_load_bound)
+        self._policy = make_policy(self.config.policy, load_bound=self.config.affinity_load_bound,
+                                   cache_costs=cache_costs)
         self._budget = RetryBudget(ratio=self.config.retry_budget_ratio, min_per_s=self.config.retry_budget_min_per_s,
                                    window_s=self.config.retry_budget_window_s, clock=clock)
         self._admission = Admission(self.config.admission, clock=clock, quota=quota, shared_keys=shared_key_buckets)

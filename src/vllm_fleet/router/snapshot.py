@@ -34,6 +34,8 @@ class WorkerView:
     max_num_seqs: int = 0             # the engine's sequence slots (Info); 0 = not said
     schedules_by_priority: bool = False  # the engine runs vLLM's priority scheduling (Info)
     batch_in_flight: int = 0          # of `in_flight`, this router's batch-class requests
+    kv_events_fresh: bool = False     # the cache index follows its KV events, in order and lately:
+                                      # cache-aware routing may count its cached tokens
 
     @property
     def routable(self) -> bool:
@@ -52,6 +54,7 @@ class WorkerView:
             "breaker": self.breaker, "health": self.health, "in_flight": self.in_flight,
             "outstanding_tokens": self.outstanding_tokens, "max_model_len": self.max_model_len,
             "batch_in_flight": self.batch_in_flight, "interactive_in_flight": self.in_flight - self.batch_in_flight,
+            "kv_events_fresh": self.kv_events_fresh,
             "load": None if load is None else {
                 "running": load.running, "waiting": load.waiting, "kv_cache_usage": load.kv_cache_usage,
                 "prefix_cache_hit_rate": load.prefix_cache_hit_rate,

@@ -1,0 +1,87 @@
+"""Cache-aware routing: the prefill a worker would save against its load, ranked on hand-made views."""
+
+from __future__ import annotations
+
+import argparse
+
+from fakes import addresses, snapshot, view
+from vllm_fleet.router import add_router_options, router_config_from_args
+from vllm_fleet.router.features import RequestFeatures
+from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy
+
+A, B, C = addresses(3)
+
+
+def features(cached: dict[str, int], prompt_tokens: int = 2000, ticket: int = 0, **kwargs) -> RequestFeatures:
+    return RequestFeatures(model="m", prompt_tokens=prompt_tokens, max_tokens=100, cached_tokens=cached,
+                           ticket=ticket, **kwargs)
+
+
+def fresh(address: str, **kwargs):
+    return view(address, kv_events_fresh=True, **kwargs)
+
+
+def test_prefers_the_worker_holding_the_longest_prefix():
+    pool = snapshot(fresh(A), fresh(B), fresh(C))
+    for ticket in range(3):
+        assert make_policy("cache_aware").rank(features({A: 512, B: 1536, C: 1024}, ticket=ticket), pool) == [B, C, A]
+
+
+def test_saved_prefill_is_weighed_against_load():
+    pool = snapshot(fresh(A, outstanding=3000), fresh(B, outstanding=0))
+    # A saves 1,500 prompt tokens but has 3,000 tokens of work ahead: B is cheaper.
+    assert make_policy("cache_aware").rank(features({A: 1500}), pool) == [B, A]
+    # Prefill weighed 3x: A's saving now outweighs its load.
+    heavy_prefill = CacheAware(CacheCosts(prefill_weight=3.0, load_bound=None))
+    assert heavy_prefill.rank(features({A: 1500}), pool) == [A, B]
+
+
+def test_others_queued_sequences_count_as_load():
+    pool = snapshot(fresh(A, running=8), fresh(B))     # A runs 8 sequences of other routers
+    assert make_policy("cache_aware").rank(features({A: 200}), pool) == [B, A]
+
+
+def test_bounded_load_moves_a_hot_prefix_off_an_overloaded_worker():
+    # A holds the whole hot prompt and its cost is still lowest (prefill saved > its load),
+    # but its load is far above the mean: the guard ranks it last.
+    pool = snapshot(fresh(A, outstanding=1800), fresh(B, outstanding=100), fresh(C, outstanding=0))
+    hot = features({A: 2000, B: 0, C: 0})
+    unbounded = CacheAware(CacheCosts(load_bound=None))
+    assert unbounded.rank(hot, pool)[0] == A
+    assert make_policy("cache_aware").rank(hot, pool) == [C, B, A]
+    # Within the bound the cache hit keeps winning.
+    near = snapshot(fresh(A, outstanding=500), fresh(B, outstanding=400), fresh(C, outstanding=300))
+    assert make_policy("cache_aware").rank(hot, near)[0] == A
+
+
+def test_stale_worker_is_scored_by_load_alone():
+    pool = snapshot(view(A, outstanding=100), fresh(B, outstanding=500))    # A's events are stale
+    assert make_policy("cache_aware").rank(features({A: 2000, B: 1000}), pool) == [B, A]
+    pool = snapshot(fresh(A, outstanding=100), fresh(B, outstanding=500))
+    assert make_policy("cache_aware").rank(features({A: 2000, B: 1000}), pool) == [A, B]
+
+
+def test_no_shared_prefix_orders_like_least_outstanding():
+    pool = snapshot(fresh(A, outstanding=700), fresh(B, outstanding=100), fresh(C, outstanding=300))
+    for ticket in range(3):
+        ranked = make_policy("cache_aware").rank(features({}, ticket=ticket), pool)
+        assert ranked == make_policy("least_outstanding").rank(features({}, ticket=ticket), pool) == [B, C, A]
+
+
+def test_ties_rotate_by_ticket():
+    pool = snapshot(fresh(A), fresh(B), fresh(C))
+    firsts = {make_policy("cache_aware").rank(features({}, ticket=t), pool)[0] for t in range(3)}
+    assert firsts == {A, B, C}
+
+
+def test_weights_and_bound_are_router_options():
+    parser = argparse.ArgumentParser()
+    add_router_options(parser)
+    config = router_config_from_args(parser.parse_args([
+        "--policy", "cache_aware", "--cache-prefill-weight", "2", "--cache-load-weight", "0.5",
+        "--cache-queued-tokens", "64", "--cache-load-bound", "1.5", "--cache-index-max-entries", "1000",
+        "--cache-speculative-ttl-s", "1"]))
+    assert config.policy == "cache_aware"
+    assert (config.cache_prefill_weight, config.cache_load_weight, config.cache_queued_tokens) == (2.0, 0.5, 64)
+    assert config.cache_load_bound == 1.5 and config.cache_index_max_entries == 1000
+    assert config.cache_speculative_ttl_s == 1.0
