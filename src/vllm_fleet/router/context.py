@@ -16,6 +16,7 @@ from vllm_fleet.protocol.types import Chunk, GenerateRequest
 from vllm_fleet.router.adapters import AdapterPlacement
 from vllm_fleet.router.admission import Admission
 from vllm_fleet.router.budget import RetryBudget
+from vllm_fleet.router.cache_routing import CacheRouting
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import Policy
@@ -41,3 +42,4 @@ class StreamContext:
     config: RouterConfig
     connect: Connect           # address -> the client one attempt streams from
     adapters: AdapterPlacement | None = None  # LoRA requests: which workers hold the adapter, loading it
+    cache: CacheRouting | None = None         # cache_aware: notes where each prompt's blocks went

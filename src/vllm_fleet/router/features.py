@@ -41,6 +41,7 @@ class RequestFeatures:
     ticket: int = 0
     service_class: str = "interactive"  # or "batch" (router/classes.py)
     cached_tokens: Mapping[str, int] = field(default_factory=dict, hash=False)
+    block_keys: tuple[int, ...] = field(default=(), hash=False)  # the prompt's blocks (cache-aware routing)
 
     @property
     def cost_tokens(self) -> int:

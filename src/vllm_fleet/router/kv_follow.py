@@ -34,12 +34,13 @@ class KvFollower:
     is open and every batch so far was applied in order."""
 
     def __init__(self, address: str, client, index: CacheIndex, model: Callable[[], str | None],
-                 *, on_change: Callable[[], None] = lambda: None) -> None:
+                 *, on_change: Callable[[], None] = lambda: None, on_unsupported: Callable[[], None] = lambda: None) -> None:
         self.address = address
         self._client = client
         self._index = index
         self._model = model
         self._on_change = on_change
+        self._on_unsupported = on_unsupported
         self.fresh = False
         self.resyncs = 0        # times it had to start again from a snapshot
         self.reconnects = 0     # times the stream was reopened after it closed or failed
@@ -60,9 +61,12 @@ class KvFollower:
                 applied = await self._follow_once()
             except asyncio.CancelledError:
                 raise
-            except KvEventsUnsupportedError as exc:  # asking again will not help; a new Info restarts us
+            except KvEventsUnsupportedError as exc:
+                # Asking again will not help (events off, or its engine still loading after a
+                # restart): the next Info that says it streams events starts a new follower.
                 logger.info("worker %s streams no KV-cache events (%s): routing it by load alone", self.address, exc)
                 self._set_fresh(False)
+                self._on_unsupported()
                 return
             except FleetError as exc:
                 applied = False

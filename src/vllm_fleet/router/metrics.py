@@ -34,6 +34,18 @@ class RouterMetrics:
         self.in_flight = Gauge("in_flight", "Requests this router has open per worker", ["worker"], **common)
         self.outstanding_tokens = Gauge("outstanding_tokens", "Tokens still expected per worker", ["worker"], **common)
         self.worker_up = Gauge("worker_serving", "1 when the worker takes new requests, else 0", ["worker"], **common)
+        self.predicted_cached_tokens = Counter(
+            "predicted_cached_tokens", "Prompt tokens the cache index expected each worker to hold, of the requests "
+            "routed there (cache_aware)", ["worker"], **common)
+        self.routed_prompt_tokens = Counter(
+            "routed_prompt_tokens", "Prompt tokens routed to each worker (cache_aware; the denominator of predicted "
+            "hits)", ["worker"], **common)
+        self.kv_events_fresh = Gauge("kv_events_fresh", "1 while the worker's KV-cache events are followed in order; "
+                                     "0: scored by load alone", ["worker"], **common)
+        self.engine_prefix_hits = Gauge("engine_prefix_cache_hits", "The engine's own prefix-cache hit tokens "
+                                        "(lifetime, from its Load)", ["worker"], **common)
+        self.engine_prefix_queries = Gauge("engine_prefix_cache_queries", "The engine's own prefix-cache queried "
+                                           "tokens (lifetime, from its Load)", ["worker"], **common)
         self.queue_depth = Gauge("queue_depth", "Requests waiting for a slot, by workload class", ["workload_class"],
                                  **common)
 
@@ -52,8 +64,16 @@ class RouterMetrics:
         self.outstanding_tokens.labels(address).set_function(lambda: float(outstanding()))
         self.worker_up.labels(address).set_function(lambda: 1.0 if serving() else 0.0)
 
+    def watch_cache(self, address: str, *, fresh: Callable[[], bool], hits: Callable[[], int],
+                    queries: Callable[[], int]) -> None:
+        self.kv_events_fresh.labels(address).set_function(lambda: 1.0 if fresh() else 0.0)
+        self.engine_prefix_hits.labels(address).set_function(lambda: float(hits()))
+        self.engine_prefix_queries.labels(address).set_function(lambda: float(queries()))
+
     def forget_worker(self, address: str) -> None:
-        for gauge in (self.breaker_state, self.in_flight, self.outstanding_tokens, self.worker_up):
+        for gauge in (self.breaker_state, self.in_flight, self.outstanding_tokens, self.worker_up,
+                      self.kv_events_fresh, self.engine_prefix_hits, self.engine_prefix_queries,
+                      self.predicted_cached_tokens, self.routed_prompt_tokens):
             try:
                 gauge.remove(address)
             except KeyError:

@@ -36,6 +36,7 @@ from vllm_fleet.errors import FleetError, NoWorkerError
 from vllm_fleet.protocol.types import REQUEST_FORM, WorkerInfo, WorkerLoad
 from vllm_fleet.registry import Registry, WorkerRecord
 from vllm_fleet.router.breaker import CircuitBreaker
+from vllm_fleet.router.cache_routing import CacheRouting
 from vllm_fleet.router.classes import BatchGate
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.ejection import OutlierDetector
@@ -83,7 +84,7 @@ class WorkerState:
             return DRAINING
         return EJECTED if ejected else SERVING
 
-    def view(self, ejected: bool, batch_in_flight: int = 0) -> WorkerView:
+    def view(self, ejected: bool, batch_in_flight: int = 0, cache: CacheRouting | None = None) -> WorkerView:
         info = self.info
         settings = info.settings if info else {}
         return WorkerView(
@@ -101,6 +102,9 @@ class WorkerState:
             max_num_seqs=int(settings.get("max_num_seqs") or 0),
             schedules_by_priority=settings.get("scheduling_policy") == "priority",
             batch_in_flight=batch_in_flight,
+            kv_events_fresh=cache is not None and cache.fresh(self.address),
+            cache_events=cache.events_state(self.address) if cache is not None else "",
+            predicted_hit_rate=cache.predicted_hit_rate(self.address) if cache is not None else None,
         )
 
 
@@ -136,7 +140,7 @@ class Lease:
 
 class Pool:
     def __init__(self, registry: Registry, clients: ClientPool, config: RouterConfig, metrics: RouterMetrics,
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic, cache: CacheRouting | None = None) -> None:
         self.registry = registry
         self.clients = clients
         self.config = config
@@ -149,6 +153,7 @@ class Pool:
             max_ratio=config.ejection_max_ratio, clock=clock,
         )
         self._changed = asyncio.Event()
+        self.cache = cache        # cache_aware: follows each worker's KV-cache events
         self.batch = BatchGate()  # batch-class attempts per worker; wakes batch waiting for slack
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: Callable[[], None] | None = None
@@ -199,6 +204,11 @@ class Pool:
             outstanding=lambda: worker.outstanding_tokens,
             serving=lambda: worker.state(self._outliers.is_ejected(record.address)) == SERVING,
         )
+        if self.cache is not None:
+            cache = self.cache
+            self.metrics.watch_cache(record.address, fresh=lambda: cache.fresh(record.address),
+                                     hits=lambda: worker.load.prefix_cache_hits if worker.load else 0,
+                                     queries=lambda: worker.load.prefix_cache_queries if worker.load else 0)
 
     async def _remove(self, address: str) -> None:
         worker = self._workers.pop(address, None)
@@ -210,6 +220,8 @@ class Pool:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._outliers.forget(address)
+        if self.cache is not None:
+            self.cache.forget(address)
         self.metrics.forget_worker(address)
         self._notify()
 
@@ -278,6 +290,11 @@ class Pool:
             logger.info("worker %s serves %s (max_model_len %d, engine %s)", worker.address, info.model,
                         info.max_model_len, info.engine)
         worker.info = info
+        if self.cache is not None and info.kv_events:
+            follower = self.cache.follow(worker.address, lambda: worker.info.model if worker.info else None,
+                                         info.kv_block_size)
+            if follower is not None:
+                worker.tasks.append(asyncio.ensure_future(follower.run()))
         self._notify()
 
     # --- what streams use ---------------------------------------------------------------
@@ -304,8 +321,8 @@ class Pool:
     def snapshot(self) -> PoolSnapshot:
         is_ejected = self._outliers.is_ejected
         batch = self.batch.running
-        return PoolSnapshot(tuple(w.view(is_ejected(a), batch.get(a, 0)) for a, w in self._workers.items()),
-                            self._clock())
+        return PoolSnapshot(tuple(w.view(is_ejected(a), batch.get(a, 0), self.cache)
+                                  for a, w in self._workers.items()), self._clock())
 
     def worker(self, address: str) -> WorkerState | None:
         return self._workers.get(address)

@@ -26,6 +26,7 @@ from vllm_fleet.router.admission import Admission
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.config import KeyLimits, RouterConfig
 from vllm_fleet.router.context import Connect, StreamContext
+from vllm_fleet.router.cache_routing import CacheRouting
 from vllm_fleet.router.classes import SERVICE_CLASSES
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
@@ -68,13 +69,18 @@ class Router:
         self._budget = RetryBudget(ratio=self.config.retry_budget_ratio, min_per_s=self.config.retry_budget_min_per_s,
                                    window_s=self.config.retry_budget_window_s, clock=clock)
         self._admission = Admission(self.config.admission, clock=clock, quota=quota, shared_keys=shared_key_buckets)
-        self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock)
+        tokenizers = None
+        # cache_aware keeps an index of every worker's KV-cache blocks, from their event streams.
+        self._cache = (CacheRouting(self.config, self.clients.get, self._metrics, tokenizers=tokenizers)
+                       if self.config.policy == "cache_aware" else None)
+        self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock, cache=self._cache)
         self.adapters = AdapterPlacement(self._pool.snapshot, self.clients.get,
                                          overlay_s=max(1.0, 3 * self.config.load_poll_interval_s), clock=clock)
         self._tickets = itertools.count()
         self._context = StreamContext(
             policy=self._policy, pool=self._pool, budget=self._budget, admission=self._admission,
             metrics=self._metrics, config=self.config, connect=connect or self.clients.get, adapters=self.adapters,
+            cache=self._cache,
         )
         for name, queue in self._admission.queues.items():
             self._metrics.watch_queue(name, lambda q=queue: q.depth)
@@ -176,6 +182,8 @@ class Router:
             long_max_tokens=admission.long_max_tokens, class_pools=admission.class_pools,
             class_pool_fallback=admission.class_pool_fallback, ticket=next(self._tickets),
         )
+        if self._cache is not None:
+            features = self._cache.with_cache(request, features)
         return RoutedStream(self._context, request, features, key=key, deadline=deadline)
 
     def _resolve_adapter(self, request: GenerateRequest, model: str | None) -> tuple[GenerateRequest, str | None]:

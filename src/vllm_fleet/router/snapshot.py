@@ -36,6 +36,8 @@ class WorkerView:
     batch_in_flight: int = 0          # of `in_flight`, this router's batch-class requests
     kv_events_fresh: bool = False     # the cache index follows its KV events, in order and lately:
                                       # cache-aware routing may count its cached tokens
+    cache_events: str = ""            # cache_aware: "in step", "stale" or "off" (no events); "" other policies
+    predicted_hit_rate: float | None = None  # cache_aware: cached share of the prompts routed here, as predicted
 
     @property
     def routable(self) -> bool:
@@ -55,6 +57,11 @@ class WorkerView:
             "outstanding_tokens": self.outstanding_tokens, "max_model_len": self.max_model_len,
             "batch_in_flight": self.batch_in_flight, "interactive_in_flight": self.in_flight - self.batch_in_flight,
             "kv_events_fresh": self.kv_events_fresh,
+            "cache": None if not self.cache_events else {
+                "events": self.cache_events, "predicted_hit_rate": self.predicted_hit_rate,
+                "engine_hit_rate": (load.prefix_cache_hits / load.prefix_cache_queries
+                                    if load is not None and load.prefix_cache_queries else None),
+            },
             "load": None if load is None else {
                 "running": load.running, "waiting": load.waiting, "kv_cache_usage": load.kv_cache_usage,
                 "prefix_cache_hit_rate": load.prefix_cache_hit_rate,

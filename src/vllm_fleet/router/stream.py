@@ -174,6 +174,8 @@ class RoutedStream:
                 self.attempts += 1
                 self.worker = address
                 tried.add(address)
+                if ctx.cache is not None:
+                    ctx.cache.routed(address, self.features)
                 verdict: bool | None = None
                 token = id(self)
                 if self._batch:

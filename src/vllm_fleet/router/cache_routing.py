@@ -1,0 +1,146 @@
+"""What the cache-aware policy knows: each worker's KV-cache blocks, and the prompt's blocks.
+
+A router whose policy is `cache_aware` keeps one CacheRouting. It follows the KV-cache events
+of every worker that streams them (router/kv_follow.py) into its own bounded index
+(router/cache_index.py), and for each request works out the prompt's token ids (the input's
+own ids, or the router's rendering with the served model's tokenizer files: router/prompt_tokens.py),
+their block keys, and how many leading tokens each worker holds. Every router (each gateway
+process, each gateway of a fleet, each Spark executor) keeps its own from the same event
+streams, so they agree on where a prefix lives; a routing decision is noted in the index for a
+short time (the event delay), so a burst of one prefix follows the first request.
+
+Nothing here waits: a request whose ids are not known yet (the tokenizer still loading) is
+routed by load alone, and a worker whose events are stale counts as holding nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+
+from vllm_fleet.protocol.types import GenerateRequest
+from vllm_fleet.router.cache_index import CacheIndex, block_keys
+from vllm_fleet.router.config import RouterConfig
+from vllm_fleet.router.features import RequestFeatures
+from vllm_fleet.router.kv_follow import KvFollower
+
+logger = logging.getLogger(__name__)
+
+# Body fields that change a chat prompt's rendering; the body is read only when one is there.
+_RENDER_FIELDS = ("tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+                  "chat_template", "documents")
+
+
+class CacheRouting:
+    def __init__(self, config: RouterConfig, connect: Callable[[str], object], metrics, *, tokenizers=None,
+                 on_change: Callable[[], None] = lambda: None) -> None:
+        self.config = config
+        self.index = CacheIndex(max_entries=config.cache_index_max_entries)
+        self.tokenizers = tokenizers     # PromptTokenizers (router/prompt_tokens.py) or None: ids only from inputs
+        self._connect = connect
+        self._metrics = metrics
+        self._on_change = on_change
+        self.followers: dict[str, KvFollower] = {}
+        self.unknown_ids = 0              # requests routed without token ids (tokenizer not ready)
+        self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
+        self._predicted: dict[str, list[int]] = {}  # address -> [predicted cached tokens, prompt tokens routed]
+
+    # --- workers ------------------------------------------------------------------------
+
+    def follow(self, address: str, model: Callable[[], str | None], block_size: int = 0) -> KvFollower | None:
+        """A follower for a worker whose Info says it streams events (its task is the caller's).
+        `block_size` (the worker's Info) lets prompts be keyed before any event came."""
+        name = model()
+        if block_size and name:
+            self._block_sizes.setdefault(name, block_size)
+        if address in self.followers:
+            return None
+        follower = KvFollower(address, self._connect(address), self.index, model, on_change=self._on_change,
+                              on_unsupported=lambda: self._unfollow(address, follower))
+        self.followers[address] = follower
+        return follower
+
+    def _unfollow(self, address: str, follower: KvFollower) -> None:
+        """Its stream says it has no events: what the index held of it is no longer known."""
+        if self.followers.get(address) is follower:
+            del self.followers[address]
+            self.index.drop_worker(address)
+
+    def forget(self, address: str) -> None:
+        """The worker left the pool: its entries go with it."""
+        self.followers.pop(address, None)
+        self._predicted.pop(address, None)
+        self.index.drop_worker(address)
+
+    def fresh(self, address: str) -> bool:
+        follower = self.followers.get(address)
+        return follower is not None and follower.fresh
+
+    def events_state(self, address: str) -> str:
+        follower = self.followers.get(address)
+        return "off" if follower is None else "in step" if follower.fresh else "stale"
+
+    def predicted_hit_rate(self, address: str) -> float | None:
+        predicted, routed = self._predicted.get(address, (0, 0))
+        return predicted / routed if routed else None
+
+    # --- requests -----------------------------------------------------------------------
+
+    def prompt_ids(self, request: GenerateRequest, model: str | None) -> list[int] | None:
+        """The first input's token ids as the engine will see them, or None when not known now."""
+        item = request.inputs[0]
+        if item.token_ids is not None:
+            return list(item.token_ids)
+        if self.tokenizers is None or model is None:
+            return None
+        if item.messages is not None:
+            fields = _render_fields(request)
+            return self.tokenizers.chat_ids(model, item.messages, **fields)
+        return self.tokenizers.completion_ids(model, item.text or "")
+
+    def with_cache(self, request: GenerateRequest, features: RequestFeatures) -> RequestFeatures:
+        """`features` with the prompt's block keys and each worker's cached tokens of it."""
+        model = features.model or ""
+        block_size = self.index.block_size(model) or self._block_sizes.get(model, 0)
+        ids = self.prompt_ids(request, features.model) if block_size else None
+        if ids is None:
+            self.unknown_ids += 1
+            return features
+        keys = block_keys(ids, block_size, lora=request.adapter)
+        held = self.index.matched_tokens(model, keys) if keys else {}
+        prompt_tokens = features.prompt_tokens
+        if len(request.inputs) == 1:  # exact now, for one input (the others stay estimates)
+            prompt_tokens = len(ids)
+        return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens)
+
+    def routed(self, address: str, features: RequestFeatures) -> None:
+        """A request went to `address`: count its prefix as held there until events confirm."""
+        if not features.block_keys:
+            return
+        model = features.model or ""
+        self.index.note_routed(address, model, list(features.block_keys), ttl_s=self.config.cache_speculative_ttl_s)
+        predicted = features.cached_tokens.get(address, 0) if self.fresh(address) else 0
+        self._metrics.predicted_cached_tokens.labels(address).inc(predicted)
+        self._metrics.routed_prompt_tokens.labels(address).inc(features.prompt_tokens)
+        totals = self._predicted.setdefault(address, [0, 0])
+        totals[0] += predicted
+        totals[1] += features.prompt_tokens
+
+
+def _render_fields(request: GenerateRequest) -> dict:
+    """The body's fields that change how the chat template renders (tools, template kwargs)."""
+    raw = request.body.body_json
+    if not any(name.encode() in raw for name in _RENDER_FIELDS):
+        return {}
+    body = json.loads(raw)
+    fields = {}
+    if body.get("tools"):
+        fields["tools"] = body["tools"]
+    if body.get("chat_template_kwargs"):
+        fields["chat_template_kwargs"] = body["chat_template_kwargs"]
+    for name in ("add_generation_prompt", "continue_final_message"):
+        if name in body:
+            fields[name] = body[name]
+    return fields

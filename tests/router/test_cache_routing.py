@@ -1,0 +1,138 @@
+"""Cache-aware routing end to end: mock workers with a simulated prefix cache stream their KV
+events; the router's index follows them and sends each prompt where its prefix is held."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+
+from prometheus_client import CollectorRegistry
+
+from support import wait_until
+from vllm_fleet.protocol import GenerateInput, SamplingParams
+from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
+from vllm_fleet.protocol.sampling import build_request
+from vllm_fleet.registry import StaticRegistry, WorkerRecord
+from vllm_fleet.router import Router, RouterConfig
+from vllm_fleet.router.kv_follow import KvFollower
+from vllm_fleet.router.cache_index import CacheIndex
+
+BS = 16
+FAST = dict(load_poll_interval_s=0.1, health_poll_interval_s=0.2)
+
+
+@asynccontextmanager
+async def routed(addresses: list[str], policy: str = "cache_aware"):
+    registry = StaticRegistry([WorkerRecord(address=a) for a in addresses])
+    router = Router(registry, RouterConfig(policy=policy, **FAST), metrics_registry=CollectorRegistry())
+    await router.start()
+    try:
+        await router.wait_ready(timeout=60)
+        await wait_until(lambda: len(router.snapshot().eligible()) == len(addresses), timeout=60,
+                         message="every worker serving")
+        yield router
+    finally:
+        await router.close()
+
+
+SHARED_BLOCKS = 24
+
+
+def prompt(prefix: int, suffix: int) -> list[int]:
+    """A prompt of 24 blocks shared by every request of `prefix`, then 8 tokens of its own (the
+    mock's vocabulary is 44 tokens: ids 4..43). Long enough that the prefill it saves outweighs
+    a worker's Load still counting the request before as running."""
+    shared = [4 + (prefix * 7 + i * (prefix + 1)) % 40 for i in range(SHARED_BLOCKS * BS)]
+    return shared + [4 + (suffix + i) % 40 for i in range(8)]
+
+
+async def send(router: Router, rid: str, token_ids: list[int]) -> tuple[str, int]:
+    request = build_request(rid, [GenerateInput(token_ids=token_ids)], SamplingParams(max_tokens=2, temperature=0))
+    async with router.stream(request) as stream:
+        usage = [c.usage async for c in stream if c.usage is not None]
+        return stream.worker, usage[-1].cached_tokens
+
+
+async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker_factory):
+    workers = [await mock_worker_factory.start(mock_kv_blocks=1024, block_size=BS, mock_ttft_ms=1,
+                                               mock_tokens_per_s=500) for _ in range(2)]
+    async with routed([w.address for w in workers]) as router:
+        await wait_until(lambda: all(w.kv_events_fresh for w in router.snapshot()), timeout=30,
+                         message="both workers' events followed")
+        homes, hits = {}, 0
+        for prefix in range(6):
+            homes[prefix], _ = await send(router, f"p{prefix}-0", prompt(prefix, 0))
+        assert set(homes.values()) == {w.address for w in workers}  # spread: load counts too
+        for round_ in range(1, 4):
+            for prefix in range(6):
+                worker, cached = await send(router, f"p{prefix}-{round_}", prompt(prefix, round_))
+                assert worker == homes[prefix], f"prefix {prefix} left the worker that holds it"
+                hits += cached
+        assert hits == 18 * SHARED_BLOCKS * BS  # every follow-up found every shared block in its engine
+        view = router.snapshot().get(homes[0]).to_dict()
+        assert view["cache"]["events"] == "in step" and view["cache"]["predicted_hit_rate"] > 0.5
+
+
+async def test_a_restarted_worker_loses_its_entries_within_a_second_of_its_return(mock_worker_factory):
+    worker = await mock_worker_factory.start(mock_kv_blocks=1024, block_size=BS, mock_ttft_ms=1)
+    async with routed([worker.address]) as router:
+        index = router._cache.index
+        await wait_until(lambda: router.snapshot().get(worker.address).kv_events_fresh, timeout=30,
+                         message="events followed")
+        await send(router, "before", prompt(1, 0))
+        await wait_until(lambda: index.entries_per_worker().get(worker.address, 0) >= SHARED_BLOCKS, timeout=10,
+                         message="its blocks indexed")
+        worker.stop(timeout=10)
+        worker.start()
+        await worker.wait_serving(120)
+        returned = asyncio.get_running_loop().time()
+        # The new engine's epoch comes with an empty snapshot: the old blocks go with it.
+        await wait_until(lambda: index.entries_per_worker().get(worker.address, 0) == 0, timeout=5,
+                         interval=0.01, message="old entries dropped")
+        assert asyncio.get_running_loop().time() - returned <= 1.0
+
+
+class ScriptedEvents:
+    """A worker client whose KvEvents streams are the test's lists of batches (or an error)."""
+
+    def __init__(self, *streams) -> None:
+        self.streams = list(streams)
+        self.asked: list[tuple[int, str]] = []
+        self.done = asyncio.Event()
+
+    async def kv_events(self, *, after_sequence: int = 0, epoch: str = ""):
+        self.asked.append((after_sequence, epoch))
+        if not self.streams:
+            self.done.set()
+            await asyncio.Event().wait()
+        stream = self.streams.pop(0)
+        if isinstance(stream, Exception):
+            raise stream
+        for batch in stream:
+            yield batch
+
+
+def stored(*tokens: int, parent: bytes | None = None, name: bytes = b"h1") -> BlocksStored:
+    return BlocksStored((name,), parent, tokens, len(tokens))
+
+
+async def test_a_gap_in_the_events_asks_for_a_snapshot_and_a_broken_stream_replays():
+    from vllm_fleet.errors import WorkerUnavailableError
+
+    snap = KvEventBatch("e1", 1, 0.0, (stored(1, 2, 3, 4),), snapshot=True, block_size=4)
+    gap = KvEventBatch("e1", 3, 0.0, (stored(5, 6, 7, 8, parent=b"h1", name=b"h2"),), block_size=4)
+    snap2 = KvEventBatch("e1", 3, 0.0, (stored(1, 2, 3, 4), stored(5, 6, 7, 8, parent=b"h1", name=b"h2")),
+                         snapshot=True, block_size=4)
+    client = ScriptedEvents([snap, gap], [snap2], WorkerUnavailableError("gone", worker="w"))
+    index = CacheIndex()
+    follower = KvFollower("w", client, index, lambda: "m")
+    task = asyncio.create_task(follower.run())
+    try:
+        await asyncio.wait_for(client.done.wait(), 10)
+    finally:
+        task.cancel()
+    # First from nothing; after the gap from nothing again (a snapshot); after the break, from
+    # where it was (a replay), not from nothing.
+    assert client.asked == [(0, ""), (0, ""), (3, "e1"), (3, "e1")]
+    assert follower.resyncs == 1 and not follower.fresh
+    assert index.entries_per_worker() == {"w": 2}  # the snapshot after the gap has both blocks
