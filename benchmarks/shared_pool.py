@@ -1,0 +1,264 @@
+"""Online and batch on the same two workers: online latency with batch running, with and without
+service classes, batch throughput against what the idle capacity allows, and the recovery
+after the online rate steps up.
+
+    flock /tmp/vllm-fleet-heavy.lock python benchmarks/shared_pool.py --workers vllm
+
+Phases, each on the same two workers (real vLLM engines on cores 0 and 1, or `--workers mock`
+to rehearse the sequence), each with its own texts so no phase hits another's prefix cache:
+
+1. batch alone: a closed loop of `--batch-in-flight` batch requests for `--seconds`; its output
+   tokens/s is the fleet's batch capacity C.
+2. online alone: chat requests arriving as a Poisson process at `--rate` per second.
+3. online + batch with classes: phase 2's arrivals, and the batch loop as class "batch".
+4. online + batch without classes: the same, batch sent as "interactive" (before this change).
+5. step-up: phase 3, with the online rate doubled halfway through; how long after the step the
+   online TTFT (over a sliding 2 s window of first tokens) is back under its P99 target.
+
+Figures: online TTFT P50/P99 and ITL P99 (gaps between a stream's chunks), E2E P99; batch
+output tokens/s. "What the idle capacity allows" = C × (1 − U), where U = online output
+tokens/s ÷ C is the share of the fleet's token rate online traffic used in phase 2: batch in
+phase 3 should reach ≥ 70 % of it. Ratios are taken within one run, side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import time
+
+from vllm_fleet.bench import percentile
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
+from vllm_fleet.protocol.sampling import SamplingParams, build_request
+from vllm_fleet.protocol.types import GenerateInput
+from vllm_fleet.registry import StaticRegistry
+from vllm_fleet.router import Router, RouterConfig
+
+WORDS = ("river mountain city forest ocean desert island harbor bridge market castle garden library museum "
+         "station tower village meadow orchard engine signal ledger contract policy schedule payment").split()
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+class Online:
+    """Per-request latency records of the online traffic."""
+
+    def __init__(self) -> None:
+        self.ttft: list[float] = []
+        self.itl: list[float] = []
+        self.e2e: list[float] = []
+        self.first_at: list[tuple[float, float]] = []  # (when the first token came, its TTFT)
+        self.output_tokens = 0
+        self.errors = 0
+
+
+async def online_request(router: Router, rid: str, rng: random.Random, args, stats: Online) -> None:
+    loop = asyncio.get_running_loop()
+    request = build_request(rid, [GenerateInput(messages=[{"role": "user", "content": words(rng, args.online_words)}])],
+                            SamplingParams(max_tokens=args.online_max_tokens, temperature=0.0, ignore_eos=True))
+    started = loop.time()
+    last = None
+    try:
+        async with router.stream(request) as stream:
+            async for chunk in stream:
+                if not chunk.token_ids:
+                    continue
+                now = loop.time()
+                if last is None:
+                    stats.ttft.append(now - started)
+                    stats.first_at.append((now, now - started))
+                else:
+                    stats.itl.append(now - last)
+                last = now
+                stats.output_tokens += len(chunk.token_ids)
+    except Exception:
+        stats.errors += 1
+        return
+    stats.e2e.append(loop.time() - started)
+
+
+async def online_traffic(router: Router, args, salt: str, seconds: float, stats: Online,
+                         step_at: float | None = None) -> None:
+    rng = random.Random(f"online-{salt}")
+    arrivals = random.Random(args.seed)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks = []
+    i = 0
+    while loop.time() - start < seconds:
+        tasks.append(asyncio.create_task(online_request(router, f"{salt}-o{i}", rng, args, stats)))
+        i += 1
+        rate = args.rate * (2 if step_at is not None and loop.time() - start >= step_at else 1)
+        await asyncio.sleep(arrivals.expovariate(rate))
+    await asyncio.gather(*tasks)
+
+
+async def batch_loop(router: Router, args, salt: str, service_class: str, stop: asyncio.Event) -> dict:
+    rng = random.Random(f"batch-{salt}")
+    done = {"output_tokens": 0, "requests": 0, "errors": 0, "withdrawn": 0}
+
+    async def one_lane(lane: int) -> None:
+        k = 0
+        while not stop.is_set():
+            request = build_request(f"{salt}-b{lane}-{k}", [GenerateInput(text=words(rng, args.batch_words))],
+                                    SamplingParams(max_tokens=args.batch_max_tokens, temperature=0.0,
+                                                   ignore_eos=True), service_class=service_class)
+            k += 1
+            try:
+                async with router.stream(request) as stream:
+                    async for chunk in stream:
+                        done["output_tokens"] += len(chunk.token_ids)
+                    done["withdrawn"] += stream.withdrawals
+                done["requests"] += 1
+            except Exception:
+                done["errors"] += 1
+
+    lanes = [asyncio.create_task(one_lane(i)) for i in range(args.batch_in_flight)]
+    await stop.wait()
+    for lane in lanes:
+        lane.cancel()
+    await asyncio.gather(*lanes, return_exceptions=True)
+    return done
+
+
+def summary(stats: Online) -> dict:
+    return {
+        "online_requests": len(stats.ttft), "online_errors": stats.errors,
+        "ttft_p50_ms": percentile(stats.ttft, 50) * 1000, "ttft_p99_ms": percentile(stats.ttft, 99) * 1000,
+        "itl_p99_ms": percentile(stats.itl, 99) * 1000, "e2e_p99_ms": percentile(stats.e2e, 99) * 1000,
+        "online_output_tokens": stats.output_tokens,
+    }
+
+
+async def phase(name: str, addresses: list[str], args, *, online: bool, batch_class: str | None,
+                step_at: float | None = None) -> dict:
+    router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy="least_outstanding"))
+    await router.start()
+    salt = f"{name}-{time.time_ns() % 100000}"
+    try:
+        await router.wait_ready(timeout=120)
+        stop = asyncio.Event()
+        batch = asyncio.create_task(batch_loop(router, args, salt, batch_class, stop)) if batch_class else None
+        stats = Online()
+        started = time.perf_counter()
+        if online:
+            await online_traffic(router, args, salt, args.seconds, stats, step_at)
+        else:
+            await asyncio.sleep(args.seconds)
+        wall = time.perf_counter() - started
+        stop.set()
+        batch_done = await batch if batch else None
+    finally:
+        await router.close()
+    result = {"phase": name, "wall_s": wall, **(summary(stats) if online else {})}
+    if batch_done:
+        result.update(batch_output_tok_s=batch_done["output_tokens"] / wall, batch_requests=batch_done["requests"],
+                      batch_errors=batch_done["errors"], batch_withdrawn=batch_done["withdrawn"])
+    if online:
+        result["online_output_tok_s"] = stats.output_tokens / wall
+        if step_at is not None:
+            result["recovery_s"] = recovery(stats, step_at, args.ttft_target_ms / 1000, started_at=stats.first_at)
+    return result
+
+
+def recovery(stats: Online, step_at: float, target_s: float, started_at) -> float | None:
+    """Seconds after the step until every 2 s window of first tokens has its P99 TTFT under target."""
+    if not started_at:
+        return None
+    origin = started_at[0][0] - started_at[0][1]  # ~ when traffic began
+    step = origin + step_at
+    points = sorted(started_at)
+    last_bad = step
+    window = 2.0
+    t = step
+    while t < points[-1][0]:
+        inside = [ttft for at, ttft in points if t <= at < t + window]
+        if inside and percentile(inside, 99) > target_s:
+            last_bad = t + window
+        t += 0.5
+    return max(0.0, last_bad - step)
+
+
+def worker_process(kind: str, cores: str, args) -> WorkerProcess:
+    env = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}
+    if kind == "vllm":
+        return WorkerProcess([*small_vllm_args(max_model_len=2048), "--max-num-seqs", str(args.max_num_seqs)], env,
+                             cores=cores, log_path=f"/tmp/shared-pool-worker-{cores}.log")
+    return WorkerProcess(["--engine", "mock", "--max-num-seqs", str(args.max_num_seqs), "--mock-tokens-per-s", "40",
+                          "--mock-ttft-ms", "20", "--mock-prefill-ms-per-1k", "200"], env, cores=cores,
+                         log_path=f"/tmp/shared-pool-mock-{cores}.log")
+
+
+async def main(args: argparse.Namespace) -> None:
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    async with contextlib.AsyncExitStack() as stack:
+        workers = [await stack.enter_async_context(worker_process(args.workers, c, args)) for c in ("0", "1")]
+        for worker in workers:
+            await worker.wait_serving(900)
+        addresses = [w.address for w in workers]
+        async with WorkerClient(addresses[0]) as client:
+            info = await client.info()
+        print(f"workers: {args.workers} {addresses} model={info.model} max_num_seqs={info.settings.get('max_num_seqs')} "
+              f"scheduling={info.settings.get('scheduling_policy', 'fcfs')}")
+        print(f"online: Poisson {args.rate}/s, {args.online_words} words, max_tokens {args.online_max_tokens}; "
+              f"batch: {args.batch_in_flight} in flight, {args.batch_words} words, max_tokens {args.batch_max_tokens}; "
+              f"{args.seconds:.0f} s per phase")
+        results = []
+        for name, kw in [("batch alone", dict(online=False, batch_class="batch")),
+                         ("online alone", dict(online=True, batch_class=None)),
+                         ("online + batch, classes", dict(online=True, batch_class="batch")),
+                         ("online + batch, no classes", dict(online=True, batch_class="interactive")),
+                         ("step-up, classes", dict(online=True, batch_class="batch", step_at=args.seconds / 2))]:
+            result = await phase(name, addresses, args, **kw)
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    by = {r["phase"]: r for r in results}
+    alone, mixed, old = by["online alone"], by["online + batch, classes"], by["online + batch, no classes"]
+    capacity = by["batch alone"]["batch_output_tok_s"]
+    used = alone["online_output_tok_s"] / capacity if capacity else 0.0
+    allowed = capacity * max(0.0, 1 - used)
+    print()
+    print("| phase | online TTFT P50 | TTFT P99 | ITL P99 | E2E P99 | batch output tok/s | batch withdrawn |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['phase']} | {r.get('ttft_p50_ms', 0):.0f} ms | {r.get('ttft_p99_ms', 0):.0f} ms | "
+              f"{r.get('itl_p99_ms', 0):.0f} ms | {r.get('e2e_p99_ms', 0):.0f} ms | "
+              f"{r.get('batch_output_tok_s', 0):.1f} | {r.get('batch_withdrawn', 0)} |")
+    print(f"\nonline TTFT P99 with batch / alone: classes {mixed['ttft_p99_ms'] / alone['ttft_p99_ms']:.2f}x, "
+          f"no classes {old['ttft_p99_ms'] / alone['ttft_p99_ms']:.2f}x (target <= 1.1x)")
+    print(f"online ITL P99 with batch / alone: classes {mixed['itl_p99_ms'] / alone['itl_p99_ms']:.2f}x, "
+          f"no classes {old['itl_p99_ms'] / alone['itl_p99_ms']:.2f}x (target <= 1.1x)")
+    print(f"batch capacity C = {capacity:.1f} tok/s; online used U = {used:.1%}; idle capacity allows "
+          f"C x (1 - U) = {allowed:.1f} tok/s; batch with classes reached {mixed['batch_output_tok_s']:.1f} "
+          f"= {mixed['batch_output_tok_s'] / allowed if allowed else 0:.0%} (target >= 70%)")
+    print(f"step-up recovery: online P99 TTFT back under {args.ttft_target_ms:.0f} ms within "
+          f"{by['step-up, classes'].get('recovery_s')} s of the step (target <= 2 s)")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", choices=("vllm", "mock"), default="vllm")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--rate", type=float, default=2.0, help="Online requests per second (Poisson)")
+    parser.add_argument("--online-words", type=int, default=60)
+    parser.add_argument("--online-max-tokens", type=int, default=32)
+    parser.add_argument("--batch-in-flight", type=int, default=32)
+    parser.add_argument("--batch-words", type=int, default=300)
+    parser.add_argument("--batch-max-tokens", type=int, default=64)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--ttft-target-ms", type=float, default=1000.0, help="Online P99 TTFT target (step-up)")
+    parser.add_argument("--seed", type=int, default=11)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
