@@ -150,6 +150,7 @@ class MockEngine(Engine):
                 "ttft_ms": str(self.config.mock_ttft_ms),
                 "max_num_seqs": str(self.config.max_num_seqs or 0),
                 "vocab_size": str(len(VOCAB)),
+                "scheduling_policy": "priority" if self.schedules_by_priority else "fcfs",
             },
         )
 

@@ -227,6 +227,8 @@ class VllmEngine(Engine):
             "tool_call_parser": self.config.tool_call_parser or "",
             "enable_auto_tool_choice": str(self.config.enable_auto_tool_choice),
             "reasoning_parser": self.config.reasoning_parser or "",
+            # "priority": requests may carry a priority (the gateway's batch class uses one).
+            "scheduling_policy": str(cfg.scheduler_config.policy),
         }
         return WorkerInfo(model=self._served_name, max_model_len=self._max_model_len, engine="vllm",
                           engine_version=vllm.__version__, settings=settings)
