@@ -155,37 +155,60 @@ async def _completed(client, batch_id: str, count: int) -> bool:
     return (await client.batches.retrieve(batch_id)).request_counts.completed >= count
 
 
+async def _start(addresses: list[str], config: GatewayConfig) -> GatewayServer:
+    server = GatewayServer(config, RouterConfig(), StaticRegistry.from_spec(addresses), ready_timeout_s=20,
+                           shutdown_grace_s=2)
+    await server.start()
+    return server
+
+
+async def _hold_after(server: GatewayServer, lines: int, total: int) -> str:
+    """A batch of `total` lines on `server`, of which `lines` finished and the rest held; its id."""
+    server.app.batches.admit, _ = gate(after=lines)
+    client = client_of(server)
+    uploaded = await client.files.create(file=("in.jsonl", jsonl([chat_line(f"k{i}") for i in range(total)])),
+                                         purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
+    await wait_until(lambda: _completed(client, batch.id, lines), timeout=20, message=f"{lines} lines done")
+    return batch.id
+
+
+async def _finish_elsewhere(config: GatewayConfig, addresses: list[str], batch_id: str, total: int) -> float:
+    """Lines a new gateway on the same state runs to finish the batch; checks each custom_id is there once."""
+    second = await _start(addresses, config)
+    try:
+        client = client_of(second)
+        done = await wait_status(client, batch_id, ("completed",))
+        output = await lines_of(client, done.output_file_id)
+        assert sorted(line["custom_id"] for line in output) == sorted(f"k{i}" for i in range(total))
+        return second.app.batches.metrics.done._value.get()
+    finally:
+        await second.stop()
+
+
 async def test_restart_resumes_without_rerunning_finished_lines(mock_fleet, tmp_path):
     addresses = [w.address for w in mock_fleet["a"]]
     config = GatewayConfig(port=0, batch_dir=str(tmp_path / "batch"))
-
-    async def start() -> GatewayServer:
-        server = GatewayServer(config, RouterConfig(), StaticRegistry.from_spec(addresses), ready_timeout_s=20,
-                               shutdown_grace_s=2)
-        await server.start()
-        return server
-
-    first = await start()
+    first = await _start(addresses, config)
     try:
-        first.app.batches.admit, _ = gate(after=3)
-        client = client_of(first)
-        uploaded = await client.files.create(file=("in.jsonl", jsonl([chat_line(f"k{i}") for i in range(8)])),
-                                             purpose="batch")
-        batch = await client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
-        await wait_until(lambda: _completed(client, batch.id, 3), timeout=20, message="three lines done")
-        ran_first = first.app.batches.metrics.done._value.get()
+        batch_id = await _hold_after(first, 3, total=8)
     finally:
         await first.stop()
-    assert ran_first == 3
-    second = await start()
+    assert first.app.batches.metrics.done._value.get() == 3
+    assert await _finish_elsewhere(config, addresses, batch_id, 8) == 5  # only the lines the first left
+
+
+async def test_another_process_takes_over_when_the_runner_dies(mock_fleet, tmp_path, monkeypatch):
+    addresses = [w.address for w in mock_fleet["a"]]
+    config = GatewayConfig(port=0, batch_dir=str(tmp_path / "batch"), batch_lease_s=1.0)
+    first = await _start(addresses, config)
     try:
-        client = client_of(second)
-        done = await wait_status(client, batch.id, ("completed",))
-        output = await lines_of(client, done.output_file_id)
-        assert sorted(line["custom_id"] for line in output) == sorted(f"k{i}" for i in range(8))
-        assert second.app.batches.metrics.done._value.get() == 5  # only the lines the first left
+        batch_id = await _hold_after(first, 2, total=5)
+        # It dies without a word: its lease is not given back, only left to expire.
+        monkeypatch.setattr(first.app.batches._store, "release", lambda *args: None)
     finally:
-        await second.stop()
+        await first.stop()
+    assert await _finish_elsewhere(config, addresses, batch_id, 5) == 3
 
 
 async def test_a_key_sees_only_its_own_files_and_batches(start_gateway, mock_fleet, keys_file, tmp_path):

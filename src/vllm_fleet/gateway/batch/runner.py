@@ -231,11 +231,20 @@ class BatchRunner:
                     continue
                 if error.status >= 500:
                     logger.warning("batch line %s failed: %s", custom_id, error.message, extra={"request_id": request_id})
+                self._log(record, error.status, error.message)
                 return False, batch_lines.output_line(custom_id, request_id, error.status, error.body()), 0
+            self._log(record, 200)
             self.metrics.prompt.inc(record.prompt_tokens)
             self.metrics.completion.inc(record.completion_tokens)
             return True, batch_lines.output_line(custom_id, request_id, 200, answer), record.completion_tokens
         raise AssertionError("unreachable")
+
+    def _log(self, record: RequestRecord, status: int, error: str | None = None) -> None:
+        """The access-log line of one batch line, as an online request gets (path "batch")."""
+        record.status = status
+        record.error = error
+        if self.config.access_log:
+            record.emit()
 
     def _priority(self, model: str) -> int:
         """--batch-priority where the model's workers schedule by priority; else 0, which they accept."""
