@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import httpx
@@ -288,3 +289,23 @@ class _Completions:
 def test_batch_lines_take_the_batch_priority_where_workers_schedule_by_it(tmp_path, policy, priority):
     runner = BatchRunner(Store(tmp_path), _Completions(policy), GatewayConfig(batch_priority=10), metrics=None)
     assert runner._priority(MODEL_A) == priority
+
+
+async def test_batch_lines_reach_the_worker_with_the_batch_priority(batch_gateway, monkeypatch):
+    """End to end: told that the workers schedule by priority (they do not), the gateway sends
+    --batch-priority, and the mock worker refuses it naming `priority`; online requests stay at 0."""
+    real = batch_gateway.router.model_info
+
+    def scheduling_by_priority(model: str):
+        info = real(model)
+        return dataclasses.replace(info, settings={**info.settings, "scheduling_policy": "priority"})
+
+    monkeypatch.setattr(batch_gateway.router, "model_info", scheduling_by_priority)
+    client = client_of(batch_gateway)
+    batch = await run_batch(client, [chat_line("p0")])
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (0, 1)
+    [error] = await lines_of(client, batch.error_file_id)
+    assert error["response"]["status_code"] == 400
+    assert error["response"]["body"]["error"]["param"] == "priority"
+    assert "priority 10" in error["response"]["body"]["error"]["message"]
+    assert (await client.chat.completions.create(**chat_line("x")["body"])).choices  # online: priority 0

@@ -50,7 +50,7 @@ class BatchApi:
         self.config = config
         self.directory = Path(config.batch_dir) if config.batch_dir else env_cache_dir() / "batch"
         self.metrics = BatchMetrics(registry)
-        self.admit: Admit | None = None  # set before the store opens (tests; a later slack-aware admission)
+        self.admit: Admit | None = None  # awaited before each line starts (tests; a later slack-aware admission)
         self._store: Store | None = None
         self.runner: BatchRunner | None = None
         self._started = False
@@ -98,9 +98,13 @@ class BatchApi:
         if self._store is None:
             self._store = await asyncio.to_thread(Store, self.directory)
         if self.runner is None and self._started:
-            self.runner = BatchRunner(self._store, self.completions, self.config, self.metrics, admit=self.admit)
+            self.runner = BatchRunner(self._store, self.completions, self.config, self.metrics, admit=self._admit)
             self.runner.start()
         return self._store
+
+    async def _admit(self, batch_id: str) -> None:
+        if self.admit is not None:  # read at each line, so it may be set or changed at any time
+            await self.admit(batch_id)
 
     # -- files ------------------------------------------------------------------------------
 
