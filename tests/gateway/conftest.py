@@ -24,11 +24,13 @@ async def mock_fleet(session_mock_workers):
 
 
 @pytest.fixture
-async def start_gateway():
-    """`await start_gateway(addresses, router=RouterConfig(...), **gateway_options)` → a serving GatewayServer."""
+async def start_gateway(tmp_path):
+    """`await start_gateway(addresses, router=RouterConfig(...), **gateway_options)` → a serving GatewayServer.
+    Batch state goes to the test's own folder unless given: never the user's default one."""
     servers: list[GatewayServer] = []
 
     async def start(addresses: list[str], *, router: RouterConfig | None = None, **options) -> GatewayServer:
+        options.setdefault("batch_dir", str(tmp_path / "batch"))
         config = GatewayConfig(port=0, **options)
         server = GatewayServer(config, router or RouterConfig(), StaticRegistry.from_spec(addresses),
                                ready_timeout_s=20, shutdown_grace_s=2)

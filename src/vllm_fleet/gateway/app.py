@@ -11,6 +11,8 @@
     GET  /dashboard/state.json   the page's data (admin key when keys are configured)
     POST /v1/load_lora_adapter   LoRA adapters, in vLLM's shape (admin key; gateway/adapters.py)
     POST /v1/unload_lora_adapter
+    /v1/files, /v1/files/{id}[/content], /v1/batches, /v1/batches/{id}[/cancel]
+                                 OpenAI's Batch API, run as the batch class (key; gateway/batch/)
 
 The path of one request: request id → route (404/405) → authenticate the route's need
 (401/403) → `handler(Call)` → Response or StreamResponse. Any exception a handler raises
@@ -32,6 +34,7 @@ from vllm_fleet.gateway.access_log import RequestRecord, request_id_from
 from vllm_fleet.gateway.adapters import AdapterAdmin, adapter_card, adapter_cards
 from vllm_fleet.gateway.api_error import ApiError, from_exception, unauthorized
 from vllm_fleet.gateway.asgi import ClientGone, HttpRequest, Response, until_disconnect
+from vllm_fleet.gateway.batch import BatchApi
 from vllm_fleet.gateway.call import AuthNeed, Call, Route, worker_request_id
 from vllm_fleet.gateway.completions import CompletionHandler
 from vllm_fleet.gateway.config import GatewayConfig
@@ -63,6 +66,7 @@ class GatewayApp:
         self.completions = CompletionHandler(router, config, self.metrics)
         self.dashboard = Dashboard(router, registry, self.metrics.totals, siblings)
         self.adapter_admin = AdapterAdmin(router, config)
+        self.batches = BatchApi(self.completions, config, metrics_registry)
         self._openapi = Response.json(openapi_document(config))
         self._routes: dict[tuple[str, str], Route] = {
             ("GET", "/health"): Route("none", self._health),
@@ -77,6 +81,7 @@ class GatewayApp:
             ("GET", "/dashboard/state.json"): Route("admin", self.dashboard.state),
             ("POST", "/v1/load_lora_adapter"): Route("admin", self.adapter_admin.load),
             ("POST", "/v1/unload_lora_adapter"): Route("admin", self.adapter_admin.unload),
+            **self.batches.routes(),
         }
         # GET /v1/models/{model}: the one route with a path parameter.
         self._model_route = Route("key", self._model)
@@ -130,6 +135,8 @@ class GatewayApp:
             return route
         if http.method == "GET" and http.path.startswith(MODEL_PREFIX):
             return self._model_route
+        if (batch_route := self.batches.route(http.method, http.path)) is not None:
+            return batch_route
         allowed = sorted(method for method, path in self._routes if path == http.path)
         if allowed:
             error = ApiError(405, f"{http.method} is not allowed on {http.path}", code="method_not_allowed")
@@ -211,8 +218,8 @@ class GatewayApp:
 
 
 _GENERATE = ("/v1/chat/completions", "/v1/completions")
-_ENDPOINTS = (*_GENERATE, "/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/dashboard",
-              "/dashboard/state.json")
+_ENDPOINTS = (*_GENERATE, "/v1/files", "/v1/batches", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json",
+              "/dashboard", "/dashboard/state.json")
 _REASON = {400: "invalid_request", 404: "unknown_model", 413: "body_too_large", 429: "rate_limited",
            503: "no_worker"}
 

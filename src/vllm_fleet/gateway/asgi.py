@@ -37,12 +37,14 @@ class HttpRequest:
     # Set once the body is read: only then may the disconnect watcher call receive(), or it
     # would take body messages from under read_body().
     body_read: asyncio.Event = field(default_factory=asyncio.Event)
+    query: str = ""  # the raw query string (only the Batch API's list routes read one)
 
     @classmethod
     def from_scope(cls, scope: dict, receive) -> HttpRequest:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         client = scope.get("client")
-        return cls(scope["method"], scope["path"], headers, f"{client[0]}:{client[1]}" if client else "", receive)
+        return cls(scope["method"], scope["path"], headers, f"{client[0]}:{client[1]}" if client else "", receive,
+                   query=scope.get("query_string", b"").decode("latin-1"))
 
     async def read_body(self, limit: int) -> bytes:
         """The whole body; 413 as soon as it is known to exceed `limit` bytes."""

@@ -48,6 +48,20 @@ class CompletionHandler:
     async def _handle(self, kind: str, call: Call) -> Response | StreamResponse:
         record = call.record
         body = await call.http.read_body(self.config.max_body_bytes)
+        plan = self.plan(kind, body, record=record, worker_request_id=call.worker_request_id,
+                         session_id=call.http.headers.get("x-session-id", ""))
+        # vLLM's rule: the X-Request-Id header names the answer, else the body's request_id.
+        named = plan.response_id if "x-request-id" not in call.http.headers else None
+        response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + (named or record.request_id)
+        stream = self._open(plan, call.key_id)
+        created = int(time.time())
+        if plan.stream:
+            return await self._streamed(plan, stream, record, response_id, created)
+        return Response.json(await self._whole(plan, stream, record, response_id, created))
+
+    def plan(self, kind: str, body: bytes, *, record: RequestRecord, worker_request_id: str,
+             session_id: str = "") -> Plan:
+        """Parse and check a request body (400s) into its Plan; fills in the record's model and stream."""
         schema = ChatCompletionRequest if kind == "chat" else CompletionRequest
         parsed = translate.parse_body(schema, body)
         record.model = parsed.model
@@ -56,21 +70,22 @@ class CompletionHandler:
         # call (router.stream raises UnknownModelError → 404).
         info = self.router.model_info(parsed.model)
         build = translate.chat_plan if kind == "chat" else translate.completion_plan
-        plan = build(parsed, request_id=call.worker_request_id, session_id=call.http.headers.get("x-session-id", ""),
-                     config=self.config, max_model_len=info.max_model_len if info is not None else None)
+        return build(parsed, request_id=worker_request_id, session_id=session_id, config=self.config,
+                     max_model_len=info.max_model_len if info is not None else None)
+
+    async def answer(self, plan: Plan, *, key: str | None, record: RequestRecord) -> dict:
+        """The whole (non-streamed) answer's body, exactly what the online endpoint sends: the
+        seam the batch runner (gateway/batch/) goes through, so a batch line is answered alike."""
+        response_id = ("chatcmpl-" if plan.kind == "chat" else "cmpl-") + (plan.response_id or record.request_id)
+        return await self._whole(plan, self._open(plan, key), record, response_id, int(time.time()))
+
+    def _open(self, plan: Plan, key: str | None) -> RoutedStream:
         loop = asyncio.get_running_loop()
-        stream = self.router.stream(plan.request, model=plan.model, key=call.key_id,
-                                    deadline=loop.time() + self.config.request_timeout_s)
-        # vLLM's rule: the X-Request-Id header names the answer, else the body's request_id.
-        named = plan.response_id if "x-request-id" not in call.http.headers else None
-        response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + (named or record.request_id)
-        created = int(time.time())
-        if plan.stream:
-            return await self._streamed(plan, stream, record, response_id, created)
-        return await self._whole(plan, stream, record, response_id, created)
+        return self.router.stream(plan.request, model=plan.model, key=key,
+                                  deadline=loop.time() + self.config.request_timeout_s)
 
     async def _whole(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str,
-                     created: int) -> Response:
+                     created: int) -> dict:
         try:
             return await self._aggregated(plan, stream, record, response_id, created)
         except MigrationUnsupportedError as exc:
@@ -81,7 +96,7 @@ class CompletionHandler:
             return await self._aggregated(plan, again, record, response_id, created)
 
     async def _aggregated(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str,
-                          created: int) -> Response:
+                          created: int) -> dict:
         aggregate = Aggregate(plan, response_id, created)
         try:
             async for chunk in stream:
@@ -91,7 +106,7 @@ class CompletionHandler:
         finally:
             await stream.aclose()
             self._settle(plan, stream, record, aggregate.usage)
-        return Response.json(aggregate.body())
+        return aggregate.body()
 
     async def _streamed(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str,
                         created: int) -> StreamResponse:

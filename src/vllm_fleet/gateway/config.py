@@ -57,6 +57,23 @@ class GatewayConfig(FleetModel):
     request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one request, end to end")
     ready_workers: int = Field(1, ge=1, description="/ready says ready when at least this many workers serve")
     access_log: bool = Field(True, description="Log one structured line per request")
+    batch_dir: str | None = Field(
+        None, description="Batch API state (/v1/files, /v1/batches): an SQLite file and the uploaded and result "
+        "files beside it; every process of --processes N and every restart must see the same one "
+        "(default: <cache>/vllm-fleet/batch)"
+    )
+    batch_max_file_bytes: int = Field(
+        100 * 1024 * 1024, ge=1024, description="Largest file accepted by POST /v1/files (bigger: HTTP 413)"
+    )
+    batch_max_lines: int = Field(50_000, ge=1, description="Most requests (lines) in one batch input file")
+    batch_concurrency: int = Field(8, ge=1, description="Lines of one batch in flight at once")
+    batch_line_attempts: int = Field(
+        3, ge=1, description="Tries per batch line when the fleet answers 429/502/503/504 (then its error line)"
+    )
+    batch_lease_s: float = Field(
+        30.0, gt=0, description="A batch's runner holds it for this long, renewed at a third of it; if the process "
+        "dies, another gateway process takes the batch over after this"
+    )
 
     @model_validator(mode="after")
     def _tls_pair(self) -> GatewayConfig:

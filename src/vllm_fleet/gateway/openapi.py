@@ -69,6 +69,50 @@ def _get(summary: str, *, auth: bool, codes: tuple[str, ...] = (), content: str 
     return {"get": operation}
 
 
+def _operation(summary: str, *, auth: bool, codes: tuple[str, ...] = (), path_id: str | None = None,
+               body: str | None = None, content: str = "application/json") -> dict:
+    """One Batch API operation (gateway/batch/api.py)."""
+    operation: dict = {"summary": summary, "responses": {
+        "200": {"description": "OK", "content": {content: {"schema": {"type": "object" if content ==
+                                                                      "application/json" else "string"}}}},
+        **_error_responses(*codes, *(("401",) if auth else ())),
+    }}
+    if path_id:
+        operation["parameters"] = [{"name": path_id, "in": "path", "required": True, "schema": {"type": "string"}}]
+    if body:
+        operation["requestBody"] = {"required": True, "content": {body: {"schema": {"type": "object"}}}}
+    if auth:
+        operation["security"] = [{"bearer": []}]
+    return operation
+
+
+def _batch_paths(auth: bool) -> dict:
+    return {
+        "/v1/files": {
+            "post": _operation("Upload a JSONL file (multipart: purpose \"batch\", file)", auth=auth,
+                               codes=("400", "413"), body="multipart/form-data"),
+            "get": _operation("List your files", auth=auth),
+        },
+        "/v1/files/{file_id}": {
+            "get": _operation("Retrieve a file", auth=auth, codes=("404",), path_id="file_id"),
+            "delete": _operation("Delete a file", auth=auth, codes=("404",), path_id="file_id"),
+        },
+        "/v1/files/{file_id}/content": {
+            "get": _operation("A file's content", auth=auth, codes=("404",), path_id="file_id",
+                              content="application/jsonl"),
+        },
+        "/v1/batches": {
+            "post": _operation("Create a batch (input_file_id, endpoint, completion_window \"24h\", metadata)",
+                               auth=auth, codes=("400", "404"), body="application/json"),
+            "get": _operation("List your batches (limit, after)", auth=auth, codes=("400",)),
+        },
+        "/v1/batches/{batch_id}": {"get": _operation("Retrieve a batch", auth=auth, codes=("404",),
+                                                     path_id="batch_id")},
+        "/v1/batches/{batch_id}/cancel": {"post": _operation("Cancel a batch", auth=auth, codes=("404",),
+                                                             path_id="batch_id")},
+    }
+
+
 def _with_table(schema: dict, endpoint: str) -> dict:
     """The fields the schema does not model, from fields.py's table: the engine's (any JSON;
     vLLM's request model on the worker judges them), inert and refused ones; nothing else."""
@@ -110,6 +154,7 @@ def openapi_document(config: GatewayConfig) -> dict:
             "/metrics": _get("Prometheus metrics", auth=auth, content="text/plain", extra=forbidden if auth else None),
             "/dashboard": _get("Status page (HTML)", auth=False, content="text/html"),
             "/dashboard/state.json": _get("Data of the status page", auth=auth, extra=forbidden if auth else None),
+            **_batch_paths(auth),
         },
         "components": {
             "schemas": schemas,

@@ -126,6 +126,7 @@ class GatewayServer:
                 raise ConfigError("the HTTP server stopped while starting")
             await asyncio.sleep(0.01)
         self.reloader.start()
+        await self.app.batches.start()  # resumes the batches a previous run left
         logger.info("gateway listening on %s (models: %s; keys: %s)", self.url,
                     ", ".join(self.router.models()) or "none yet",
                     "%d" % len(self.keys) if self.keys is not None else "off, loopback only")
@@ -148,6 +149,7 @@ class GatewayServer:
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task
+        await self.app.batches.stop()  # lines in flight are aborted and stay pending for the next run
         if self.siblings is not None:
             await self.siblings.close()
         if self.shared_key_buckets is not None:
