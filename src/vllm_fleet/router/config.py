@@ -165,7 +165,8 @@ class RouterConfig(FleetModel):
 def add_router_options(parser: argparse.ArgumentParser) -> None:
     """Add the routing options (one group) and the admission options (another)."""
     routing = parser.add_argument_group("routing")
-    add_options(routing, RouterConfig, skip=("admission",))
+    add_options(routing, RouterConfig, skip=("admission", "classes"))
+    add_options(parser.add_argument_group("service classes (interactive, batch)"), ServiceClassConfig)
     admission = parser.add_argument_group("admission")
     add_options(admission, KeyLimits, prefix="key_")
     admission.add_argument(
@@ -179,7 +180,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
     """Build the RouterConfig from options added by `add_router_options` (only those given)."""
     keys = _parse_key_limits(getattr(args, "key_limits", None))
     admission = from_args(AdmissionConfig, args, default=from_args(KeyLimits, args, prefix="key_"), keys=keys)
-    return from_args(RouterConfig, args, admission=admission)
+    return from_args(RouterConfig, args, admission=admission, classes=from_args(ServiceClassConfig, args))
 
 
 def _parse_key_limits(value: str | None) -> dict[str, KeyLimits]:
