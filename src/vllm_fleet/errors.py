@@ -18,8 +18,10 @@ everything else goes straight back to the caller with its message.
     │   ├── WorkerOverloadedError    the worker refused for capacity (gRPC RESOURCE_EXHAUSTED)
     │   ├── WorkerTimeoutError       a deadline passed, or the stream stalled
     │   │   └── DeadlineExceededError    fatal: the caller's own deadline passed (nothing left to retry in)
-    │   └── MigrationUnsupportedError fatal: a worker failed mid-answer and the answer cannot continue on
-    │                                 another worker (grammar-constrained decoding); retry the whole request
+    │   ├── MigrationUnsupportedError fatal: a worker failed mid-answer and the answer cannot continue on
+    │   │                             another worker (grammar-constrained decoding); retry the whole request
+    │   └── TokenizerFilesError      fatal: a worker has no tokenizer files to send (gRPC FAILED_PRECONDITION),
+    │                                 or sent some a router cannot keep (a name off the allow-list)
     ├── NoWorkerError          recoverable later: no serving worker can take the request now
     ├── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
     └── ProcessStartError      fatal    a process we started (worker, gateway) exited or was not ready in time;
@@ -137,6 +139,16 @@ class MigrationUnsupportedError(WorkerError):
     elsewhere: vLLM starts a structured-output grammar at the first generated token, so a
     grammar-constrained answer cannot continue on another worker. Fatal for this stream (a
     continuation could break the grammar); the whole request, sent again, may succeed.
+    """
+
+    recoverable = False
+
+
+class TokenizerFilesError(WorkerError):
+    """A worker cannot send its model's tokenizer files (its engine has none as files: a GGUF
+    tokenizer, a mock without one), or sent files a router refuses to keep (a name off the
+    allow-list, a file cut short). Fatal for that worker's answer: asking again gets the same;
+    a router routes without token ids for the model meanwhile.
     """
 
     recoverable = False
