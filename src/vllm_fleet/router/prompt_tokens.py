@@ -43,6 +43,10 @@ from vllm_fleet.router.chat_render import Unrenderable
 
 logger = logging.getLogger(__name__)
 
+# The vLLM release whose rendering chat_render.py repeats (major.minor). Other releases decide
+# differently in places (the developer role, malformed tool-call arguments, content-part
+# fields), so a worker running another one gets no router-side ids.
+MIRRORED_VLLM = "0.32"
 # The body fields that change the rendered prompt; the others only change sampling.
 _CHAT_FIELDS = ("tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
                 "add_special_tokens", "documents", "reasoning_effort")
@@ -164,10 +168,18 @@ class TokenizerCache:
     def get(self, model: str) -> PromptTokenizer | None:
         return self._ready.get(model)
 
-    def ensure(self, model: str, source: TokenizerSource) -> asyncio.Task[PromptTokenizer | None] | None:
+    def ensure(self, model: str, source: TokenizerSource, *,
+               engine_version: str | None = None) -> asyncio.Task[PromptTokenizer | None] | None:
         """Start fetching `model`'s tokenizer from `source` if needed; the fetch task, or None
-        when there is nothing to do (ready, or failed less than retry_after_s ago)."""
+        when there is nothing to do (ready, failed less than retry_after_s ago, or the worker's
+        `engine_version` (WorkerInfo) is a vLLM whose rendering this module does not repeat)."""
         if model in self._ready:
+            return None
+        if engine_version is not None and not _mirrored(engine_version):
+            if model not in self._failed_at:
+                logger.warning("%s: workers run vLLM %s, the router renders as vLLM %s does; routing "
+                               "without token ids", model, engine_version, MIRRORED_VLLM)
+            self._failed_at[model] = float("inf")
             return None
         task = self._fetching.get(model)
         if task is not None:
@@ -207,6 +219,10 @@ class TokenizerCache:
         except Unrenderable as exc:
             logger.debug("%s: prompt not tokenized at the router: %s", model, exc)
             return None
+
+
+def _mirrored(engine_version: str) -> bool:
+    return engine_version == MIRRORED_VLLM or engine_version.startswith(MIRRORED_VLLM + ".")
 
 
 def _safe_name(model: str) -> str:
