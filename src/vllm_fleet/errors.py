@@ -20,8 +20,10 @@ everything else goes straight back to the caller with its message.
     │   │   └── DeadlineExceededError    fatal: the caller's own deadline passed (nothing left to retry in)
     │   ├── MigrationUnsupportedError fatal: a worker failed mid-answer and the answer cannot continue on
     │   │                             another worker (grammar-constrained decoding); retry the whole request
-    │   └── KvEventsUnsupportedError fatal: the worker relays no KV-cache events (gRPC FAILED_PRECONDITION,
+    │   ├── KvEventsUnsupportedError fatal: the worker relays no KV-cache events (gRPC FAILED_PRECONDITION,
     │                                or UNIMPLEMENTED from an older worker): route it without them
+    │   └── TokenizerFilesError      fatal: a worker has no tokenizer files to send (gRPC FAILED_PRECONDITION),
+    │                                 or sent some a router cannot keep (a name off the allow-list)
     ├── NoWorkerError          recoverable later: no serving worker can take the request now
     ├── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
     └── ProcessStartError      fatal    a process we started (worker, gateway) exited or was not ready in time;
@@ -148,6 +150,16 @@ class KvEventsUnsupportedError(WorkerError):
     """The worker relays no KV-cache events: its engine has none (prefix caching or --kv-events off, a
     mock without --mock-kv-blocks), or the worker predates the KvEvents call. Fatal for this worker:
     asking again will not help; route to it without knowing what it holds.
+    """
+
+    recoverable = False
+
+
+class TokenizerFilesError(WorkerError):
+    """A worker cannot send its model's tokenizer files (its engine has none as files: a GGUF
+    tokenizer, a mock without one), or sent files a router refuses to keep (a name off the
+    allow-list, a file cut short). Fatal for that worker's answer: asking again gets the same;
+    a router routes without token ids for the model meanwhile.
     """
 
     recoverable = False

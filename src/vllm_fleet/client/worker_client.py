@@ -1,6 +1,7 @@
 """Async client for one worker: generate (an async iterator of chunks), abort, info, load, health,
-its LoRA adapters (load_adapter, unload_adapter, list_adapters), and the streams a router follows:
-its Loads (loads) and its engine's KV-cache events (kv_events).
+its LoRA adapters (load_adapter, unload_adapter, list_adapters), the streams a router follows:
+its Loads (loads) and its engine's KV-cache events (kv_events), and its model's tokenizer files
+(tokenizer_files).
 
 One long-lived channel per client. By default every generate() of a client shares one
 GenerateMany call (mux.py: the worker batches all ready chunks into one message); with
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -22,10 +24,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from vllm_fleet.client.errors import error_from_rpc
 from vllm_fleet.client.loads import LoadFeed
 from vllm_fleet.client.mux import Multiplexer, MuxUnsupported
-from vllm_fleet.errors import KvEventsUnsupportedError, WorkerTimeoutError
+from vllm_fleet.errors import KvEventsUnsupportedError, TokenizerFilesError, WorkerTimeoutError
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import adapters_from_pb, chunk_from_pb, info_from_pb, load_from_pb, request_to_pb
 from vllm_fleet.protocol.kv_events import KvEventBatch, batch_from_pb
+from vllm_fleet.protocol.tokenizer_files import FileAssembler
 from vllm_fleet.protocol.types import Adapter, Chunk, GenerateRequest, WorkerInfo, WorkerLoad
 
 logger = logging.getLogger(__name__)
@@ -231,6 +234,25 @@ class WorkerClient:
             return adapters_from_pb(await self._stub.ListAdapters(pb.ListAdaptersRequest(), timeout=timeout))
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, self.address) from None
+
+    async def tokenizer_files(self, dest_dir: str | os.PathLike[str], *, timeout: float = 60.0) -> list[str]:
+        """Write the worker's tokenizer files into `dest_dir` (created if missing); their names.
+
+        Each file appears whole or not at all; names off the allow-list are refused
+        (protocol/tokenizer_files.py). Raises TokenizerFilesError when the worker has none to send
+        or sends what cannot be kept, other errors from `vllm_fleet.errors` as every call does."""
+        files = FileAssembler(dest_dir)
+        call = self._stub.TokenizerFiles(pb.TokenizerFilesRequest(), timeout=timeout)
+        try:
+            async for chunk in call:
+                files.add(chunk.name, chunk.data, chunk.last)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise TokenizerFilesError(f"worker {self.address}: {exc.details()}", worker=self.address) from None
+            raise error_from_rpc(exc, self.address) from None
+        finally:
+            call.cancel()  # a refused file ends the call early; a no-op once it ended
+        return files.finish()
 
     async def health(self, *, timeout: float = 2.0, service: str = SERVICE_NAME) -> str:
         """The worker's health status name: SERVING, NOT_SERVING, or UNREACHABLE."""

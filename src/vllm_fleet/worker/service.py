@@ -25,6 +25,7 @@ from vllm_fleet.errors import (
     DuplicateRequestError,
     FleetError,
     InvalidRequestError,
+    TokenizerFilesError,
     WorkerUnavailableError,
 )
 from vllm_fleet.logs import request_id_var
@@ -40,6 +41,7 @@ from vllm_fleet.worker.mux import MuxCall, MuxOutbox
 from vllm_fleet.worker.prepare import PreparedInput, prepare_input
 from vllm_fleet.worker.request_stream import Deltas, Ended, Failed, RequestStream, StreamEvent
 from vllm_fleet.worker.status import RequestStatus, status_for
+from vllm_fleet.worker.tokenizer_files import read_tokenizer_files
 from vllm_fleet.worker.validation import Limits, validate_request
 
 logger = logging.getLogger(__name__)
@@ -320,6 +322,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 yield batch_to_pb(batch)
         finally:
             await batches.aclose()
+
+    async def TokenizerFiles(self, request: pb.TokenizerFilesRequest,
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.FileChunk]:
+        """The engine's tokenizer files, for routers (tokenizer_files.py); FAILED_PRECONDITION if none."""
+        try:
+            chunks = await asyncio.to_thread(read_tokenizer_files, self.engine)
+        except TokenizerFilesError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        for name, data, last in chunks:
+            yield pb.FileChunk(name=name, data=data, last=last)
 
     # ------------------------------------------------------------------------------- adapters
 

@@ -48,6 +48,10 @@ class Engine(abc.ABC):
     parser_cls: type | None = None
     # The model's tokenizer as the parsers take it (vLLM's); None for an engine without one.
     tokenizer: Any = None
+    # Where that tokenizer was loaded from (a folder, a Hub id or a GGUF file) and its revision:
+    # the files TokenizerFiles sends routers (worker/tokenizer_files.py). None: no tokenizer.
+    tokenizer_source: str | None = None
+    tokenizer_revision: str | None = None
     # --enable-auto-tool-choice: tool_choice "auto" is accepted without a tool parser (vLLM's flag).
     enable_auto_tool_choice: bool = False
     # The relay of the engine's KV-cache events (KvEvents RPC), set once started by an engine that

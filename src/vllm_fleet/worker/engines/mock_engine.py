@@ -140,6 +140,7 @@ class MockEngine(Engine):
             from vllm_fleet.worker.openai.parsing import parser_class
 
             self.tokenizer = load_tokenizer(self.config.mock_tokenizer)
+            self.tokenizer_source = self.config.mock_tokenizer
             self.parser_cls = parser_class(self.config.tool_call_parser, self.config.reasoning_parser,
                                            enable_auto_tool_choice=self.config.enable_auto_tool_choice,
                                            tokenizer=self.tokenizer)

@@ -187,6 +187,10 @@ class VllmEngine(Engine):
             self._tokenizer = self._llm.get_tokenizer()
         except Exception:  # token-id-only deployments (e.g. dummy weights with no tokenizer)
             self._tokenizer = None
+        if self._tokenizer is not None and not model_config.skip_tokenizer_init:
+            # --tokenizer, else the model (for the default: its converted HF folder, models.py)
+            self.tokenizer_source = model_config.tokenizer
+            self.tokenizer_revision = model_config.tokenizer_revision
         self.parser_cls = self._parser_class()
         self._renderer = VllmRenderer(self._llm, self._tokenizer)
         self._start_kv_relay()

@@ -1,0 +1,229 @@
+"""A prompt's token ids at the router, before it picks a worker (for the KV-cache index).
+
+`PromptTokenizer` renders and tokenizes a request as the worker's vLLM 0.32 would, from the
+tokenizer files a worker sends (TokenizerFiles; local files only, never the Hub):
+
+- chat: the conversation and template arguments vLLM builds (chat_render.py), the model's own
+  template (`tokenizer.get_chat_template`, the tool-use one when tools are given), rendered to
+  text, then tokenized with `add_special_tokens` False unless the request sets it (vLLM's chat
+  default: the template writes its own BOS);
+- completion: text tokenized with `add_special_tokens` True unless the request sets it (vLLM's
+  completion default); token ids as they are.
+
+The worker stays the authority: these ids only steer routing, and a request the router cannot
+render as the worker will (media, `truncate_prompt_tokens`) gets None.
+
+`TokenizerCache` fetches each served model's files once from one of its workers into a cache
+folder, in the background: until they are loaded, `ids_for` answers None at once and the router
+routes without cache knowledge. Routing never waits on a fetch.
+
+Thread-safety: both classes may be called from any thread (rendering a long chat takes
+milliseconds, so a router may move it to a thread pool). HF fast tokenizers change their
+truncation settings while encoding, so each thread encodes with its own copy of the tokenizer;
+the chat template is a compiled Jinja template, which is safe to share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from vllm_fleet.errors import FleetError
+from vllm_fleet.router import chat_render
+from vllm_fleet.router.chat_render import Unrenderable
+
+logger = logging.getLogger(__name__)
+
+# The vLLM release whose rendering chat_render.py repeats (major.minor). Other releases decide
+# differently in places (the developer role, malformed tool-call arguments, content-part
+# fields), so a worker running another one gets no router-side ids.
+MIRRORED_VLLM = "0.32"
+# The body fields that change the rendered prompt; the others only change sampling.
+_CHAT_FIELDS = ("tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+                "add_special_tokens", "documents", "reasoning_effort")
+
+
+class PromptTokenizer:
+    """One model's prompt rendering and tokenization, as its workers do it."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._local = threading.local()
+        self._accepted = _apply_chat_template_params(tokenizer)
+
+    @classmethod
+    def load(cls, folder: str | Path) -> PromptTokenizer:
+        """The tokenizer in `folder` (files from TokenizerFiles). Blocking: ~0.2-1 s."""
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False))
+
+    def chat_ids(self, messages: list[dict], *, tools: list[dict] | None = None,
+                 chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+                 continue_final_message: bool = False, add_special_tokens: bool = False,
+                 documents: list[dict] | None = None, reasoning_effort: str | None = None) -> list[int]:
+        """The token ids of a chat request's prompt. Raises Unrenderable for what only the worker
+        renders (media parts) or refuses."""
+        if add_generation_prompt and continue_final_message:
+            raise Unrenderable("add_generation_prompt and continue_final_message together (vLLM refuses it)")
+        tool_dicts = chat_render.tool_dicts(tools)
+        # ChatCompletionRequest.build_chat_params, then render.py's defaults (tools, tokenize=False)
+        user_kwargs = dict(chat_template_kwargs or {})
+        extra: dict[str, Any] = {"add_generation_prompt": add_generation_prompt,
+                                 "continue_final_message": continue_final_message,
+                                 "documents": documents, "reasoning_effort": reasoning_effort}
+        if reasoning_effort is not None and "enable_thinking" not in user_kwargs:
+            extra["enable_thinking"] = reasoning_effort != "none"
+        kwargs = chat_render.merge({"tools": tool_dicts, "tokenize": False}, chat_render.merge(user_kwargs, extra))
+        kwargs = chat_render.merge(kwargs, {"return_dict": False})
+        tool_dicts = kwargs.pop("tools", None)
+        kwargs.pop("tokenize", None)
+        tokenizer = self._thread_tokenizer()
+        try:
+            template = tokenizer.get_chat_template(None, tools=tool_dicts)
+        except ValueError as exc:
+            raise Unrenderable(f"the model has no chat template: {exc}") from None
+        fmt = chat_render.content_format(template)
+        conversation = chat_render.developer_as_system(chat_render.conversation(messages, fmt), template)
+        template_kwargs = chat_render.template_kwargs(template, self._accepted, kwargs)
+        try:
+            text = tokenizer.apply_chat_template(conversation=conversation, tools=tool_dicts, chat_template=template,
+                                                 tokenize=False, **template_kwargs)
+        except Exception as exc:  # the template refused the request; the worker will too
+            raise Unrenderable(f"the chat template refused the request: {exc}") from None
+        return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def completion_ids(self, prompt: str | list[int], *, add_special_tokens: bool = True) -> list[int]:
+        """The token ids of a completion prompt: text tokenized, ids as they are."""
+        if not prompt:
+            raise Unrenderable("an empty prompt (vLLM refuses it)")
+        if isinstance(prompt, str):
+            return list(self._thread_tokenizer()(prompt, add_special_tokens=add_special_tokens)["input_ids"])
+        return list(prompt)
+
+    def request_ids(self, body: Mapping[str, Any], *, messages: list[dict] | None = None,
+                    prompt: str | list[int] | None = None) -> list[int]:
+        """The ids of one input of a request whose OpenAI body is `body` (fields the prompt
+        does not depend on are ignored)."""
+        if body.get("truncate_prompt_tokens") is not None:
+            raise Unrenderable("truncate_prompt_tokens (left to the worker)")
+        if messages is not None:
+            fields = {k: body[k] for k in _CHAT_FIELDS if body.get(k) is not None}
+            return self.chat_ids(messages, **fields)
+        if prompt is None:
+            raise Unrenderable("neither messages nor a prompt")
+        return self.completion_ids(prompt, add_special_tokens=body.get("add_special_tokens", True))
+
+    def _thread_tokenizer(self) -> Any:
+        tokenizer = getattr(self._local, "tokenizer", None)
+        if tokenizer is None:
+            tokenizer = self._local.tokenizer = copy.deepcopy(self._tokenizer)
+        return tokenizer
+
+
+def _apply_chat_template_params(tokenizer: Any) -> frozenset[str]:
+    """The named parameters of apply_chat_template (vLLM passes these through its filter)."""
+    names = set(inspect.signature(type(tokenizer).apply_chat_template).parameters)
+    try:
+        from transformers import PythonBackend
+
+        names |= set(inspect.signature(PythonBackend.apply_chat_template).parameters)
+    except ImportError:  # transformers 4: PythonBackend was PreTrainedTokenizer; same parameters
+        pass
+    return frozenset(names - {"kwargs", "args"})
+
+
+class TokenizerSource(Protocol):
+    """What the cache fetches files from: a WorkerClient of a worker serving the model."""
+
+    async def tokenizer_files(self, dest_dir: str | Path, *, timeout: float = ...) -> list[str]: ...
+
+
+class TokenizerCache:
+    """Per served model, its PromptTokenizer once fetched; never waited on by routing.
+
+    `ensure(model, source)` starts a fetch (files into `cache_dir`, then the load in a thread)
+    unless the model has its tokenizer or a fetch under way; after a failure, the next try
+    waits `retry_after_s`. `ids_for` answers None until the tokenizer is ready. Create and call
+    `ensure` inside the router's event loop; `get` and `ids_for` from any thread.
+    """
+
+    def __init__(self, cache_dir: str | Path, *, retry_after_s: float = 30.0, fetch_timeout_s: float = 120.0) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.retry_after_s = retry_after_s
+        self.fetch_timeout_s = fetch_timeout_s
+        self._ready: dict[str, PromptTokenizer] = {}
+        self._fetching: dict[str, asyncio.Task[PromptTokenizer | None]] = {}
+        self._failed_at: dict[str, float] = {}
+
+    def get(self, model: str) -> PromptTokenizer | None:
+        return self._ready.get(model)
+
+    def ensure(self, model: str, source: TokenizerSource, *,
+               engine_version: str | None = None) -> asyncio.Task[PromptTokenizer | None] | None:
+        """Start fetching `model`'s tokenizer from `source` if needed; the fetch task, or None
+        when there is nothing to do (ready, failed less than retry_after_s ago, or the worker's
+        `engine_version` (WorkerInfo) is a vLLM whose rendering this module does not repeat)."""
+        if model in self._ready:
+            return None
+        if engine_version is not None and not _mirrored(engine_version):
+            if model not in self._failed_at:
+                logger.warning("%s: workers run vLLM %s, the router renders as vLLM %s does; routing "
+                               "without token ids", model, engine_version, MIRRORED_VLLM)
+            self._failed_at[model] = float("inf")
+            return None
+        task = self._fetching.get(model)
+        if task is not None:
+            return task
+        failed_at = self._failed_at.get(model)
+        if failed_at is not None and time.monotonic() - failed_at < self.retry_after_s:
+            return None
+        task = self._fetching[model] = asyncio.get_running_loop().create_task(self._fetch(model, source))
+        return task
+
+    async def _fetch(self, model: str, source: TokenizerSource) -> PromptTokenizer | None:
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            folder = Path(tempfile.mkdtemp(dir=self.cache_dir, prefix=_safe_name(model) + "-"))
+            names = await source.tokenizer_files(folder, timeout=self.fetch_timeout_s)
+            tokenizer = await asyncio.to_thread(PromptTokenizer.load, folder)
+        except (FleetError, OSError, ValueError) as exc:  # the model routes without ids meanwhile
+            self._failed_at[model] = time.monotonic()
+            logger.warning("no tokenizer for %s at the router (next try in %.0f s): %s", model, self.retry_after_s, exc)
+            return None
+        finally:
+            self._fetching.pop(model, None)
+        self._ready[model] = tokenizer
+        self._failed_at.pop(model, None)
+        logger.info("tokenizer for %s ready at the router (%s)", model, ", ".join(names))
+        return tokenizer
+
+    def ids_for(self, model: str, body: Mapping[str, Any], *, messages: list[dict] | None = None,
+                prompt: str | list[int] | None = None) -> list[int] | None:
+        """The prompt's token ids as the model's workers will run them, or None: tokenizer not
+        ready, or a request the router cannot render exactly (it routes without ids)."""
+        tokenizer = self._ready.get(model)
+        if tokenizer is None:
+            return None
+        try:
+            return tokenizer.request_ids(body, messages=messages, prompt=prompt)
+        except Unrenderable as exc:
+            logger.debug("%s: prompt not tokenized at the router: %s", model, exc)
+            return None
+
+
+def _mirrored(engine_version: str) -> bool:
+    return engine_version == MIRRORED_VLLM or engine_version.startswith(MIRRORED_VLLM + ".")
+
+
+def _safe_name(model: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", model)[:80] or "model"
