@@ -20,18 +20,13 @@ import json
 import logging
 from collections.abc import Callable
 
-from vllm_fleet.protocol.types import GenerateRequest
+from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.router.cache_index import CacheIndex, block_keys
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.kv_follow import KvFollower
 
 logger = logging.getLogger(__name__)
-
-# Body fields that change a chat prompt's rendering; the body is read only when one is there.
-_RENDER_FIELDS = ("tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
-                  "chat_template", "documents")
-
 
 class CacheRouting:
     def __init__(self, config: RouterConfig, connect: Callable[[str], object], metrics, *, tokenizers=None,
@@ -49,9 +44,20 @@ class CacheRouting:
 
     # --- workers ------------------------------------------------------------------------
 
+    def on_info(self, address: str, info: WorkerInfo, model: Callable[[], str | None]) -> KvFollower | None:
+        """A worker's Info came: fetch its model's tokenizer if the router has none yet, and
+        return a new follower of its events if it streams them (its task is the caller's)."""
+        if self.tokenizers is not None:
+            # The router repeats vLLM 0.32's rendering; the mock renders with its tokenizer's template.
+            version = info.engine_version if info.engine == "vllm" else None
+            self.tokenizers.ensure(info.model, self._connect(address), engine_version=version)
+        if not info.kv_events:
+            return None
+        return self.follow(address, model, info.kv_block_size)
+
     def follow(self, address: str, model: Callable[[], str | None], block_size: int = 0) -> KvFollower | None:
-        """A follower for a worker whose Info says it streams events (its task is the caller's).
-        `block_size` (the worker's Info) lets prompts be keyed before any event came."""
+        """A follower for a worker that streams events (its task is the caller's). `block_size`
+        (the worker's Info) lets prompts be keyed before any event came."""
         name = model()
         if block_size and name:
             self._block_sizes.setdefault(name, block_size)
@@ -88,20 +94,25 @@ class CacheRouting:
 
     # --- requests -----------------------------------------------------------------------
 
+    def needs_tokenizing(self, request: GenerateRequest) -> bool:
+        """Whether `with_cache` would render and tokenize (worth a thread), not just read ids."""
+        return request.inputs[0].token_ids is None and self.tokenizers is not None
+
     def prompt_ids(self, request: GenerateRequest, model: str | None) -> list[int] | None:
         """The first input's token ids as the engine will see them, or None when not known now."""
         item = request.inputs[0]
         if item.token_ids is not None:
             return list(item.token_ids)
-        if self.tokenizers is None or model is None:
+        if self.tokenizers is None or model is None or item.resume_token_ids:
             return None
+        body = json.loads(request.body.body_json)
         if item.messages is not None:
-            fields = _render_fields(request)
-            return self.tokenizers.chat_ids(model, item.messages, **fields)
-        return self.tokenizers.completion_ids(model, item.text or "")
+            return self.tokenizers.ids_for(model, body, messages=item.messages)
+        return self.tokenizers.ids_for(model, body, prompt=item.text or "")
 
     def with_cache(self, request: GenerateRequest, features: RequestFeatures) -> RequestFeatures:
-        """`features` with the prompt's block keys and each worker's cached tokens of it."""
+        """`features` with the prompt's token count and block keys and each worker's cached
+        tokens of it; unchanged when the ids are not known (routed by load alone)."""
         model = features.model or ""
         block_size = self.index.block_size(model) or self._block_sizes.get(model, 0)
         ids = self.prompt_ids(request, features.model) if block_size else None
@@ -113,7 +124,8 @@ class CacheRouting:
         prompt_tokens = features.prompt_tokens
         if len(request.inputs) == 1:  # exact now, for one input (the others stay estimates)
             prompt_tokens = len(ids)
-        return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens)
+        return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
+                                   prompt_ids_len=len(ids))
 
     def routed(self, address: str, features: RequestFeatures) -> None:
         """A request went to `address`: count its prefix as held there until events confirm."""
@@ -127,20 +139,3 @@ class CacheRouting:
         totals = self._predicted.setdefault(address, [0, 0])
         totals[0] += predicted
         totals[1] += features.prompt_tokens
-
-
-def _render_fields(request: GenerateRequest) -> dict:
-    """The body's fields that change how the chat template renders (tools, template kwargs)."""
-    raw = request.body.body_json
-    if not any(name.encode() in raw for name in _RENDER_FIELDS):
-        return {}
-    body = json.loads(raw)
-    fields = {}
-    if body.get("tools"):
-        fields["tools"] = body["tools"]
-    if body.get("chat_template_kwargs"):
-        fields["chat_template_kwargs"] = body["chat_template_kwargs"]
-    for name in ("add_generation_prompt", "continue_final_message"):
-        if name in body:
-            fields[name] = body[name]
-    return fields

@@ -42,6 +42,7 @@ class RequestFeatures:
     service_class: str = "interactive"  # or "batch" (router/classes.py)
     cached_tokens: Mapping[str, int] = field(default_factory=dict, hash=False)
     block_keys: tuple[int, ...] = field(default=(), hash=False)  # the prompt's blocks (cache-aware routing)
+    prompt_ids_len: int = 0        # the router's token count of input 0 (cache_aware); 0 = not tokenized
 
     @property
     def cost_tokens(self) -> int:

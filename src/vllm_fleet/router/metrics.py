@@ -40,6 +40,9 @@ class RouterMetrics:
         self.routed_prompt_tokens = Counter(
             "routed_prompt_tokens", "Prompt tokens routed to each worker (cache_aware; the denominator of predicted "
             "hits)", ["worker"], **common)
+        self.prompt_ids_mismatches = Counter(
+            "prompt_ids_mismatches", "Requests whose prompt the router tokenized to another length than the worker "
+            "ran (cache_aware: its cache lookups for them are off)", **common)
         self.kv_events_fresh = Gauge("kv_events_fresh", "1 while the worker's KV-cache events are followed in order; "
                                      "0: scored by load alone", ["worker"], **common)
         self.engine_prefix_hits = Gauge("engine_prefix_cache_hits", "The engine's own prefix-cache hit tokens "

@@ -290,9 +290,8 @@ class Pool:
             logger.info("worker %s serves %s (max_model_len %d, engine %s)", worker.address, info.model,
                         info.max_model_len, info.engine)
         worker.info = info
-        if self.cache is not None and info.kv_events:
-            follower = self.cache.follow(worker.address, lambda: worker.info.model if worker.info else None,
-                                         info.kv_block_size)
+        if self.cache is not None:
+            follower = self.cache.on_info(worker.address, info, lambda: worker.info.model if worker.info else None)
             if follower is not None:
                 worker.tasks.append(asyncio.ensure_future(follower.run()))
         self._notify()

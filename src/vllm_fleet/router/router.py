@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -28,6 +30,7 @@ from vllm_fleet.router.config import KeyLimits, RouterConfig
 from vllm_fleet.router.context import Connect, StreamContext
 from vllm_fleet.router.cache_routing import CacheRouting
 from vllm_fleet.router.classes import SERVICE_CLASSES
+from vllm_fleet.router.prompt_tokens import TokenizerCache
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import CacheCosts, make_policy
@@ -70,6 +73,10 @@ class Router:
                                    window_s=self.config.retry_budget_window_s, clock=clock)
         self._admission = Admission(self.config.admission, clock=clock, quota=quota, shared_keys=shared_key_buckets)
         tokenizers = None
+        self._tokenizer_dir: str | None = None
+        if self.config.policy == "cache_aware":  # prompts are tokenized as the workers do, for the index
+            self._tokenizer_dir = tempfile.mkdtemp(prefix="vllm-fleet-tokenizers-")
+            tokenizers = TokenizerCache(self._tokenizer_dir)
         # cache_aware keeps an index of every worker's KV-cache blocks, from their event streams.
         self._cache = (CacheRouting(self.config, self.clients.get, self._metrics, tokenizers=tokenizers)
                        if self.config.policy == "cache_aware" else None)
@@ -106,6 +113,8 @@ class Router:
             await self.registry.close()
         if self._owns_clients:
             await self.clients.close()
+        if self._tokenizer_dir is not None:
+            shutil.rmtree(self._tokenizer_dir, ignore_errors=True)
 
     async def __aenter__(self) -> Router:
         await self.start()
@@ -182,8 +191,6 @@ class Router:
             long_max_tokens=admission.long_max_tokens, class_pools=admission.class_pools,
             class_pool_fallback=admission.class_pool_fallback, ticket=next(self._tickets),
         )
-        if self._cache is not None:
-            features = self._cache.with_cache(request, features)
         return RoutedStream(self._context, request, features, key=key, deadline=deadline)
 
     def _resolve_adapter(self, request: GenerateRequest, model: str | None) -> tuple[GenerateRequest, str | None]:

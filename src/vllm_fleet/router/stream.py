@@ -159,8 +159,15 @@ class RoutedStream:
     # --- the loop -----------------------------------------------------------------------
 
     async def _run(self) -> AsyncIterator[Chunk]:
-        await self.admit()
         ctx = self._context
+        if ctx.cache is not None:
+            # Where the prompt's blocks are held: rendering and tokenizing a chat prompt takes
+            # milliseconds, so it runs off the event loop; given token ids are read in place.
+            if ctx.cache.needs_tokenizing(self.request):
+                self.features = await asyncio.to_thread(ctx.cache.with_cache, self.request, self.features)
+            else:
+                self.features = ctx.cache.with_cache(self.request, self.features)
+        await self.admit()
         n = max(1, self.request.n)
         self._samples = {(i, s): _Sample() for i in range(len(self.request.inputs)) for s in range(n)}
         outcome = "error"
@@ -403,6 +410,13 @@ class RoutedStream:
             progress.finished = True
             if chunk.usage is not None:
                 self._prompt_tokens[chunk.index] = chunk.usage.prompt_tokens
+                expected = self.features.prompt_ids_len
+                if expected and chunk.index == 0 and chunk.usage.prompt_tokens != expected:
+                    # The router's tokenization differs from what the engine ran: its cache
+                    # lookups for such prompts are off (docs: routing).
+                    self._context.metrics.prompt_ids_mismatches.inc()
+                    logger.info("router tokenized %d prompt tokens, the worker ran %d", expected,
+                                chunk.usage.prompt_tokens, extra={"request_id": self.request.request_id})
             if chunk.usage is not None and progress.delivered_before:
                 chunk.usage = Usage(
                     prompt_tokens=chunk.usage.prompt_tokens,
