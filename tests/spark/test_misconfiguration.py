@@ -38,6 +38,11 @@ def df_of(spark):
     ({"prompt_col": "prompt", "params": {"constraint": {"regex": "a", "choice": ["x"]}}},
      "constraint must set exactly one of"),
     ({"prompt_col": "prompt", "params": {"constraint": {"json_schema": "{not json"}}}, "json_schema is not JSON"),
+    # The ledger finds a row again by its key: without id_col (or sessions) there is none that lasts.
+    ({"prompt_col": "prompt", "ledger_path": "/tmp/ledger"}, "ledger_path needs a stable row key"),
+    ({"prompt_col": "prompt", "id_col": "id", "ledger_path": "s3://bucket/ledger"}, "not a URL"),
+    ({"prompt_col": "prompt", "id_col": "id", "ledger_path": "/proc/no-ledger-here"},
+     "ledger_path='/proc/no-ledger-here' is not a directory this job can write"),
 ])
 async def test_bad_arguments_are_config_errors(spark, mock_pair, no_jobs, kwargs, message):
     with pytest.raises(ConfigError) as caught:

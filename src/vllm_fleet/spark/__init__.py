@@ -27,7 +27,7 @@ Streaming: `generate()` also accepts a streaming DataFrame; write it with a file
 Modules: config (plain settings that travel to executors), rows (row ↔ request, ids),
 output_schema (DDL/StructType → JSON schema), typed_rows (answer JSON → typed columns),
 batcher (micro-batch window, in-flight bound), answerer (rows → router → results),
-partition and sessions (one partition's work), executor (per-process Router, the
+partition and sessions (one partition's work), ledger (answers by row, for replays), executor (per-process Router, the
 mapInArrow function), driver (checks and plan), streaming (idempotent micro-batch sink).
 """
 
@@ -41,9 +41,11 @@ from pyspark.sql.types import StructType
 from vllm_fleet.protocol.sampling import SamplingParams
 from vllm_fleet.spark.config import SparkGenerateConfig, build_config
 from vllm_fleet.spark.driver import check_fleet, collect_sessions, plan
+from vllm_fleet.spark.ledger import compact_ledger
 from vllm_fleet.spark.streaming import foreach_batch_writer
 
-__all__ = ["SparkGenerateConfig", "check_fleet", "collect_sessions", "foreach_batch_writer", "generate"]
+__all__ = ["SparkGenerateConfig", "check_fleet", "collect_sessions", "compact_ledger", "foreach_batch_writer",
+           "generate"]
 
 
 def generate(df: DataFrame, *, prompt_col: str | None = None, messages_col: str | None = None,
@@ -53,7 +55,7 @@ def generate(df: DataFrame, *, prompt_col: str | None = None, messages_col: str 
              batch_size: int = 32, batch_wait_ms: float = 20.0, max_in_flight: int = 64,
              output_col: str = "output", output_schema: str | StructType | None = None,
              id_col: str | None = None, send_as: str = "per_row",
-             router: dict[str, Any] | None = None, **options: Any) -> DataFrame:
+             router: dict[str, Any] | None = None, ledger_path: str | None = None, **options: Any) -> DataFrame:
     """Answer every row of `df` (batch or streaming) on the fleet; see the module docstring.
 
     prompt_col / messages_col: exactly one; the prompt text, or chat messages
@@ -66,6 +68,9 @@ def generate(df: DataFrame, *, prompt_col: str | None = None, messages_col: str 
     id_col: a column with a stable row key for request ids (default: the row's task and position).
     send_as: "per_row" (default, measured faster: docs/spark.md) or "one_request" per micro-batch.
     router: RouterConfig fields, e.g. {"max_attempts": 3}; sessions default to session affinity.
+    ledger_path: a directory every executor mounts; rows answered there before (a crashed stream's
+        replayed micro-batch, a retried task) are answered from it, with attempts = 0. Needs id_col
+        (or sessions); it also carries a conversation's history across micro-batches.
     options: any other SparkGenerateConfig field (row_attempts, request_timeout_s, ...).
     """
     config = build_config(
@@ -73,6 +78,6 @@ def generate(df: DataFrame, *, prompt_col: str | None = None, messages_col: str 
         params=params, model=model, workers=workers, registry=registry, batch_size=batch_size,
         batch_wait_ms=batch_wait_ms, max_in_flight=max_in_flight, output_col=output_col,
         output_schema=output_schema, id_col=id_col,
-        send_as=send_as, router=router, **options,
+        send_as=send_as, router=router, ledger_path=ledger_path, **options,
     )
     return plan(df, config)

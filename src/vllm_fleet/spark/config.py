@@ -58,6 +58,10 @@ class SparkGenerateConfig(FleetModel):
         "(router/classes.py); interactive: rows compete with chat users as equals")
     connect_timeout_s: float = Field(30.0, gt=0, description="How long an executor (and the driver check) waits for a serving worker")
     router: dict[str, Any] = Field(default_factory=dict, description="RouterConfig fields (policy, max_attempts, ...)")
+    ledger_path: str | None = Field(
+        None, description="Answer ledger: a directory every executor can write (a shared mount); rows already "
+                          "answered there are not generated again (needs id_col, or session_col and turn_col)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SparkGenerateConfig:
@@ -69,6 +73,13 @@ class SparkGenerateConfig(FleetModel):
             raise ValueError("pass exactly one of prompt_col and messages_col")
         if (self.session_col is None) != (self.turn_col is None):
             raise ValueError("sessions need both session_col and turn_col")
+        if self.ledger_path is not None:
+            if "://" in self.ledger_path:
+                raise ValueError(f"ledger_path={self.ledger_path!r}: the ledger is a directory on a filesystem every "
+                                 "executor mounts (e.g. /mnt/shared/ledger), not a URL")
+            if self.id_col is None and not self.sessions:
+                raise ValueError("ledger_path needs a stable row key to find a row again after a restart: pass "
+                                 "id_col=<a column that names the row> (or session_col and turn_col)")
         return self
 
     @property

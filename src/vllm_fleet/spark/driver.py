@@ -13,6 +13,8 @@ import concurrent.futures
 import dataclasses
 import functools
 import json
+import os
+import tempfile
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -69,10 +71,27 @@ def with_output_schema(config: SparkGenerateConfig) -> SparkGenerateConfig:
                                      "params": {**config.params, "constraint": constraint}})
 
 
+def with_ledger(config: SparkGenerateConfig) -> SparkGenerateConfig:
+    """The ledger directory as an absolute path (executors run in other working directories),
+    created and checked writable here so that a wrong path fails the job before it reads a row."""
+    if config.ledger_path is None:
+        return config
+    path = os.path.abspath(config.ledger_path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"ledger_path={config.ledger_path!r} is not a directory this job can write: {exc}; "
+                          "pass a directory on a filesystem every executor mounts") from None
+    return config.model_copy(update={"ledger_path": path})
+
+
 def plan(df: DataFrame, config: SparkGenerateConfig, *, check_workers: bool = True) -> DataFrame:
     """Validate, resolve the model, and return the answered DataFrame (lazy, like any other)."""
     config = with_output_schema(config)
     check_columns(df.schema, config)
+    config = with_ledger(config)
     if check_workers:
         config = config.model_copy(update={"model": check_fleet(config)})
     schema = T.StructType([*df.schema.fields, *result_schema(config)])

@@ -29,6 +29,7 @@ from vllm_fleet.router import Router
 from vllm_fleet.router.snapshot import DOWN
 from vllm_fleet.spark.answerer import Answerer
 from vllm_fleet.spark.config import SparkGenerateConfig
+from vllm_fleet.spark.ledger import TaskLedger, index_for
 from vllm_fleet.spark.output_schema import parse_output_schema
 from vllm_fleet.spark.partition import PartitionRun
 from vllm_fleet.spark.rows import RowResult, result_arrays, result_names
@@ -136,10 +137,22 @@ def answer_partition(batches: Iterator[pa.RecordBatch], config: dict[str, Any]) 
     router = router_for(settings)
     answerer = Answerer(router, settings)
     task_key = _task_key()
-    if settings.sessions:
-        yield from _answer_sessions(batches, answerer, settings, columns)
-        return
-    run = PartitionRun(answerer, settings, task_key)
+    ledger = TaskLedger(index_for(settings.ledger_path), _task_name()) if settings.ledger_path else None
+    try:
+        if settings.sessions:
+            yield from _answer_sessions(batches, answerer, settings, columns, ledger)
+        else:
+            yield from _answer_rows(batches, PartitionRun(answerer, settings, task_key, ledger), settings, columns,
+                                    ledger)
+    finally:
+        if ledger is not None:
+            ledger.close()
+            logger.info("ledger %s: task %s: %d rows replayed from the ledger, %d generated", settings.ledger_path,
+                        task_key, ledger.replayed, ledger.generated)
+
+
+def _answer_rows(batches: Iterator[pa.RecordBatch], run: PartitionRun, settings: SparkGenerateConfig,
+                 columns: ResultColumns, ledger: TaskLedger | None) -> Iterator[pa.RecordBatch]:
     loop = process_loop()
     pending: collections.deque[tuple[pa.RecordBatch, concurrent.futures.Future]] = collections.deque()
     try:
@@ -148,17 +161,24 @@ def answer_partition(batches: Iterator[pa.RecordBatch], config: dict[str, Any]) 
             keys = batch.column(settings.id_col).to_pylist() if settings.id_col else None
             pending.append((batch, loop.submit(run.answer_rows(values, keys))))
             if len(pending) >= PIPELINE_DEPTH:
-                yield columns.add(*_next(pending))
+                yield _synced(columns.add(*_next(pending)), ledger)
         while pending:
-            yield columns.add(*_next(pending))
+            yield _synced(columns.add(*_next(pending)), ledger)
     finally:
         for _, future in pending:
             future.cancel()
         loop.run(run.close(), timeout=30)
 
 
+def _synced(batch: pa.RecordBatch, ledger: TaskLedger | None) -> pa.RecordBatch:
+    """The batch, once the ledger holds its answers on disk: the sink may commit it next."""
+    if ledger is not None:
+        ledger.sync()
+    return batch
+
+
 def _answer_sessions(batches: Iterator[pa.RecordBatch], answerer: Answerer, settings: SparkGenerateConfig,
-                     columns: ResultColumns) -> Iterator[pa.RecordBatch]:
+                     columns: ResultColumns, ledger: TaskLedger | None) -> Iterator[pa.RecordBatch]:
     # A session may span Arrow batches, so the partition is read whole before its turns run.
     table = pa.Table.from_batches(list(batches))
     if table.num_rows == 0:
@@ -166,7 +186,9 @@ def _answer_sessions(batches: Iterator[pa.RecordBatch], answerer: Answerer, sett
     column = settings.prompt_col or settings.messages_col
     grouped, results = group_turns(table.column(settings.session_col).to_pylist(),
                                    table.column(settings.turn_col).to_pylist(), table.column(column).to_pylist())
-    results.update(process_loop().run(answer_sessions(answerer, settings, grouped)))
+    results.update(process_loop().run(answer_sessions(answerer, settings, grouped, ledger)))
+    if ledger is not None:
+        ledger.sync()
     ordered = [results.get(i) or RowResult.failed("internal error: no result") for i in range(table.num_rows)]
     for batch in table.combine_chunks().to_batches():
         yield columns.add(batch, ordered[:batch.num_rows])
@@ -190,6 +212,16 @@ class ResultColumns:
         typed = typed_arrays(results, self.struct) if self.struct is not None else []
         names = [*batch.schema.names, *result_names(self.output_col), *(self.struct.names if self.struct else [])]
         return pa.RecordBatch.from_arrays([*batch.columns, *result_arrays(results), *typed], names=names)
+
+
+def _task_name() -> str:
+    """The ledger file's name for this task attempt: stage, partition, attempt."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return "local"
+    return f"{context.stageId()}-{context.partitionId()}-{context.attemptNumber()}"
 
 
 def _task_key() -> str:

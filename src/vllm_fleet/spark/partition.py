@@ -8,19 +8,23 @@ by turn, each turn carrying the conversation so far (see `sessions.py`).
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from vllm_fleet.spark.answerer import Answerer
 from vllm_fleet.spark.batcher import MicroBatcher, PendingRow
 from vllm_fleet.spark.config import SparkGenerateConfig
+from vllm_fleet.spark.ledger import TaskLedger
 from vllm_fleet.spark.rows import RowResult, batch_request_id, request_id_for, to_input
 
 
 class PartitionRun:
     """Answers the rows of one partition; `task_key` makes request ids unique per task."""
 
-    def __init__(self, answerer: Answerer, config: SparkGenerateConfig, task_key: str) -> None:
+    def __init__(self, answerer: Answerer, config: SparkGenerateConfig, task_key: str,
+                 ledger: TaskLedger | None = None) -> None:
         self.answerer = answerer
+        self.ledger = ledger
         self.config = config
         self.task_key = task_key
         self.batcher = MicroBatcher(
@@ -40,7 +44,13 @@ class PartitionRun:
                 futures.append(_done(RowResult.failed(f"bad row: {exc}")))
                 continue
             request_id = request_id_for(item, self.config.params, self.config.model, row_key)
-            futures.append(await self.batcher.submit(item, request_id))
+            if self.ledger is not None and (answered := self.ledger.lookup(request_id)) is not None:
+                futures.append(_done(answered))  # generated before a crash or a task retry: not sent again
+                continue
+            future = await self.batcher.submit(item, request_id)
+            if self.ledger is not None:
+                future.add_done_callback(functools.partial(_record, self.ledger, request_id))
+            futures.append(future)
         self._position += len(values)
         self.batcher.flush()  # the end of this Arrow batch: no point waiting for more rows
         return list(await asyncio.gather(*futures))
@@ -59,6 +69,13 @@ class PartitionRun:
 
     async def close(self) -> None:
         await self.batcher.close()
+
+
+def _record(ledger: TaskLedger, request_id: str, future: asyncio.Future[RowResult]) -> None:
+    """Into the ledger as soon as the row finishes, not at the end of the task: a crash then
+    loses only the rows still in flight."""
+    if not future.cancelled():
+        ledger.record(request_id, future.result())
 
 
 def _done(result: RowResult) -> asyncio.Future[RowResult]:

@@ -18,6 +18,7 @@ from typing import Any
 from vllm_fleet.protocol.types import ChatMessage, GenerateInput
 from vllm_fleet.spark.answerer import Answerer
 from vllm_fleet.spark.config import SparkGenerateConfig
+from vllm_fleet.spark.ledger import TaskLedger, session_scope
 from vllm_fleet.spark.rows import RowResult, request_id_for, to_messages
 
 
@@ -42,23 +43,26 @@ def group_turns(sessions: list[Any], turns: list[Any], values: list[Any]) -> tup
     return grouped, bad
 
 
-async def answer_sessions(answerer: Answerer, config: SparkGenerateConfig,
-                          grouped: dict[Hashable, list[Turn]]) -> dict[int, RowResult]:
-    """Each row's result by position."""
+async def answer_sessions(answerer: Answerer, config: SparkGenerateConfig, grouped: dict[Hashable, list[Turn]],
+                          ledger: TaskLedger | None = None) -> dict[int, RowResult]:
+    """Each row's result by position. With a ledger, a session's earlier turns that are not in
+    this partition (a stream's earlier micro-batch) come from it, and turns it holds are replayed."""
     results: dict[int, RowResult] = {}
     slots = asyncio.Semaphore(config.max_in_flight)
 
     async def run(session: Hashable, turns: list[Turn]) -> None:
         async with slots:
-            await _conversation(answerer, config, session, turns, results)
+            await _conversation(answerer, config, session, turns, results, ledger)
 
     await asyncio.gather(*(run(session, turns) for session, turns in grouped.items()))
     return results
 
 
 async def _conversation(answerer: Answerer, config: SparkGenerateConfig, session: Hashable, turns: list[Turn],
-                        results: dict[int, RowResult]) -> None:
-    history: list[ChatMessage] = []
+                        results: dict[int, RowResult], ledger: TaskLedger | None) -> None:
+    scope = session_scope(config.model, config.params)
+    # Turns answered in earlier micro-batches (or jobs with the same model and params) are history too.
+    history: list[ChatMessage] = ledger.history(scope, repr(session), turns[0].turn) if ledger else []
     broken: str | None = None
     for turn in turns:
         if broken is not None:
@@ -72,7 +76,12 @@ async def _conversation(answerer: Answerer, config: SparkGenerateConfig, session
             continue
         item = GenerateInput(messages=history + new)
         request_id = request_id_for(item, config.params, config.model, f"session:{session!r}:{turn.turn!r}")
-        result = await answerer.answer(item, request_id, session_id=str(session))
+        result = ledger.lookup(request_id) if ledger else None
+        if result is None:
+            result = await answerer.answer(item, request_id, session_id=str(session))
+            if ledger:
+                ledger.record(request_id, result, scope=scope, session=repr(session), turn=turn.turn,
+                              messages=[[m.role, m.content or ""] for m in new])
         results[turn.position] = result
         if result.error is not None:
             broken = f"turn {turn.turn} of this session failed"
