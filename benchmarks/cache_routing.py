@@ -41,10 +41,13 @@ import time
 from vllm_fleet.bench import percentile
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
+from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.sampling import SamplingParams, build_request
 from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
+from vllm_fleet.router.cache_index import block_keys
+from vllm_fleet.router.prompt_tokens import PromptTokenizer
 
 WORDS = ("river mountain city forest ocean desert island volcano glacier lake valley canyon harbor bridge "
          "market castle garden library museum station tower village meadow orchard vineyard quarry mill "
@@ -93,6 +96,7 @@ async def run_user(router: Router, turns: list[dict], user: int, args, salt: str
         request = build_request(f"{salt}-u{user}-t{turn}", [GenerateInput(messages=list(history))],
                                 SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True),
                                 session_id=f"{salt}-user-{user}")
+        results["sent"].append(list(history))
         started = loop.time()
         first = None
         answer = []
@@ -115,11 +119,10 @@ async def run_policy(policy: str, addresses: list[str], workload_kind: str, args
     workload = Workload(workload_kind, args, salt)
     router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy=policy, prefix_chars=args.prefix_chars))
     await router.start()
-    results = {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0}
+    results = {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0, "sent": []}
     try:
         await router.wait_ready(timeout=120)
-        if policy == "cache_aware":
-            await router.wait_tokenizers(timeout=120)
+        await router.wait_cache_ready(timeout=120)
         rng = random.Random(args.seed)  # the same arrival times for every policy
         tasks = []
         started = time.perf_counter()
@@ -128,11 +131,13 @@ async def run_policy(policy: str, addresses: list[str], workload_kind: str, args
             await asyncio.sleep(rng.expovariate(args.rate))
         await asyncio.gather(*tasks)
         wall = time.perf_counter() - started
-        stats = router.cache_stats() if hasattr(router, "cache_stats") else {}
+        stats = router.cache_stats()
     finally:
         await router.close()
     ttft = results["ttft"]
+    best = best_cached_share(results["sent"], args.block_size)
     return {
+        "best_cached_share": best, 
         "policy": policy, "workload": workload_kind, "requests": len(ttft), "wall_s": wall,
         "retried": results["retried"], "output_tokens": results["output_tokens"],
         "output_tok_s": results["output_tokens"] / wall, "prompt_tokens": results["prompt_tokens"],
@@ -142,16 +147,36 @@ async def run_policy(policy: str, addresses: list[str], workload_kind: str, args
     }
 
 
+def best_cached_share(sent: list[list[dict]], block_size: int) -> float:
+    """The cached share an unbounded cache reached by every request would give: each prompt's
+    longest full-block prefix shared with any prompt sent before it (in send order)."""
+    tokenizer = PromptTokenizer.load(resolve_model(None, None).path)
+    seen: set[int] = set()
+    cacheable = total = 0
+    for messages in sent:
+        ids = tokenizer.chat_ids(messages)
+        keys = block_keys(ids, block_size)
+        held = 0
+        while held < len(keys) and keys[held] in seen:
+            held += 1
+        cacheable += held * block_size
+        total += len(ids)
+        seen.update(keys)
+    return cacheable / total if total else 0.0
+
+
 def worker_process(kind: str, cores: str, args) -> WorkerProcess:
     env = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}
     if kind == "vllm":
         extra = ["--enable-prefix-caching", "--engine-arg", f"num_gpu_blocks_override={args.kv_blocks}"]
         return WorkerProcess([*small_vllm_args(max_model_len=args.max_model_len), *extra], env, cores=cores,
                              log_path=f"/tmp/cache-routing-worker-{cores}.log")
-    return WorkerProcess(["--engine", "mock", "--mock-kv-blocks", str(args.kv_blocks), "--mock-block-size",
-                          str(args.block_size), "--mock-prefill-tokens-per-s", str(args.mock_prefill_tokens_per_s),
-                          "--mock-tokens-per-s", "50", "--max-model-len", str(args.max_model_len),
-                          "--mock-tokenizer"], env, cores=cores, log_path=f"/tmp/cache-routing-mock-{cores}.log")
+    prefill_ms_per_1k = 1e6 / args.mock_prefill_tokens_per_s
+    return WorkerProcess(["--engine", "mock", "--mock-kv-blocks", str(args.kv_blocks), "--block-size",
+                          str(args.block_size), "--mock-prefill-ms-per-1k", f"{prefill_ms_per_1k:g}",
+                          "--mock-tokens-per-s", "50", "--mock-ttft-ms", "5", "--max-model-len", str(args.max_model_len),
+                          "--max-num-seqs", "4", "--mock-tokenizer", resolve_model(None, None).path], env, cores=cores,
+                         log_path=f"/tmp/cache-routing-mock-{cores}.log")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -175,11 +200,12 @@ async def main(args: argparse.Namespace) -> None:
             results.append(result)
             print(json.dumps(result), flush=True)
     print()
-    print("| policy | requests | TTFT P50 | TTFT P90 | TTFT P99 | output tok/s | cached share | retried |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| policy | requests | TTFT P50 | TTFT P90 | TTFT P99 | output tok/s | cached share | best possible | retried |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['policy']} | {r['requests']} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | "
-              f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {r['cached_share']:.1%} | {r['retried']} |")
+              f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {r['cached_share']:.1%} | "
+              f"{r['best_cached_share']:.1%} | {r['retried']} |")
     base = next((r for r in results if r["policy"] == "round_robin"), None)
     if base:
         for r in results:

@@ -84,6 +84,26 @@ class CacheRouting:
         follower = self.followers.get(address)
         return follower is not None and follower.fresh
 
+    def ready(self, snapshot) -> bool:
+        """Every serving worker's events in step, and its model's tokenizer here (when fetched)."""
+        serving = snapshot.eligible()
+        if not serving:
+            return False
+        events = all(self.fresh(w.address) for w in serving)
+        tokenizers = self.tokenizers is None or all(self.tokenizers.get(w.model) is not None for w in serving)
+        return events and tokenizers
+
+    def stats(self) -> dict:
+        """The index's counters and sizes, requests routed without ids, per-worker predictions."""
+        return {**dataclasses.asdict(self.index.counters), "entries": self.index.entries_per_worker(),
+                "routed_without_ids": self.unknown_ids,
+                "predicted_hit_rate": {a: self.predicted_hit_rate(a) for a in self._predicted}}
+
+    def describe(self, snapshot) -> str:
+        return ", ".join(f"{w.address}: events {self.events_state(w.address)}, tokenizer "
+                         f"{'ready' if self.tokenizers is not None and self.tokenizers.get(w.model) else 'not ready'}"
+                         for w in snapshot.eligible()) or "no serving worker"
+
     def events_state(self, address: str) -> str:
         follower = self.followers.get(address)
         return "off" if follower is None else "in step" if follower.fresh else "stale"

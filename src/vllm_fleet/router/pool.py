@@ -357,6 +357,11 @@ class Pool:
         waits = [w.breaker.retry_after() for w in self._workers.values() if w.breaker.retry_after() > 0]
         return round(max(0.5, min(waits, default=self.config.health_poll_interval_s)), 1)
 
+    async def changed(self, timeout: float) -> None:
+        """Until the pool changes (membership, health, Info) or `timeout` seconds pass."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
     async def wait_ready(self, timeout: float) -> None:
         """Until some worker is serving; NoWorkerError after `timeout` seconds."""
         loop = asyncio.get_running_loop()

@@ -9,6 +9,7 @@ the Router, and stream.py does not import this module.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.client import ClientPool
-from vllm_fleet.errors import InvalidRequestError, UnknownModelError
+from vllm_fleet.errors import InvalidRequestError, NoWorkerError, UnknownModelError
 from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.registry import Registry
 from vllm_fleet.router.adapters import AdapterPlacement
@@ -106,6 +107,24 @@ class Router:
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Until at least one worker is SERVING; NoWorkerError after `timeout` seconds."""
         await self._pool.wait_ready(timeout)
+
+    def cache_stats(self) -> dict:
+        """cache_aware: the index's counters and sizes (empty for other policies)."""
+        return self._cache.stats() if self._cache is not None else {}
+
+    async def wait_cache_ready(self, timeout: float = 60.0) -> None:
+        """cache_aware: until every serving worker's KV events are followed in order and each
+        model's tokenizer is loaded here (benchmarks and tests; routing itself never waits).
+        NoWorkerError after `timeout` seconds."""
+        if self._cache is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self._cache.ready(self._pool.snapshot()):
+            if loop.time() >= deadline:
+                raise NoWorkerError(f"cache-aware routing not ready within {timeout:.0f}s: "
+                                    f"{self._cache.describe(self._pool.snapshot())}")
+            await self._pool.changed(min(0.1, deadline - loop.time()))
 
     async def close(self) -> None:
         await self._pool.close()

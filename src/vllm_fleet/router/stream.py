@@ -242,7 +242,7 @@ class RoutedStream:
         if self.request.adapter and ctx.adapters is not None:
             ranked = ctx.adapters.prefer_holders(self.request.adapter, ranked, snapshot)
         for address in [a for a in ranked if a not in tried] + [a for a in ranked if a in tried]:
-            lease = ctx.pool.try_acquire(address, self._remaining_cost())
+            lease = ctx.pool.try_acquire(address, self._remaining_cost(address))
             if lease is not None:
                 if ctx.config.classes.withdraw_batch and self.features.service_class == INTERACTIVE:
                     view = snapshot.get(address)
@@ -270,7 +270,7 @@ class RoutedStream:
             if not open_ and ctx.pool.batch.total < guaranteed_batch(views.values(), config):
                 open_ = ranked  # starvation guard
             for address in [a for a in open_ if a not in tried] + [a for a in open_ if a in tried]:
-                lease = ctx.pool.try_acquire(address, self._remaining_cost())
+                lease = ctx.pool.try_acquire(address, self._remaining_cost(address))
                 if lease is not None:
                     return address, lease
             # Time spent waiting for slack does not count against a batch request's deadline: the
@@ -343,7 +343,7 @@ class RoutedStream:
                         if self._batch:  # from here on it cannot be withdrawn
                             self._attempt_task = None
                             ctx.pool.batch.first_token(address, id(self))
-                        lease.progress(self.features.prompt_tokens)
+                        lease.progress(max(0, self.features.prompt_tokens - self.features.cached_tokens.get(address, 0)))
                     lease.progress(len(chunk.token_ids))
                     yield self._accept(chunk, mapping)
         finally:
@@ -437,9 +437,12 @@ class RoutedStream:
         remaining = self._remaining()
         return remaining is not None and remaining <= DEADLINE_SLACK_S
 
-    def _remaining_cost(self) -> int:
+    def _remaining_cost(self, address: str) -> int:
+        """Tokens this attempt will cost `address`: what is not delivered yet, less the prompt
+        tokens its prefix cache holds (cache_aware knows them), which it will not prefill."""
         delivered = sum(len(s.token_ids) for s in self._samples.values())
-        return max(0, self.features.cost_tokens - delivered)
+        cached = 0 if delivered else self.features.cached_tokens.get(address, 0)
+        return max(0, self.features.cost_tokens - delivered - cached)
 
     def _used_tokens(self) -> int:
         """Tokens to settle the key's reservation with: the workers' prompt counts where a
