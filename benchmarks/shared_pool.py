@@ -38,6 +38,7 @@ from vllm_fleet.protocol.sampling import SamplingParams, build_request
 from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
+from vllm_fleet.router.classes import ServiceClassConfig
 
 WORDS = ("river mountain city forest ocean desert island harbor bridge market castle garden library museum "
          "station tower village meadow orchard engine signal ledger contract policy schedule payment").split()
@@ -139,7 +140,9 @@ def summary(stats: Online) -> dict:
 
 async def phase(name: str, addresses: list[str], args, *, online: bool, batch_class: str | None,
                 step_at: float | None = None) -> dict:
-    router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy="least_outstanding"))
+    classes = ServiceClassConfig(interactive_ttft_target_ms=args.ttft_target_ms,
+                                 interactive_itl_target_ms=args.itl_target_ms)
+    router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy="least_outstanding", classes=classes))
     await router.start()
     salt = f"{name}-{time.time_ns() % 100000}"
     try:
@@ -255,7 +258,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-words", type=int, default=300)
     parser.add_argument("--batch-max-tokens", type=int, default=64)
     parser.add_argument("--max-num-seqs", type=int, default=16)
-    parser.add_argument("--ttft-target-ms", type=float, default=1000.0, help="Online P99 TTFT target (step-up)")
+    parser.add_argument("--ttft-target-ms", type=float, default=1000.0,
+                        help="Online TTFT target: steers batch (--interactive-ttft-target-ms) and judges the step-up")
+    parser.add_argument("--itl-target-ms", type=float, default=200.0,
+                        help="Online gap between tokens that steers batch (--interactive-itl-target-ms)")
     parser.add_argument("--seed", type=int, default=11)
     return parser.parse_args()
 

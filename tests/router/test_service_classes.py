@@ -17,7 +17,7 @@ from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import WorkerLoad
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.classes import ServiceClassConfig, guaranteed_batch, has_room, has_slack
+from vllm_fleet.router.classes import BatchGate, ServiceClassConfig, guaranteed_batch, has_room, has_slack
 from vllm_fleet.router.snapshot import WorkerView
 
 CONFIG = ServiceClassConfig(interactive_reserve=0.25, batch_max_kv_usage=0.8, batch_min_share=0.1)
@@ -50,6 +50,8 @@ FAST = dict(load_poll_interval_s=0.1, health_poll_interval_s=0.2, stall_timeout_
 @asynccontextmanager
 async def routed(address: str, **classes):
     registry = StaticRegistry([WorkerRecord(address=address)])
+    # Slots and withdrawal alone: the latency controller (tested above) stays out of these.
+    classes = {"interactive_ttft_target_ms": None, "interactive_itl_target_ms": None, **classes}
     config = RouterConfig(**FAST, classes=ServiceClassConfig(**classes))
     router = Router(registry, config, metrics_registry=CollectorRegistry())
     await router.start()
@@ -124,3 +126,40 @@ async def test_an_unknown_service_class_is_refused(mock_worker_factory):
         with pytest.raises(InvalidRequestError) as refused:
             router.stream(request)
         assert refused.value.param == "service_class"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_interactive_latency_halves_a_workers_batch_cap_and_it_grows_back_one_a_second():
+    clock = Clock()
+    gate = BatchGate(ServiceClassConfig(interactive_ttft_target_ms=500, interactive_itl_target_ms=100,
+                                        batch_raise_every_s=1.0), clock)
+    share = lambda: 12  # noqa: E731
+    assert gate.cap("w", 12) == 12                             # no miss yet: the whole batch share
+    gate.observe("w", ttft_s=0.4, share=share)                 # on target: nothing
+    gate.observe("w", itl_s=0.05, share=share)
+    assert gate.cap("w", 12) == 12
+    gate.observe("w", itl_s=0.3, share=share)                  # a slow gap between tokens
+    assert gate.cap("w", 12) == 6
+    gate.observe("w", ttft_s=2.0, share=share)                 # the same slow step, seen again at once
+    assert gate.cap("w", 12) == 6
+    clock.now += 0.6
+    gate.observe("w", ttft_s=2.0, share=share)                 # still slow later: halve again
+    assert gate.cap("w", 12) == 3
+    assert gate.cap("other", 12) == 12                         # other workers keep theirs
+    clock.now += 4.0
+    assert gate.cap("w", 12) == 7                              # additive increase, one a second
+    clock.now += 60
+    assert gate.cap("w", 12) == 12                             # up to the share, no further
+
+
+def test_a_cap_of_zero_leaves_no_slack_on_that_worker():
+    view = WorkerView("w", in_flight=1, max_num_seqs=8, batch_in_flight=1, load=WorkerLoad(running=1))
+    assert has_slack(view, CONFIG, cap=2) and not has_slack(view, CONFIG, cap=1)
+    assert not has_slack(view, CONFIG, cap=0)

@@ -60,6 +60,15 @@ class ServiceClassConfig(FleetModel):
     withdraw_batch: bool = Field(
         True, description="Withdraw (cancel and requeue) a batch request that has no first token yet when an "
         "interactive request finds its worker without room")
+    interactive_ttft_target_ms: float | None = Field(
+        1000.0, gt=0, description="Batch backs off a worker where an interactive request waited longer than this "
+        "for its first token (null: TTFT does not steer batch)")
+    interactive_itl_target_ms: float | None = Field(
+        200.0, gt=0, description="Batch backs off a worker where an interactive stream's gap between tokens passed "
+        "this (null: ITL does not steer batch); set both to your SLO")
+    batch_raise_every_s: float = Field(
+        1.0, gt=0, description="While interactive latency stays on target, each worker's batch cap grows by one "
+        "request this often (additive increase); a miss halves it (multiplicative decrease)")
 
 
 def slots(view: WorkerView) -> int:
@@ -71,12 +80,20 @@ def busy(view: WorkerView) -> int:
     return max(view.queued, view.in_flight)
 
 
-def has_slack(view: WorkerView, config: ServiceClassConfig) -> bool:
-    """Whether a batch request may start on this worker now."""
+def batch_share(view: WorkerView, config: ServiceClassConfig) -> int:
+    """The most sequences a worker may run with batch among them: its slots less the reserve."""
+    return math.floor(slots(view) * (1 - config.interactive_reserve))
+
+
+def has_slack(view: WorkerView, config: ServiceClassConfig, cap: float | None = None) -> bool:
+    """Whether a batch request may start on this worker now. `cap`: the latency controller's
+    limit on this router's batch requests there (BatchGate.cap), None for no limit."""
     load = view.load
     if load is None or load.waiting > 0 or load.kv_cache_usage >= config.batch_max_kv_usage:
         return False
-    return busy(view) < math.floor(slots(view) * (1 - config.interactive_reserve))
+    if cap is not None and view.batch_in_flight >= cap:
+        return False
+    return busy(view) < batch_share(view, config)
 
 
 def has_room(view: WorkerView) -> bool:
@@ -95,13 +112,59 @@ def guaranteed_batch(workers: Iterable[WorkerView], config: ServiceClassConfig) 
 
 class BatchGate:
     """This router's batch bookkeeping: how many batch attempts run per worker, which of them
-    have no first token yet (and can be withdrawn), and a wake-up for batch waiting for slack."""
+    have no first token yet (and can be withdrawn), a wake-up for batch waiting for slack, and
+    the latency controller.
 
-    def __init__(self) -> None:
+    The controller (AIMD, as TCP's congestion window): each worker has a cap on this router's
+    batch requests. An interactive request on that worker whose first token took longer than
+    `interactive_ttft_target_ms`, or whose tokens came further apart than
+    `interactive_itl_target_ms`, halves the worker's cap (at most once per half second: one
+    slow step should not count many times); while none does, the cap grows by one every
+    `batch_raise_every_s`, up to the worker's batch share. Why this one: interference between
+    co-running requests is mostly step time (every sequence in the engine's batch slows every
+    step), which slot counts do not show and differs by engine, model and hardware; the
+    interactive streams' own latency measures it directly, and AIMD backs off within one
+    observation and probes back slowly, so batch settles just under the latency target.
+    """
+
+    CUT_EVERY_S = 0.5
+
+    def __init__(self, config: ServiceClassConfig | None = None, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.config = config or ServiceClassConfig()
+        self._clock = clock or time.monotonic
         self.running: dict[str, int] = {}
         self._withdrawable: dict[str, dict[int, Callable[[], None]]] = {}
         self._changed = asyncio.Event()
         self.withdrawn = 0
+        self.cuts = 0
+        self._caps: dict[str, tuple[float, float]] = {}  # address -> (cap, when it was set)
+
+    def cap(self, address: str, share: int) -> float:
+        """The controller's cap on batch requests at `address` now (at most `share`)."""
+        cap, since = self._caps.get(address, (float(share), 0.0))
+        grown = cap + (self._clock() - since) / self.config.batch_raise_every_s
+        return min(float(share), grown)
+
+    def observe(self, address: str, *, ttft_s: float | None = None, itl_s: float | None = None,
+                share: Callable[[], int]) -> None:
+        """An interactive request's latency on `address`: a miss halves its batch cap."""
+        config = self.config
+        ttft_miss = ttft_s is not None and config.interactive_ttft_target_ms is not None and \
+            ttft_s * 1000 > config.interactive_ttft_target_ms
+        itl_miss = itl_s is not None and config.interactive_itl_target_ms is not None and \
+            itl_s * 1000 > config.interactive_itl_target_ms
+        if not (ttft_miss or itl_miss):
+            return
+        now = self._clock()
+        previous = self._caps.get(address)
+        if previous is not None and now - previous[1] < self.CUT_EVERY_S:
+            return
+        self._caps[address] = (math.floor(self.cap(address, share()) / 2), now)
+        self.cuts += 1
+        if self.running.get(address):
+            self.withdraw(address, self.running[address])  # those not started yet step aside now
 
     @property
     def total(self) -> int:

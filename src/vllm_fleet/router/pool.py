@@ -154,7 +154,7 @@ class Pool:
         )
         self._changed = asyncio.Event()
         self.cache = cache        # cache_aware: follows each worker's KV-cache events
-        self.batch = BatchGate()  # batch-class attempts per worker; wakes batch waiting for slack
+        self.batch = BatchGate(config.classes, clock)  # batch per worker; its latency controller
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: Callable[[], None] | None = None
 

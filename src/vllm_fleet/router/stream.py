@@ -50,7 +50,7 @@ from vllm_fleet.errors import (
 )
 from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
 from vllm_fleet.router.admission import Ticket
-from vllm_fleet.router.classes import BATCH, INTERACTIVE, guaranteed_batch, has_room, has_slack
+from vllm_fleet.router.classes import BATCH, INTERACTIVE, batch_share, guaranteed_batch, has_room, has_slack
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pool import Lease
@@ -266,7 +266,9 @@ class RoutedStream:
             if self.request.adapter and ctx.adapters is not None:
                 ranked = ctx.adapters.prefer_holders(self.request.adapter, ranked, snapshot)
             views = {a: snapshot.get(a) for a in ranked}
-            open_ = [a for a in ranked if has_slack(views[a], config)]
+            gate = ctx.pool.batch
+            open_ = [a for a in ranked
+                     if has_slack(views[a], config, gate.cap(a, batch_share(views[a], config)))]
             if not open_ and ctx.pool.batch.total < guaranteed_batch(views.values(), config):
                 open_ = ranked  # starvation guard
             for address in [a for a in open_ if a not in tried] + [a for a in open_ if a in tried]:
@@ -280,6 +282,10 @@ class RoutedStream:
             await ctx.pool.batch.wait(BATCH_RECHECK_S)
             if self.deadline is not None:
                 self.deadline += loop.time() - waited_from
+
+    def _batch_share(self, address: str) -> int:
+        view = self._context.pool.snapshot().get(address)
+        return batch_share(view, self._context.config.classes) if view is not None else 0
 
     def _withdraw(self) -> None:
         """Called by an interactive request's pick: cancel this batch attempt if it is still
@@ -328,6 +334,10 @@ class RoutedStream:
         client = ctx.connect(address)
         watchdog = StallWatchdog(lambda: ctx.pool.progressing(address))
         first = True
+        gate = ctx.pool.batch
+        steer = not self._batch and bool(gate.running)  # interactive latency steers batch (classes.py)
+        loop = asyncio.get_running_loop()
+        last_at = loop.time()
         try:
             async with contextlib.aclosing(client.generate(request, timeout=timeout)) as chunks:
                 iterator = chunks.__aiter__()
@@ -338,6 +348,13 @@ class RoutedStream:
                     chunk = await self._next_chunk(iterator, watchdog, limit, address, first)
                     if chunk is None:
                         break
+                    if steer and chunk.token_ids:
+                        now = loop.time()
+                        gap = now - last_at
+                        last_at = now
+                        gate.observe(address, ttft_s=gap if first else None,
+                                     itl_s=None if first else gap / len(chunk.token_ids),
+                                     share=lambda: self._batch_share(address))
                     if first:
                         first = False
                         if self._batch:  # from here on it cannot be withdrawn
