@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import random
-import signal
 import time
 
 from vllm_fleet.bench import percentile
-from vllm_fleet.client import WorkerClient
+from worker_pair import worker_pair
 from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
 from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.sampling import SamplingParams, build_request
@@ -180,16 +178,7 @@ def worker_process(kind: str, cores: str, args) -> WorkerProcess:
 
 
 async def main(args: argparse.Namespace) -> None:
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # leaving the block below must stop the engines
-        loop.add_signal_handler(sig, task.cancel)
-    async with contextlib.AsyncExitStack() as stack:
-        workers = [await stack.enter_async_context(worker_process(args.workers, cores, args)) for cores in ("0", "1")]
-        for worker in workers:
-            await worker.wait_serving(900)
-        addresses = [w.address for w in workers]
-        async with WorkerClient(addresses[0]) as client:
-            info = await client.info()
+    async with worker_pair(lambda cores: worker_process(args.workers, cores, args)) as (addresses, info):
         print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
               f"kv_events={info.kv_events} kv_blocks={args.kv_blocks}")
         print(f"workload: {args.workload}, {args.users} users, {args.tenants} tenants x {args.doc_words} words, "
