@@ -66,7 +66,7 @@ class Dashboard:
         return json.dumps(self.own_state()).encode()
 
 
-_SUMMED_WORKER_FIELDS = ("in_flight", "outstanding_tokens")
+_SUMMED_WORKER_FIELDS = ("in_flight", "outstanding_tokens", "batch_in_flight", "interactive_in_flight")
 
 
 def merge_states(own: dict, others: list[dict], *, processes: int) -> dict:

@@ -41,6 +41,10 @@ HIGHEST_GAUGES = frozenset({
     "vllm_fleet_router_worker_serving",
     "vllm_fleet_quota_fallback",
     "vllm_fleet_quota_gateways",
+    # cache_aware: each process follows every worker's events itself; the engines' counters are theirs
+    "vllm_fleet_router_kv_events_fresh",
+    "vllm_fleet_router_engine_prefix_cache_hits",
+    "vllm_fleet_router_engine_prefix_cache_queries",
 })
 
 

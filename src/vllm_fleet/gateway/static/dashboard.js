@@ -32,7 +32,8 @@ function render(state) {
     cell(row, w.device || "");
     cell(row, w.state, w.state);
     cell(row, w.breaker, w.breaker);
-    cell(row, w.in_flight);
+    // In flight through this gateway: interactive + batch (service classes; batch fills idle capacity).
+    cell(row, w.batch_in_flight ? `${w.in_flight - w.batch_in_flight} + ${w.batch_in_flight} batch` : w.in_flight);
     cell(row, load.running ?? "");
     cell(row, load.waiting ?? "");
     cell(row, load.kv_cache_usage === undefined ? "" : (100 * load.kv_cache_usage).toFixed(0) + "%");
