@@ -163,3 +163,17 @@ def test_a_cap_of_zero_leaves_no_slack_on_that_worker():
     view = WorkerView("w", in_flight=1, max_num_seqs=8, batch_in_flight=1, load=WorkerLoad(running=1))
     assert has_slack(view, CONFIG, cap=2) and not has_slack(view, CONFIG, cap=1)
     assert not has_slack(view, CONFIG, cap=0)
+
+
+async def test_batch_withdrawn_by_the_latency_controller_is_answered_not_refused(mock_worker_factory):
+    # Every interactive first token misses a 50 ms target (the mock's TTFT is 300 ms): each one
+    # halves the batch cap and withdraws the batch requests not started, which go again at once.
+    worker = await mock_worker_factory.start(max_num_seqs=8, mock_tokens_per_s=50, mock_ttft_ms=300)
+    async with routed(worker.address, interactive_ttft_target_ms=50, batch_min_share=0.0) as router:
+        batch = [asyncio.create_task(answer(router, f"b{i}", "batch", max_tokens=6)) for i in range(6)]
+        for i in range(4):
+            text, _ = await answer(router, f"live{i}", "interactive", max_tokens=2)
+            assert text
+        results = await asyncio.gather(*batch)  # a DuplicateRequestError would raise here
+    assert all(text for text, _ in results)
+    assert router._pool.batch.cuts >= 1 and sum(s.withdrawals for _, s in results) >= 1

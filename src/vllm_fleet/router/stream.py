@@ -399,6 +399,8 @@ class RoutedStream:
         (None: unchanged). Nothing delivered yet → the original request as is."""
         request = self.request
         attempt_id = request.request_id if self.attempts <= 1 else f"{request.request_id}-a{self.attempts}"
+        if self.withdrawals:  # the withdrawn attempt's abort may not have reached its worker yet
+            attempt_id += f"-w{self.withdrawals}"
         if not self._delivered:
             return dataclasses.replace(request, request_id=attempt_id), None
         inputs, mapping = [], []
