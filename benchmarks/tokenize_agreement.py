@@ -292,7 +292,7 @@ def main() -> None:
     chats = [chat_request(rng, i) for i in range(args.chats)] + edge_cases()
     completions = [completion_request(rng, i) for i in range(args.completions)]
     model = Path(resolve_model(None, None).path)
-    print(f"vllm {vllm.__version__}, transformers {transformers.__version__}, model folder {model}")
+    print(f"vllm {vllm.__version__}, transformers {transformers.__version__}, model folder {Path(model).name} (the packaged default model, in the vllm-fleet cache)")
     with tempfile.TemporaryDirectory() as tmp:
         tools_model = Path(tmp, "tools-model")
         tools_model.mkdir()
