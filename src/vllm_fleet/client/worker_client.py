@@ -13,6 +13,7 @@ Either way, cancelling the iteration (breaking out of `async for`, cancelling th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -100,14 +101,19 @@ class WorkerClient:
         `vllm_fleet.errors`."""
         if self._multiplex:
             try:
-                async for chunk in self._open_mux().generate(request, timeout=timeout):
-                    yield chunk
+                # aclosing: a consumer that stops early closes this generator at its yield; the
+                # inner one must then close at once (its finally tells the worker to abort), not
+                # whenever the garbage collector finalizes it.
+                async with contextlib.aclosing(self._open_mux().generate(request, timeout=timeout)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
                 return
             except MuxUnsupported:
                 logger.info("worker %s has no GenerateMany; one call per request from now on", self.address)
                 self._multiplex = False
-        async for chunk in self._generate_call(request, timeout=timeout):
-            yield chunk
+        async with contextlib.aclosing(self._generate_call(request, timeout=timeout)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def _generate_call(self, request: GenerateRequest, *, timeout: float | None) -> AsyncIterator[Chunk]:
         """One Generate call for this request (the worker sees `timeout` as its deadline)."""

@@ -236,7 +236,10 @@ class ClassQueue:
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a cancel that lands as the
+            # slot is granted, and a caller that has gone would then be served.
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(waiter)
         except TimeoutError:
             self._give_up(waiter)
             raise RateLimitedError(

@@ -27,6 +27,7 @@ least one request), slack or not, so a fleet that is never idle still finishes i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Callable, Iterable
 
@@ -178,10 +179,11 @@ class BatchGate:
     async def wait(self, timeout: float | None) -> None:
         """Until `notify()` (or `timeout` seconds)."""
         changed = self._changed
-        try:
-            await asyncio.wait_for(changed.wait(), timeout)
-        except TimeoutError:
-            pass
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a cancel that lands as the
+        # event fires, and a batch request whose caller left would then go on to a worker.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await changed.wait()
 
     def started(self, address: str, token: int, withdraw: Callable[[], None]) -> None:
         self.running[address] = self.running.get(address, 0) + 1

@@ -359,8 +359,10 @@ class Pool:
 
     async def changed(self, timeout: float) -> None:
         """Until the pool changes (membership, health, Info) or `timeout` seconds pass."""
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a cancel that lands as the event fires.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
 
     async def wait_ready(self, timeout: float) -> None:
         """Until some worker is serving; NoWorkerError after `timeout` seconds."""
@@ -376,4 +378,5 @@ class Pool:
                 raise NoWorkerError(f"no worker became SERVING within {timeout:.0f}s; workers: {states}",
                                     retry_after=self.retry_after())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await changed.wait()

@@ -11,6 +11,7 @@ request fails with becomes its gRPC status in one place (status.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -82,8 +83,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         request_id = request_pb.request_id or uuid.uuid4().hex
         token = request_id_var.set(request_id)
         try:
-            async for chunk in self._run(request_id, request_pb):
-                yield chunk_to_pb(chunk)
+            # aclosing, here and in _run: a handler closed at its yield closes the generators
+            # under it at once, so the engine request is aborted now, not at garbage collection.
+            async with contextlib.aclosing(self._run(request_id, request_pb)) as chunks:
+                async for chunk in chunks:
+                    yield chunk_to_pb(chunk)
         except Exception as exc:
             status = self._status(exc)
             metadata = ((PARAM_METADATA_KEY, status.param),) if status.param else ()
@@ -164,8 +168,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             raise
         held = self.adapters.acquire(request.adapter) if request.adapter else None
         try:
-            async for chunk in self._stream(request_id, request, prepared, held):
-                yield chunk
+            async with contextlib.aclosing(self._stream(request_id, request, prepared, held)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         finally:
             if held is not None:  # an unload waiting for this request may go on
                 self.adapters.release(held)
@@ -379,8 +384,11 @@ async def _next_event(events: asyncio.Queue[StreamEvent], deadline: float | None
     """The next event of a request's inputs, or None once the coalescing deadline has passed."""
     if deadline is None:
         return await events.get()
+    # asyncio.timeout_at, not wait_for: on Python 3.11 wait_for drops a cancel that lands as the
+    # event arrives, and the request then runs on for a client that has gone (the abort is lost).
     try:
-        return await asyncio.wait_for(events.get(), max(0.0, deadline - loop.time()))
+        async with asyncio.timeout_at(deadline):
+            return await events.get()
     except TimeoutError:
         return None
 
