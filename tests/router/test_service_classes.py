@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from support import wait_until
+from vllm_fleet.client import WorkerClient
 from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
@@ -177,3 +178,55 @@ async def test_batch_withdrawn_by_the_latency_controller_is_answered_not_refused
         results = await asyncio.gather(*batch)  # a DuplicateRequestError would raise here
     assert all(text for text, _ in results)
     assert router._pool.batch.cuts >= 1 and sum(s.withdrawals for _, s in results) >= 1
+
+
+def test_a_latency_miss_pauses_running_batch_down_to_the_new_cap():
+    clock = Clock()
+    gate = BatchGate(ServiceClassConfig(interactive_itl_target_ms=100), clock)
+    stepped: list[str] = []
+    for token in range(6):  # six batch attempts on "w": two still waiting, four streaming
+        gate.started("w", token, lambda t=token: stepped.append(f"withdraw {t}"))
+        if token >= 2:
+            gate.first_token("w", token, pause=lambda t=token: stepped.append(f"pause {t}"))
+    gate.first_token("w", 6)  # a constrained one (no pause callable) is never paused
+    gate.observe("w", itl_s=0.5, share=lambda: 8)  # cap 8 → 4: 6 running, 2 withdrawn, 0 over
+    assert sorted(stepped) == ["withdraw 0", "withdraw 1"] and gate.paused == 0
+    for token in (0, 1):
+        gate.ended("w", token)
+    clock.now += 1.0
+    gate.observe("w", itl_s=0.5, share=lambda: 8)  # cap 4 (+1 grown) → 2: 4 running, 2 over → pause 2
+    assert gate.paused == 2 and len([s for s in stepped if s.startswith("pause")]) == 2
+    assert ServiceClassConfig(preempt_batch=False).preempt_batch is False
+
+
+async def test_a_running_batch_request_pauses_for_interactive_work_and_resumes_exactly(mock_worker_factory):
+    # Two slots, both streaming long batch answers (4 s each): an interactive request would wait
+    # in the engine for one to end. Instead one pauses, and later resumes after its tokens.
+    worker = await mock_worker_factory.start(max_num_seqs=2, mock_tokens_per_s=50, mock_ttft_ms=1)
+    async with routed(worker.address, interactive_reserve=0.0, batch_min_share=0.0) as router:
+        streams = {}
+
+        async def batch_answer(rid: str) -> list[int]:
+            request = build_request(rid, [GenerateInput(text=f"question {rid}")], SamplingParams(max_tokens=200),
+                                    service_class="batch")
+            tokens = []
+            async with router.stream(request) as stream:
+                streams[rid] = stream
+                async for chunk in stream:
+                    tokens.extend(chunk.token_ids)
+            return tokens
+
+        batch = {rid: asyncio.create_task(batch_answer(rid)) for rid in ("b0", "b1")}
+        await wait_until(lambda: router.snapshot().get(worker.address).load.running == 2, timeout=30,
+                         message="the worker streams both")
+        text, live = await answer(router, "live", "interactive", max_tokens=4)
+        assert text and live.attempts == 1
+        assert not any(task.done() for task in batch.values())  # it did not wait for a batch answer to end
+        got = {rid: await task for rid, task in batch.items()}
+    paused = [rid for rid, stream in streams.items() if stream.pauses]
+    assert len(paused) == 1 and streams[paused[0]].attempts == 1 and streams[paused[0]].migrations == 0
+    for rid, tokens in got.items():  # the mock's tokens depend only on what came before: an exact resume
+        reference = build_request(f"{rid}-ref", [GenerateInput(text=f"question {rid}")], SamplingParams(max_tokens=200))
+        async with WorkerClient(worker.address) as client:
+            want = [t async for chunk in client.generate(reference, timeout=60) for t in chunk.token_ids]
+        assert tokens == want, f"{rid}: tokens lost or repeated across the pause"

@@ -10,11 +10,17 @@ class is batch). The classes differ in three places:
   more, since a Load is a little old — under `(1 - interactive_reserve) × max_num_seqs`. The
   reserve is kept for interactive work. With no such worker, batch waits (it is never failed for
   it) and is woken by every fresh Load and every finished attempt.
-* **Withdrawal.** When an interactive request goes to a worker that has no room (requests
-  waiting in its engine, or full), this router withdraws a batch request on that worker that
-  has not produced its first token yet: its attempt is cancelled (the engine request aborted)
-  and it waits for slack again. Nothing is lost and nothing was delivered, so the caller sees
-  only a later first token. It costs no retry budget and no breaker verdict.
+* **Withdrawal and pause.** When an interactive request goes to a worker that has no room
+  (requests waiting in its engine, or full), this router withdraws a batch request on that
+  worker that has not produced its first token yet: its attempt is cancelled (the engine
+  request aborted) and it waits for slack again. Nothing is lost and nothing was delivered, so
+  the caller sees only a later first token. With none such, it pauses a running one
+  (`preempt_batch`): the attempt is cancelled the same way, and when slack returns it resumes
+  after the tokens its caller already has, exactly as a migration does (stream.py), so the
+  caller sees a gap in its stream, never a lost or repeated token. A grammar-constrained batch
+  request is never paused (it cannot resume, as it cannot migrate). Neither costs retry budget
+  or a breaker verdict. The latency controller below uses the same two steps to bring a
+  worker's batch down to its cap at once, not as its requests happen to end.
 * **In the engine.** On a worker that schedules by priority (vLLM's `--scheduling-policy
   priority`, the worker's default), a batch request runs with `batch_priority` added to its
   vLLM priority (lower runs first), so under KV pressure vLLM preempts batch first. A request's
@@ -61,6 +67,10 @@ class ServiceClassConfig(FleetModel):
     withdraw_batch: bool = Field(
         True, description="Withdraw (cancel and requeue) a batch request that has no first token yet when an "
         "interactive request finds its worker without room")
+    preempt_batch: bool = Field(
+        True, description="Also pause running batch requests (their tokens kept; each resumes where it stopped, "
+        "as a migration does) when interactive work finds no room or its latency misses the targets; "
+        "grammar-constrained batch is never paused")
     interactive_ttft_target_ms: float | None = Field(
         1000.0, gt=0, description="Batch backs off a worker where an interactive request waited longer than this "
         "for its first token (null: TTFT does not steer batch)")
@@ -136,9 +146,13 @@ class BatchGate:
         self.config = config or ServiceClassConfig()
         self._clock = clock or time.monotonic
         self.running: dict[str, int] = {}
+        # Per worker, token → the callable that makes that attempt step aside: before its first
+        # token (withdraw) and after it (pause; only attempts that can resume are listed).
         self._withdrawable: dict[str, dict[int, Callable[[], None]]] = {}
+        self._pausable: dict[str, dict[int, Callable[[], None]]] = {}
         self._changed = asyncio.Event()
         self.withdrawn = 0
+        self.paused = 0
         self.cuts = 0
         self._caps: dict[str, tuple[float, float]] = {}  # address -> (cap, when it was set)
 
@@ -162,10 +176,17 @@ class BatchGate:
         previous = self._caps.get(address)
         if previous is not None and now - previous[1] < self.CUT_EVERY_S:
             return
-        self._caps[address] = (math.floor(self.cap(address, share()) / 2), now)
+        cap = math.floor(self.cap(address, share()) / 2)
+        self._caps[address] = (cap, now)
         self.cuts += 1
-        if self.running.get(address):
-            self.withdraw(address, self.running[address])  # those not started yet step aside now
+        running = self.running.get(address, 0)
+        if running:
+            # Those not started yet step aside now; running ones above the new cap pause, so the
+            # interactive streams feel the cut at their next step, not when batch answers end.
+            unstarted = self._step_aside(self._withdrawable, address, running)
+            self.withdrawn += unstarted
+            if self.config.preempt_batch and running - unstarted > cap:
+                self.paused += self._step_aside(self._pausable, address, running - unstarted - cap)
 
     @property
     def total(self) -> int:
@@ -189,11 +210,16 @@ class BatchGate:
         self.running[address] = self.running.get(address, 0) + 1
         self._withdrawable.setdefault(address, {})[token] = withdraw
 
-    def first_token(self, address: str, token: int) -> None:
+    def first_token(self, address: str, token: int, pause: Callable[[], None] | None = None) -> None:
+        """The attempt has its first token: no longer withdrawable; pausable with `pause` (None:
+        it cannot resume elsewhere, e.g. grammar-constrained)."""
         self._withdrawable.get(address, {}).pop(token, None)
+        if pause is not None:
+            self._pausable.setdefault(address, {})[token] = pause
 
     def ended(self, address: str, token: int) -> None:
-        self.first_token(address, token)
+        self._withdrawable.get(address, {}).pop(token, None)
+        self._pausable.get(address, {}).pop(token, None)
         left = self.running.get(address, 0) - 1
         if left > 0:
             self.running[address] = left
@@ -202,12 +228,22 @@ class BatchGate:
         self.notify()
 
     def withdraw(self, address: str, count: int = 1) -> int:
-        """Withdraw up to `count` batch attempts on `address` that have no first token; how many."""
-        waiting = self._withdrawable.get(address)
-        done = 0
-        while waiting and done < count:
-            _, withdraw = waiting.popitem()  # the newest: it has waited least
-            withdraw()
-            done += 1
+        """Make up to `count` batch attempts on `address` step aside: those without a first token
+        first, then (preempt_batch) running ones, which pause; how many."""
+        done = self._step_aside(self._withdrawable, address, count)
         self.withdrawn += done
+        if done < count and self.config.preempt_batch:
+            paused = self._step_aside(self._pausable, address, count - done)
+            self.paused += paused
+            done += paused
+        return done
+
+    @staticmethod
+    def _step_aside(attempts: dict[str, dict[int, Callable[[], None]]], address: str, count: int) -> int:
+        listed = attempts.get(address)
+        done = 0
+        while listed and done < count:
+            _, step_aside = listed.popitem()  # the newest: least work done, least to redo
+            step_aside()
+            done += 1
         return done

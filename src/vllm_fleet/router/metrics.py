@@ -25,6 +25,8 @@ class RouterMetrics:
         self.failovers = Counter("failovers", "Requests moved to another worker before their first token", **common)
         self.withdrawals = Counter("batch_withdrawals", "Batch requests withdrawn before their first token for "
                                    "interactive work, and requeued", **common)
+        self.pauses = Counter("batch_pauses", "Running batch requests paused for interactive work (their tokens "
+                              "kept) and requeued to resume where they stopped", **common)
         self.migrations = Counter("migrations", "Streams continued on another worker after tokens were sent", **common)
         self.rejections = Counter("rejections", "Requests refused, by reason (requests_per_min, tokens_per_min, "
                                   "queue_full, queue_timeout, no_worker, retry_budget)", ["reason"], **common)

@@ -64,7 +64,8 @@ BATCH_RECHECK_S = 1.0
 
 
 class _Withdrawn(Exception):
-    """A batch attempt without a first token was withdrawn for interactive work (router/classes.py)."""
+    """A batch attempt stepped aside for interactive work (router/classes.py): withdrawn before its
+    first token, or paused after it (the next attempt resumes after the delivered tokens)."""
 
 
 @dataclass(slots=True)
@@ -103,10 +104,11 @@ class RoutedStream:
         self._delivered = False
         self._closed = False
         self._prompt_tokens: dict[int, int] = {}  # per input, as the worker counted them
-        self.withdrawals = 0                      # batch attempts withdrawn for interactive work
+        self.withdrawals = 0                      # batch attempts withdrawn or paused for interactive work
+        self.pauses = 0                           # of those, the ones paused after tokens were delivered
         self._batch = features.service_class == BATCH
-        self._attempt_task: asyncio.Task | None = None  # a batch attempt awaiting its first chunk
-        self._withdraw_requested = False
+        self._reading_task: asyncio.Task | None = None  # the task in a batch attempt's read, while it waits
+        self._step_aside_requested = False
 
     def __repr__(self) -> str:
         return (f"RoutedStream({self.request.request_id!r}, worker={self.worker!r}, attempts={self.attempts}, "
@@ -186,7 +188,8 @@ class RoutedStream:
                 verdict: bool | None = None
                 token = id(self)
                 if self._batch:
-                    ctx.pool.batch.started(address, token, self._withdraw)
+                    self._step_aside_requested = False
+                    ctx.pool.batch.started(address, token, self._step_aside)
                 try:
                     async with contextlib.aclosing(self._attempt(address, lease)) as chunks:
                         async for chunk in chunks:
@@ -194,14 +197,21 @@ class RoutedStream:
                     verdict = True
                     break
                 except _Withdrawn:
-                    # Interactive work needed the slot; nothing reached the caller. Not a failure,
-                    # not a retry: wait for slack again.
+                    # Interactive work needed the slot. Not a failure, not a retry: wait for slack
+                    # again; the next attempt resumes after what the caller has (if anything).
                     self.attempts -= 1
                     self.withdrawals += 1
                     tried.discard(address)
-                    ctx.metrics.withdrawals.inc()
-                    logger.info("batch request withdrawn from %s for interactive work; requeued", address,
-                                extra={"request_id": self.request.request_id})
+                    if self._delivered:
+                        self.pauses += 1
+                        ctx.metrics.pauses.inc()
+                        logger.info("batch request paused on %s for interactive work after %d tokens; requeued",
+                                    address, sum(len(s.token_ids) for s in self._samples.values()),
+                                    extra={"request_id": self.request.request_id})
+                    else:
+                        ctx.metrics.withdrawals.inc()
+                        logger.info("batch request withdrawn from %s for interactive work; requeued", address,
+                                    extra={"request_id": self.request.request_id})
                 except InvalidRequestError:
                     verdict = True  # the worker did its job: it refused a bad request
                     raise
@@ -212,7 +222,7 @@ class RoutedStream:
                     if isinstance(exc, WorkerOverloadedError) and self.request.adapter and ctx.adapters is not None:
                         ctx.adapters.forget(address, self.request.adapter)  # evicted or unloading there
                     verdict = None if faultless else False
-                    if all(s.finished for s in self._samples.values()):
+                    if self._answered():
                         # The stream broke after every sample's last chunk: the answer is whole. A
                         # retry would resume nothing (a request with no inputs, refused as invalid).
                         logger.info("worker %s failed after the last chunk: %s", address, exc,
@@ -287,12 +297,14 @@ class RoutedStream:
         view = self._context.pool.snapshot().get(address)
         return batch_share(view, self._context.config.classes) if view is not None else 0
 
-    def _withdraw(self) -> None:
-        """Called by an interactive request's pick: cancel this batch attempt if it is still
-        waiting for its first chunk (the cancellation lands in `_next_chunk`)."""
-        if self._attempt_task is not None and not self._withdraw_requested:
-            self._withdraw_requested = True
-            self._attempt_task.cancel()
+    def _step_aside(self) -> None:
+        """Called by the batch gate (classes.py) for interactive work: end this batch attempt. A
+        read in progress is cancelled (the cancellation lands in `_next_chunk`); otherwise the
+        caller holds a chunk, and the next read ends the attempt without waiting."""
+        if not self._step_aside_requested:
+            self._step_aside_requested = True
+            if self._reading_task is not None:
+                self._reading_task.cancel()
 
     def _before_retry(self, exc: WorkerError, address: str) -> None:
         """Log the failure and decide whether another attempt may follow; re-raise if not."""
@@ -343,8 +355,6 @@ class RoutedStream:
                 iterator = chunks.__aiter__()
                 while True:
                     limit = ctx.config.first_chunk_timeout_s if first else ctx.config.stall_timeout_s
-                    if first and self._batch:
-                        self._attempt_task, self._withdraw_requested = asyncio.current_task(), False
                     chunk = await self._next_chunk(iterator, watchdog, limit, address, first)
                     if chunk is None:
                         break
@@ -357,9 +367,9 @@ class RoutedStream:
                                      share=lambda: self._batch_share(address))
                     if first:
                         first = False
-                        if self._batch:  # from here on it cannot be withdrawn
-                            self._attempt_task = None
-                            ctx.pool.batch.first_token(address, id(self))
+                        if self._batch:  # from here on it can only pause, and only if it can resume
+                            ctx.pool.batch.first_token(
+                                address, id(self), pause=None if self.request.constrained else self._step_aside)
                         lease.progress(max(0, self.features.prompt_tokens - self.features.cached_tokens.get(address, 0)))
                     lease.progress(len(chunk.token_ids))
                     yield self._accept(chunk, mapping)
@@ -372,7 +382,11 @@ class RoutedStream:
 
     async def _next_chunk(self, iterator: AsyncIterator[Chunk], watchdog: StallWatchdog, limit: float,
                           address: str, first: bool) -> Chunk | None:
+        if self._step_aside_requested and not self._answered():  # asked while the caller held a chunk
+            raise _Withdrawn()
         watchdog.reading(limit)
+        if self._batch:
+            self._reading_task = asyncio.current_task()
         try:
             return await iterator.__anext__()
         except StopAsyncIteration:
@@ -383,8 +397,9 @@ class RoutedStream:
                 what = "no first chunk" if first else "stream stalled: no chunk"
                 raise WorkerTimeoutError(f"worker {address}: {what} for {watchdog.waited:.1f}s",
                                          worker=address) from None
-            if first and self._withdraw_requested and task is not None and task.uncancel() == 0:
-                self._attempt_task = None
+            if self._step_aside_requested and task is not None and task.uncancel() == 0:
+                if self._answered():  # every last chunk is delivered: nothing to resume
+                    return None
                 raise _Withdrawn() from None
             raise
         except WorkerTimeoutError as exc:  # the gRPC deadline (the caller's) or the worker's own
@@ -392,6 +407,7 @@ class RoutedStream:
                 raise DeadlineExceededError(str(exc), worker=address) from None
             raise
         finally:
+            self._reading_task = None
             watchdog.done_reading()
 
     def _attempt_request(self) -> tuple[GenerateRequest, list[tuple[int, int]] | None]:
@@ -445,6 +461,9 @@ class RoutedStream:
         return chunk
 
     # --- helpers ------------------------------------------------------------------------
+
+    def _answered(self) -> bool:
+        return all(s.finished for s in self._samples.values())
 
     def _remaining(self) -> float | None:
         if self.deadline is None:
