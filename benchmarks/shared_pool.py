@@ -101,7 +101,7 @@ async def online_traffic(router: Router, args, salt: str, seconds: float, stats:
 
 async def batch_loop(router: Router, args, salt: str, service_class: str, stop: asyncio.Event) -> dict:
     rng = random.Random(f"batch-{salt}")
-    done = {"output_tokens": 0, "requests": 0, "errors": 0, "withdrawn": 0}
+    done = {"output_tokens": 0, "requests": 0, "errors": 0, "withdrawn": 0, "paused": 0}
 
     async def one_lane(lane: int) -> None:
         k = 0
@@ -114,7 +114,8 @@ async def batch_loop(router: Router, args, salt: str, service_class: str, stop: 
                 async with router.stream(request) as stream:
                     async for chunk in stream:
                         done["output_tokens"] += len(chunk.token_ids)
-                    done["withdrawn"] += stream.withdrawals
+                    done["withdrawn"] += stream.withdrawals - stream.pauses
+                    done["paused"] += stream.pauses
                 done["requests"] += 1
             except Exception:
                 done["errors"] += 1
@@ -161,7 +162,7 @@ async def phase(name: str, addresses: list[str], args, *, online: bool, batch_cl
     result = {"phase": name, "wall_s": wall, **(summary(stats) if online else {})}
     if batch_done:
         result.update(batch_output_tok_s=batch_done["output_tokens"] / wall, batch_requests=batch_done["requests"],
-                      batch_errors=batch_done["errors"], batch_withdrawn=batch_done["withdrawn"])
+                      batch_errors=batch_done["errors"], batch_withdrawn=batch_done["withdrawn"], batch_paused=batch_done["paused"])
     if online:
         result["online_output_tok_s"] = stats.output_tokens / wall
         if step_at is not None:
@@ -219,12 +220,12 @@ async def main(args: argparse.Namespace) -> None:
     used = alone["online_output_tok_s"] / capacity if capacity else 0.0
     allowed = capacity * max(0.0, 1 - used)
     print()
-    print("| phase | online TTFT P50 | TTFT P99 | ITL P99 | E2E P99 | batch output tok/s | batch withdrawn |")
-    print("|---|---|---|---|---|---|---|")
+    print("| phase | online TTFT P50 | TTFT P99 | ITL P99 | E2E P99 | batch output tok/s | batch withdrawn | batch paused |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['phase']} | {r.get('ttft_p50_ms', 0):.0f} ms | {r.get('ttft_p99_ms', 0):.0f} ms | "
               f"{r.get('itl_p99_ms', 0):.0f} ms | {r.get('e2e_p99_ms', 0):.0f} ms | "
-              f"{r.get('batch_output_tok_s', 0):.1f} | {r.get('batch_withdrawn', 0)} |")
+              f"{r.get('batch_output_tok_s', 0):.1f} | {r.get('batch_withdrawn', 0)} | {r.get('batch_paused', 0)} |")
     print(f"\nonline TTFT P99 with batch / alone: classes {mixed['ttft_p99_ms'] / alone['ttft_p99_ms']:.2f}x, "
           f"no classes {old['ttft_p99_ms'] / alone['ttft_p99_ms']:.2f}x (target <= 1.1x)")
     print(f"online ITL P99 with batch / alone: classes {mixed['itl_p99_ms'] / alone['itl_p99_ms']:.2f}x, "
