@@ -230,3 +230,24 @@ async def test_a_running_batch_request_pauses_for_interactive_work_and_resumes_e
         async with WorkerClient(worker.address) as client:
             want = [t async for chunk in client.generate(reference, timeout=60) for t in chunk.token_ids]
         assert tokens == want, f"{rid}: tokens lost or repeated across the pause"
+
+
+async def test_a_router_with_only_batch_backs_off_when_the_worker_reports_slow_interactive_streams(
+        mock_worker_factory):
+    # A Spark executor's router carries no interactive traffic of its own. The gateway's chat
+    # stream on the same worker gets a token every 50 ms (the mock's 20 tokens/s) against a 10 ms
+    # target: the worker's Load says so, and the executor's router halves its batch cap there.
+    worker = await mock_worker_factory.start(max_num_seqs=8, mock_tokens_per_s=20, mock_ttft_ms=1)
+    async with routed(worker.address, interactive_itl_target_ms=10) as executor, routed(worker.address) as gateway:
+        text, _ = await answer(executor, "row", "batch", max_tokens=20)  # batch alone is not reported
+        async with WorkerClient(worker.address) as client:
+            load = await client.load()
+        assert text and load.interactive_itl_p90_ms == 0 and load.interactive_ttft_p90_ms == 0
+        assert executor._pool.batch.cuts == 0
+        live = asyncio.create_task(answer(gateway, "chat", "interactive", max_tokens=40))
+        await wait_until(lambda: executor._pool.batch.cuts >= 1, timeout=30,
+                         message="the executor's router cut its batch cap on the worker's report")
+        share = 6  # 8 slots less the 25% interactive reserve
+        assert executor._pool.batch.cap(worker.address, share) < share
+        assert executor.snapshot().get(worker.address).load.interactive_itl_p90_ms > 10
+        await live

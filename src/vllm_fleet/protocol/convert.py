@@ -11,6 +11,7 @@ from vllm_fleet.protocol.types import (
     GenerateInput,
     GenerateRequest,
     RequestBody,
+    RoutingHints,
     TokenLogprob,
     ToolCallDelta,
     Usage,
@@ -85,6 +86,7 @@ def request_to_pb(request: GenerateRequest) -> pb.GenerateRequest:
         constrained=request.constrained,
         adapter=request.adapter,
         n=request.n,
+        batch=request.hints.service_class == "batch",
     )
 
 
@@ -104,6 +106,7 @@ def request_from_pb(msg: pb.GenerateRequest) -> GenerateRequest:
         stream_interval_ms=msg.stream_interval_ms,
         constrained=msg.constrained,
         adapter=msg.adapter,
+        hints=RoutingHints(service_class="batch" if msg.batch else "interactive"),
     )
 
 
@@ -202,6 +205,7 @@ def load_to_pb(load: WorkerLoad) -> pb.WorkerLoad:
         in_flight=load.in_flight, draining=load.draining, adapters=load.adapters,
         max_adapters=load.max_adapters, health=load.health,
         prefix_cache_queries=load.prefix_cache_queries, prefix_cache_hits=load.prefix_cache_hits,
+        interactive_ttft_p90_ms=load.interactive_ttft_p90_ms, interactive_itl_p90_ms=load.interactive_itl_p90_ms,
     )
 
 
@@ -212,6 +216,7 @@ def load_from_pb(msg: pb.WorkerLoad) -> WorkerLoad:
         in_flight=msg.in_flight, draining=msg.draining, adapters=list(msg.adapters),
         max_adapters=msg.max_adapters, health=msg.health,
         prefix_cache_queries=msg.prefix_cache_queries, prefix_cache_hits=msg.prefix_cache_hits,
+        interactive_ttft_p90_ms=msg.interactive_ttft_p90_ms, interactive_itl_p90_ms=msg.interactive_itl_p90_ms,
     )
 
 

@@ -65,10 +65,12 @@ class RequestBody:
 
 @dataclass(slots=True)
 class RoutingHints:
-    """What a router may use to place a request; never sent to a worker, never a meaning.
+    """What a router may use to place a request; never a meaning.
 
     `max_tokens` is the answer length the request asks for per sample (None: unknown), for the
-    cost estimate and the short/long workload class. `service_class` says who waits for whom.
+    cost estimate and the short/long workload class. `service_class` says who waits for whom; it
+    alone travels to the worker (`GenerateRequest.batch`), which leaves batch out of the
+    interactive latency it reports in its Load.
     """
 
     max_tokens: int | None = None
@@ -121,7 +123,7 @@ class GenerateRequest:
     # Decoding follows a grammar: such a stream cannot resume elsewhere after its first token.
     constrained: bool = False
     adapter: str = ""          # a LoRA adapter to generate with; "" = the base model
-    hints: RoutingHints = field(default_factory=RoutingHints)  # the router's; not on the wire
+    hints: RoutingHints = field(default_factory=RoutingHints)  # the router's; only the class is on the wire
 
 
 @dataclass(slots=True)
@@ -206,6 +208,8 @@ class WorkerLoad:
     health: str = ""                                    # gRPC health status name; "" from older workers
     prefix_cache_queries: int = 0                       # the engine's own counters, lifetime tokens
     prefix_cache_hits: int = 0
+    interactive_ttft_p90_ms: float = 0.0                # recent interactive latency; 0 = none lately
+    interactive_itl_p90_ms: float = 0.0
 
 
 @dataclass(slots=True)

@@ -136,7 +136,7 @@ class RequestBody(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., body_json: _Optional[bytes] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "inputs", "params", "session_id", "priority", "stream_interval_ms", "body", "constrained", "adapter", "n")
+    __slots__ = ("request_id", "inputs", "params", "session_id", "priority", "stream_interval_ms", "body", "constrained", "adapter", "n", "batch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,7 @@ class GenerateRequest(_message.Message):
     CONSTRAINED_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     inputs: _containers.RepeatedCompositeFieldContainer[GenerateInput]
     params: SamplingParams
@@ -157,7 +158,8 @@ class GenerateRequest(_message.Message):
     constrained: bool
     adapter: str
     n: int
-    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[GenerateInput, _Mapping]]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., priority: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., body: _Optional[_Union[RequestBody, _Mapping]] = ..., constrained: _Optional[bool] = ..., adapter: _Optional[str] = ..., n: _Optional[int] = ...) -> None: ...
+    batch: bool
+    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[GenerateInput, _Mapping]]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., priority: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., body: _Optional[_Union[RequestBody, _Mapping]] = ..., constrained: _Optional[bool] = ..., adapter: _Optional[str] = ..., n: _Optional[int] = ..., batch: _Optional[bool] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "token", "logprob", "top")
@@ -327,7 +329,7 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "output_tokens_per_s", "in_flight", "draining", "adapters", "max_adapters", "health", "prefix_cache_queries", "prefix_cache_hits")
+    __slots__ = ("running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "output_tokens_per_s", "in_flight", "draining", "adapters", "max_adapters", "health", "prefix_cache_queries", "prefix_cache_hits", "interactive_ttft_p90_ms", "interactive_itl_p90_ms")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +342,8 @@ class WorkerLoad(_message.Message):
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    INTERACTIVE_TTFT_P90_MS_FIELD_NUMBER: _ClassVar[int]
+    INTERACTIVE_ITL_P90_MS_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_cache_usage: float
@@ -352,7 +356,9 @@ class WorkerLoad(_message.Message):
     health: str
     prefix_cache_queries: int
     prefix_cache_hits: int
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., output_tokens_per_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., health: _Optional[str] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ...) -> None: ...
+    interactive_ttft_p90_ms: float
+    interactive_itl_p90_ms: float
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., output_tokens_per_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., health: _Optional[str] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., interactive_ttft_p90_ms: _Optional[float] = ..., interactive_itl_p90_ms: _Optional[float] = ...) -> None: ...
 
 class LoadAdapterRequest(_message.Message):
     __slots__ = ("name", "path")

@@ -139,6 +139,7 @@ class BatchGate:
     """
 
     CUT_EVERY_S = 0.5
+    REPORTED_EVERY_S = 2.0  # the worker's latency window (worker/latency_window.py)
 
     def __init__(self, config: ServiceClassConfig | None = None, clock: Callable[[], float] | None = None) -> None:
         import time
@@ -155,6 +156,7 @@ class BatchGate:
         self.paused = 0
         self.cuts = 0
         self._caps: dict[str, tuple[float, float]] = {}  # address -> (cap, when it was set)
+        self._reported_at: dict[str, float] = {}         # address -> when a worker's report last cut
 
     def cap(self, address: str, share: int) -> float:
         """The controller's cap on batch requests at `address` now (at most `share`)."""
@@ -163,19 +165,19 @@ class BatchGate:
         return min(float(share), grown)
 
     def observe(self, address: str, *, ttft_s: float | None = None, itl_s: float | None = None,
-                share: Callable[[], int]) -> None:
-        """An interactive request's latency on `address`: a miss halves its batch cap."""
+                share: Callable[[], int]) -> bool:
+        """An interactive request's latency on `address`: a miss halves its batch cap. Whether it did."""
         config = self.config
         ttft_miss = ttft_s is not None and config.interactive_ttft_target_ms is not None and \
             ttft_s * 1000 > config.interactive_ttft_target_ms
         itl_miss = itl_s is not None and config.interactive_itl_target_ms is not None and \
             itl_s * 1000 > config.interactive_itl_target_ms
         if not (ttft_miss or itl_miss):
-            return
+            return False
         now = self._clock()
         previous = self._caps.get(address)
         if previous is not None and now - previous[1] < self.CUT_EVERY_S:
-            return
+            return False
         cap = math.floor(self.cap(address, share()) / 2)
         self._caps[address] = (cap, now)
         self.cuts += 1
@@ -187,6 +189,20 @@ class BatchGate:
             self.withdrawn += unstarted
             if self.config.preempt_batch and running - unstarted > cap:
                 self.paused += self._step_aside(self._pausable, address, running - unstarted - cap)
+        return True
+
+    def reported(self, address: str, *, ttft_ms: float, itl_ms: float, share: Callable[[], int]) -> None:
+        """The worker's own P90s of its interactive requests' latency (its Load; 0 = none lately):
+        they steer this router's batch there even when it carries no interactive traffic itself,
+        as a Spark executor's router does not. A report covers the worker's last few seconds, so
+        one miss is taken at most once per `REPORTED_EVERY_S`: the same slow seconds must not
+        halve the cap again with every Load."""
+        last = self._reported_at.get(address)
+        if last is not None and self._clock() - last < self.REPORTED_EVERY_S:
+            return
+        if self.observe(address, ttft_s=ttft_ms / 1000 if ttft_ms else None,
+                        itl_s=itl_ms / 1000 if itl_ms else None, share=share):
+            self._reported_at[address] = self._clock()
 
     @property
     def total(self) -> int:

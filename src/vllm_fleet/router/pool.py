@@ -37,7 +37,7 @@ from vllm_fleet.protocol.types import REQUEST_FORM, WorkerInfo, WorkerLoad
 from vllm_fleet.registry import Registry, WorkerRecord
 from vllm_fleet.router.breaker import CircuitBreaker
 from vllm_fleet.router.cache_routing import CacheRouting
-from vllm_fleet.router.classes import BatchGate
+from vllm_fleet.router.classes import BatchGate, batch_share
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.ejection import OutlierDetector
 from vllm_fleet.router.metrics import RouterMetrics
@@ -248,6 +248,9 @@ class Pool:
         worker.load = load
         worker.load_at = self._clock()
         worker.loads += 1
+        if load.interactive_ttft_p90_ms or load.interactive_itl_p90_ms:
+            self.batch.reported(worker.address, ttft_ms=load.interactive_ttft_p90_ms,
+                                itl_ms=load.interactive_itl_p90_ms, share=lambda: self._batch_share(worker.address))
         self.batch.notify()  # a fresh Load may show slack
         await self._apply_health(worker, load.health)
 
@@ -325,6 +328,10 @@ class Pool:
 
     def worker(self, address: str) -> WorkerState | None:
         return self._workers.get(address)
+
+    def _batch_share(self, address: str) -> int:
+        view = self.snapshot().get(address)
+        return batch_share(view, self.batch.config) if view is not None else 0
 
     def try_acquire(self, address: str, tokens: int) -> Lease | None:
         """Claim `address` for one attempt, or None if it left or its breaker refuses."""

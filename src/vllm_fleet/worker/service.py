@@ -38,6 +38,7 @@ from vllm_fleet.worker.adapters import AdapterRegistry, HeldAdapter
 from vllm_fleet.worker.engines.base import Engine, SampleDelta
 from vllm_fleet.worker.watch.engine_watch import EngineWatch, StallBounds
 from vllm_fleet.worker.metrics import WorkerMetrics
+from vllm_fleet.worker.latency_window import LatencyWindow
 from vllm_fleet.worker.mux import MuxCall, MuxOutbox
 from vllm_fleet.worker.prepare import PreparedInput, prepare_input
 from vllm_fleet.worker.request_stream import Deltas, Ended, Failed, RequestStream, StreamEvent
@@ -67,6 +68,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         # carry it, so routers need no health check beside their Load polls.
         self.health = "NOT_SERVING"
         self.active: dict[str, _Active] = {}
+        self.latency = LatencyWindow()  # interactive requests' recent TTFT and gaps, for the Load
         self.idle = asyncio.Event()
         self.idle.set()
         # Engine progress, noted by the pumps and judged by the server's monitor.
@@ -185,12 +187,17 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         active = self._open(request_id)
         active.events = events
         outcome = "error"
+        # Interactive requests' token times feed the Load's latency report; batch stays out of it.
+        last_tokens_at: dict[int, float] | None = None if request.hints.service_class == "batch" else {}
         try:
             self._start_inputs(request_id, request, prepared, active, events, adapter)
             while stream.open_inputs:
                 match await _next_event(events, stream.next_deadline(), loop):
                     case Deltas(index, deltas):
-                        chunks = stream.on_deltas(index, deltas, loop.time())
+                        now = loop.time()
+                        if last_tokens_at is not None:
+                            self._note_latency(last_tokens_at, index, deltas, started, now)
+                        chunks = stream.on_deltas(index, deltas, now)
                         if index in stream.cut_inputs:  # ended early at a stop string (stop_resume.py)
                             _cancel_pump(active, f"{request_id}-{index}")
                     case Ended(index, aborted):
@@ -211,6 +218,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self.metrics.requests.labels(outcome).inc()
             self.metrics.e2e.observe(loop.time() - started)
             await self._close(request_id, active, all_done=(outcome == "ok"))
+
+    def _note_latency(self, last_tokens_at: dict[int, float], index: int, deltas: list, started: float,
+                      now: float) -> None:
+        count = max((len(d.token_ids) for d in deltas), default=0)  # samples of an input step together
+        if not count:
+            return
+        previous = last_tokens_at.get(index)
+        if previous is None:
+            self.latency.first_token(now - started)
+        else:
+            self.latency.tokens(now - previous, count)
+        last_tokens_at[index] = now
 
     def _start_inputs(self, request_id: str, request: GenerateRequest, prepared: list[PreparedInput],
                       active: _Active, events: asyncio.Queue[StreamEvent], adapter: HeldAdapter | None) -> None:
@@ -309,6 +328,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         load.adapters = self.adapters.names()
         load.max_adapters = self.adapters.slots
         load.health = self.health
+        load.interactive_ttft_p90_ms = self.latency.ttft_p90_ms()
+        load.interactive_itl_p90_ms = self.latency.itl_p90_ms()
         return load
 
     async def KvEvents(self, request: pb.KvEventsRequest,
