@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -66,3 +67,19 @@ async def test_spark_run_refuses_an_output_schema_without_a_json_form(mock_pair,
 
     assert done.returncode == 2
     assert "output_schema field photo is binary, which has no JSON form" in done.stderr
+
+
+async def test_spark_run_shows_rows_tokens_and_an_eta_while_one_partition_runs(mock_worker_factory, tmp_path):
+    # One input file, one partition: Spark's own progress would say "0/1 tasks" until the end.
+    # Two rows at a time at 20 tokens/s: the job runs for seconds, reported every half second.
+    worker = await mock_worker_factory.start(mock_tokens_per_s=20, mock_ttft_ms=1)
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"slow question {i}"}) + "\n" for i in range(24)))
+    done = await run_cli("--input", str(source), "--output", str(tmp_path / "out.parquet"), "--max-tokens", "5",
+                         "--max-in-flight", "2", "--workers", worker.address)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    shown = [int(m.group(1)) for m in re.finditer(r"rows (\d+)/24 \(\d+%\)  [\d.]+ rows/s  \d+ tokens/s  ETA ",
+                                                   done.stderr)]
+    assert shown and shown[-1] == 24, done.stderr[-2000:]
+    assert any(0 < rows < 24 for rows in shown), "rows counted while the one task ran"

@@ -2,7 +2,8 @@
 
     vllm-fleet spark-run --input prompts.jsonl --output out.parquet --workers 127.0.0.1:50051 --max-tokens 64
 
-Shows task progress from Spark's status tracker while the job runs, then a summary: rows,
+Shows progress while the job runs (rows done of the input's, rows/s, output tokens/s, an ETA,
+reported live by the executors: spark/progress.py; and Spark's tasks), then a summary: rows,
 errors, output tokens and tokens/s. Exit status 0 when every row was answered, 1 when some
 rows carry an error (the output is written either way), 2 for configuration errors.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from vllm_fleet.config import add_options
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.spark.config import SparkGenerateConfig, build_config
+from vllm_fleet.spark.progress import ProgressListener, progress_line
 
 READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 PROGRESS_INTERVAL_S = 0.5
@@ -42,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     job.add_argument("--param", action="append", default=[], metavar="KEY=JSON",
                      help='Any other sampling parameter, e.g. --param top_p=0.9 --param stop=\'["\\n"]\'')
     job.add_argument("--router", default=None, metavar="JSON", help='RouterConfig fields, e.g. \'{"max_attempts": 3}\'')
-    add_options(job, SparkGenerateConfig, skip=("workers", "params", "router"))
+    add_options(job, SparkGenerateConfig, skip=("workers", "params", "router", "progress_address"))
     parser.set_defaults(handler=run)
 
 
@@ -60,10 +62,17 @@ def run(args: argparse.Namespace) -> int:
         frame = session.read.format(reader)
         if reader == "csv":
             frame = frame.option("header", "true")
-        answered = plan(frame.load(args.input), config)
-        started = time.monotonic()
-        with Progress(session.sparkContext):
-            answered.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(args.output)
+        prompts = frame.load(args.input)
+        total_rows = prompts.count()  # for the ETA: one cheap pass over the input
+        # Executors reach the driver at spark.driver.host (Spark's own traffic does).
+        listener = ProgressListener(session.sparkContext.getConf().get("spark.driver.host", "127.0.0.1"))
+        try:
+            answered = plan(prompts, config.model_copy(update={"progress_address": listener.address}))
+            started = time.monotonic()
+            with Progress(session.sparkContext, listener, total_rows):
+                answered.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(args.output)
+        finally:
+            listener.close()
         return summarize(session, args.output, time.monotonic() - started)
     finally:
         session.stop()
@@ -115,11 +124,15 @@ def spark_session(args: argparse.Namespace):
 
 
 class Progress:
-    """A one-line progress bar of the running stages' tasks, polled from the status tracker."""
+    """One line, rewritten every half second: rows, rows/s, tokens/s and ETA from the executors'
+    reports, then the running stages' tasks from Spark's status tracker."""
 
-    def __init__(self, context, stream=sys.stderr) -> None:
+    def __init__(self, context, listener: ProgressListener, total_rows: int, stream=sys.stderr) -> None:
         self.tracker = context.statusTracker()
+        self.listener = listener
+        self.total_rows = total_rows
         self.stream = stream
+        self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -130,20 +143,24 @@ class Progress:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._show()  # the last tasks' final reports
         self.stream.write("\n")
 
     def _loop(self) -> None:
         while not self._stop.wait(PROGRESS_INTERVAL_S):
-            done = total = 0
-            for stage_id in self.tracker.getActiveStageIds():
-                info = self.tracker.getStageInfo(stage_id)
-                if info is not None:
-                    done, total = done + info.numCompletedTasks, total + info.numTasks
-            if total:
-                width = 30
-                filled = int(width * done / total)
-                self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} tasks")
-                self.stream.flush()
+            self._show()
+
+    def _show(self) -> None:
+        done = total = 0
+        for stage_id in self.tracker.getActiveStageIds():
+            info = self.tracker.getStageInfo(stage_id)
+            if info is not None:
+                done, total = done + info.numCompletedTasks, total + info.numTasks
+        line = progress_line(self.listener.totals(), self.total_rows, time.monotonic() - self._started)
+        if total:
+            line += f"  [{done}/{total} tasks]"
+        self.stream.write(f"\r{line}\x1b[K")  # \x1b[K: clear what a longer line left
+        self.stream.flush()
 
 
 def summarize(session, output: str, elapsed_s: float) -> int:

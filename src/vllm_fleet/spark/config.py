@@ -57,6 +57,9 @@ class SparkGenerateConfig(FleetModel):
         "batch", description="batch: rows run in the capacity interactive traffic leaves idle and step aside for it "
         "(router/classes.py); interactive: rows compete with chat users as equals")
     connect_timeout_s: float = Field(30.0, gt=0, description="How long an executor (and the driver check) waits for a serving worker")
+    progress_address: str | None = Field(
+        None, description="host:port of a progress listener on the driver (spark-run sets it): each task sends its "
+        "rows and tokens done there every half second (spark/progress.py)")
     router: dict[str, Any] = Field(default_factory=dict, description="RouterConfig fields (policy, max_attempts, ...)")
     ledger_path: str | None = Field(
         None, description="Answer ledger: a directory every executor can write (a shared mount); rows already "

@@ -32,6 +32,7 @@ from vllm_fleet.spark.config import SparkGenerateConfig
 from vllm_fleet.spark.ledger import TaskLedger, index_for
 from vllm_fleet.spark.output_schema import parse_output_schema
 from vllm_fleet.spark.partition import PartitionRun
+from vllm_fleet.spark.progress import ProgressReporter
 from vllm_fleet.spark.rows import RowResult, result_arrays, result_names
 from vllm_fleet.spark.sessions import answer_sessions, group_turns
 from vllm_fleet.spark.typed_rows import typed_arrays
@@ -138,13 +139,15 @@ def answer_partition(batches: Iterator[pa.RecordBatch], config: dict[str, Any]) 
     answerer = Answerer(router, settings)
     task_key = _task_key()
     ledger = TaskLedger(index_for(settings.ledger_path), _task_name()) if settings.ledger_path else None
+    progress = ProgressReporter(settings.progress_address, task_key)
     try:
         if settings.sessions:
-            yield from _answer_sessions(batches, answerer, settings, columns, ledger)
+            yield from _answer_sessions(batches, answerer, settings, columns, ledger, progress)
         else:
-            yield from _answer_rows(batches, PartitionRun(answerer, settings, task_key, ledger), settings, columns,
-                                    ledger)
+            yield from _answer_rows(batches, PartitionRun(answerer, settings, task_key, ledger, progress), settings,
+                                    columns, ledger)
     finally:
+        progress.close()
         if ledger is not None:
             ledger.close()
             logger.info("ledger %s: task %s: %d rows replayed from the ledger, %d generated", settings.ledger_path,
@@ -178,7 +181,8 @@ def _synced(batch: pa.RecordBatch, ledger: TaskLedger | None) -> pa.RecordBatch:
 
 
 def _answer_sessions(batches: Iterator[pa.RecordBatch], answerer: Answerer, settings: SparkGenerateConfig,
-                     columns: ResultColumns, ledger: TaskLedger | None) -> Iterator[pa.RecordBatch]:
+                     columns: ResultColumns, ledger: TaskLedger | None,
+                     progress: ProgressReporter) -> Iterator[pa.RecordBatch]:
     # A session may span Arrow batches, so the partition is read whole before its turns run.
     table = pa.Table.from_batches(list(batches))
     if table.num_rows == 0:
@@ -190,6 +194,8 @@ def _answer_sessions(batches: Iterator[pa.RecordBatch], answerer: Answerer, sett
     if ledger is not None:
         ledger.sync()
     ordered = [results.get(i) or RowResult.failed("internal error: no result") for i in range(table.num_rows)]
+    for result in ordered:  # a partition's sessions end together: counted then
+        progress.row_done(error=result.error is not None, tokens=result.completion_tokens or 0)
     for batch in table.combine_chunks().to_batches():
         yield columns.add(batch, ordered[:batch.num_rows])
         ordered = ordered[batch.num_rows:]

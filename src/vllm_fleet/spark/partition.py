@@ -15,6 +15,7 @@ from vllm_fleet.spark.answerer import Answerer
 from vllm_fleet.spark.batcher import MicroBatcher, PendingRow
 from vllm_fleet.spark.config import SparkGenerateConfig
 from vllm_fleet.spark.ledger import TaskLedger
+from vllm_fleet.spark.progress import ProgressReporter
 from vllm_fleet.spark.rows import RowResult, batch_request_id, request_id_for, to_input
 
 
@@ -22,9 +23,10 @@ class PartitionRun:
     """Answers the rows of one partition; `task_key` makes request ids unique per task."""
 
     def __init__(self, answerer: Answerer, config: SparkGenerateConfig, task_key: str,
-                 ledger: TaskLedger | None = None) -> None:
+                 ledger: TaskLedger | None = None, progress: ProgressReporter | None = None) -> None:
         self.answerer = answerer
         self.ledger = ledger
+        self.progress = progress
         self.config = config
         self.task_key = task_key
         self.batcher = MicroBatcher(
@@ -53,6 +55,9 @@ class PartitionRun:
             futures.append(future)
         self._position += len(values)
         self.batcher.flush()  # the end of this Arrow batch: no point waiting for more rows
+        if self.progress is not None:  # each row as it finishes: an Arrow batch may take an hour
+            for future in futures:
+                future.add_done_callback(functools.partial(_count, self.progress))
         return list(await asyncio.gather(*futures))
 
     async def _send(self, batch: list[PendingRow]) -> None:
@@ -76,6 +81,12 @@ def _record(ledger: TaskLedger, request_id: str, future: asyncio.Future[RowResul
     loses only the rows still in flight."""
     if not future.cancelled():
         ledger.record(request_id, future.result())
+
+
+def _count(progress: ProgressReporter, future: asyncio.Future[RowResult]) -> None:
+    if not future.cancelled():
+        result = future.result()
+        progress.row_done(error=result.error is not None, tokens=result.completion_tokens or 0)
 
 
 def _done(result: RowResult) -> asyncio.Future[RowResult]:
