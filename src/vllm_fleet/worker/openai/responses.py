@@ -64,11 +64,19 @@ def chat_fields(responses_fields: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+# Responses text parts, which vLLM's chat renderer reads as text parts (renderers/chat_utils.py) but
+# ChatCompletionRequest's content-part types do not admit.
+_TEXT_PARTS = ("input_text", "output_text")
+
+
 def _plain(message: Any) -> Any:
-    """vLLM's conversion may keep pydantic objects inside messages (a tool call's function)."""
+    """vLLM's conversion may keep pydantic objects inside messages (a tool call's function); text
+    parts become chat's {"type": "text"}, which the renderer reads alike."""
     if hasattr(message, "model_dump"):
-        return message.model_dump(exclude_none=True)
+        return _plain(message.model_dump(exclude_none=True))
     if isinstance(message, dict):
+        if message.get("type") in _TEXT_PARTS and isinstance(message.get("text"), str):
+            return {"type": "text", "text": message["text"]}
         return {key: _plain(value) for key, value in message.items()}
     if isinstance(message, list):
         return [_plain(value) for value in message]
