@@ -71,16 +71,19 @@ class ResponsesHandler:
         messages = [{"role": "user", "content": items}] if isinstance(items, str) else items
         forwarded = responses_fields.engine_body(body)
         max_tokens = body.get("max_output_tokens")
-        limits = [x for x in (self.config.max_tokens_limit, _context(self.router, body["model"])) if x is not None]
-        if isinstance(max_tokens, int) and limits and max_tokens > min(limits):
-            raise bad_request(f"max_output_tokens={max_tokens} is above the limit of {min(limits)} for this model",
-                              param="max_output_tokens")
         tier = body.get("service_tier") or "auto"
-        if tier not in SERVICE_TIERS:
+        if not isinstance(tier, str) or tier not in SERVICE_TIERS:
             raise bad_request(f"service_tier must be one of {', '.join(SERVICE_TIERS)}", param="service_tier")
         priority = body.get("priority") or 0
-        if not isinstance(priority, int):
-            raise bad_request("priority must be an integer", param="priority")
+        if not isinstance(priority, int) or isinstance(priority, bool) or not -2**63 <= priority < 2**63:
+            raise bad_request("priority must be a 64-bit integer", param="priority")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                       or not 1 <= max_tokens < 2**31):
+            raise bad_request("max_output_tokens must be a positive integer", param="max_output_tokens")
+        limits = [x for x in (self.config.max_tokens_limit, _context(self.router, body["model"])) if x is not None]
+        if max_tokens is not None and limits and max_tokens > min(limits):
+            raise bad_request(f"max_output_tokens={max_tokens} is above the limit of {min(limits)} for this model",
+                              param="max_output_tokens")
         session = call.http.headers.get("x-session-id", "") or body.get("session_id") or body.get("user") or ""
         return GenerateRequest(
             request_id=call.worker_request_id, inputs=[GenerateInput(messages=messages)],
@@ -182,6 +185,9 @@ def _parse(raw: bytes) -> dict:
         raise bad_request("input: a string or a non-empty list of input items is required", param="input")
     if not isinstance(body.get("stream", False), (bool, type(None))):
         raise bad_request("stream must be a boolean", param="stream")
+    for name in ("request_id", "session_id", "user"):
+        if not isinstance(body.get(name) or "", str):
+            raise bad_request(f"{name} must be a string", param=name)
     return body
 
 
