@@ -17,9 +17,9 @@ tool_choice {type: function, name} → {type: function, function: {name}}; reaso
 reasoning_effort; a trailing partial assistant message → continue_final_message. Fields the
 fleet does not honour are refused by the gateway's table (gateway/fields.py, "responses").
 
-vLLM names used (both 0.26 and 0.32): vllm.entrypoints.openai.responses.protocol.ResponsesRequest,
-vllm.entrypoints.openai.responses.utils.construct_input_messages; should_continue_final_message
-only where present (0.32), else no partial-message continuation.
+vLLM names used (checked on 0.32; not yet checked against the 0.26 wheel): vllm.entrypoints.openai.
+responses.protocol.ResponsesRequest, vllm.entrypoints.openai.responses.utils.construct_input_messages;
+should_continue_final_message only where present, else no partial-message continuation.
 """
 
 from __future__ import annotations
