@@ -6,6 +6,7 @@
     GET  /v1/models[/{model}]    models of the fleet (key)
     POST /v1/chat/completions    (key)
     POST /v1/completions         (key)
+    POST /v1/responses           OpenAI's Responses API, stateless (key; gateway/responses.py)
     GET  /metrics                Prometheus (admin key when keys are configured)
     GET  /dashboard              status page: static HTML/JS (no auth; it holds no data)
     GET  /dashboard/state.json   the page's data (admin key when keys are configured)
@@ -42,6 +43,7 @@ from vllm_fleet.gateway.dashboard import Dashboard
 from vllm_fleet.gateway.keys import KeyRecord, KeyStore
 from vllm_fleet.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from vllm_fleet.gateway.openapi import openapi_document
+from vllm_fleet.gateway.responses import ResponsesHandler
 from vllm_fleet.gateway.siblings import Siblings
 from vllm_fleet.logs import request_id_var
 from vllm_fleet.registry import Registry
@@ -66,6 +68,7 @@ class GatewayApp:
         self.completions = CompletionHandler(router, config, self.metrics)
         self.dashboard = Dashboard(router, registry, self.metrics.totals, siblings)
         self.adapter_admin = AdapterAdmin(router, config)
+        self.responses = ResponsesHandler(router, config, self.metrics)
         self.batches = BatchApi(self.completions, config, metrics_registry)
         self._openapi = Response.json(openapi_document(config))
         self._routes: dict[tuple[str, str], Route] = {
@@ -75,6 +78,7 @@ class GatewayApp:
             ("GET", "/v1/models"): Route("key", self._models),
             ("POST", "/v1/chat/completions"): Route("key", self.completions.chat),
             ("POST", "/v1/completions"): Route("key", self.completions.completion),
+            ("POST", "/v1/responses"): Route("key", self.responses.create),
             ("GET", "/metrics"): Route("admin", self._metrics),
             ("GET", "/dashboard"): Route("none", self.dashboard.page),
             ("GET", "/dashboard/app.js"): Route("none", self.dashboard.script),
@@ -217,7 +221,7 @@ class GatewayApp:
         return Response(200, await self.metrics.render_gateway(), CONTENT_TYPE.encode())
 
 
-_GENERATE = ("/v1/chat/completions", "/v1/completions")
+_GENERATE = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 _ENDPOINTS = (*_GENERATE, "/v1/files", "/v1/batches", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json",
               "/dashboard", "/dashboard/state.json")
 _REASON = {400: "invalid_request", 404: "unknown_model", 413: "body_too_large", 429: "rate_limited",

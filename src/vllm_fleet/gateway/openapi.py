@@ -124,6 +124,15 @@ def _with_table(schema: dict, endpoint: str) -> dict:
     return schema
 
 
+def _responses_schema() -> dict:
+    """/v1/responses: its field table (gateway/responses_fields.py); vLLM's ResponsesRequest judges the rest."""
+    from vllm_fleet.gateway.responses_fields import RESPONSES
+
+    properties = {name: {"description": f"{rule.kind.value}: {rule.why}"} for name, rule in RESPONSES.items()}
+    properties["model"] = {"type": "string", "minLength": 1, "description": properties["model"]["description"]}
+    return {"type": "object", "required": ["model", "input"], "properties": properties, "additionalProperties": False}
+
+
 def openapi_document(config: GatewayConfig) -> dict:
     """The document for this gateway: routes need a key only when a keys file is configured."""
     auth = config.api_key_file is not None
@@ -132,6 +141,7 @@ def openapi_document(config: GatewayConfig) -> dict:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = _with_table(schema, endpoint)
+    schemas["ResponsesRequest"] = _responses_schema()
     not_ready = {"503": {"description": "Fewer serving workers than required",
                          "content": {"application/json": {"schema": {"type": "object"}}}}}
     forbidden = {"403": {"description": "The key is not an admin key",
@@ -144,6 +154,7 @@ def openapi_document(config: GatewayConfig) -> dict:
         "paths": {
             "/v1/chat/completions": _generation("Create a chat completion", "ChatCompletionRequest", "chat.completion", auth),
             "/v1/completions": _generation("Create a completion", "CompletionRequest", "text_completion", auth),
+            "/v1/responses": _generation("Create a response (stateless)", "ResponsesRequest", "response", auth),
             "/v1/models": _get("List models", auth=auth),
             "/v1/models/{model}": {"get": {
                 **_get("Retrieve a model", auth=auth, codes=("404",))["get"],

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
     VllmRequest = ChatCompletionRequest | CompletionRequest
 
-ENDPOINTS = ("chat", "completion")
+# "responses": a Responses API body, read by vLLM's ResponsesRequest and run as chat (responses.py).
+ENDPOINTS = ("chat", "completion", "responses")
 # Fields the envelope carries; a body that has them is refused, so no field has two values.
 ENVELOPE_FIELDS = {"messages": "the inputs", "prompt": "the inputs", "n": "GenerateRequest.n",
                    "priority": "GenerateRequest.priority"}
@@ -49,7 +50,12 @@ def request_fields(request: GenerateRequest, item: GenerateInput) -> dict[str, A
     for name, carrier in ENVELOPE_FIELDS.items():
         if name in fields:
             raise InvalidRequestError(f"the request body carries {name!r}; it travels in {carrier}", param=name)
-    if endpoint == "chat":
+    if endpoint == "responses":
+        if item.messages is None:
+            raise InvalidRequestError("a responses request needs its input items as the input's messages",
+                                      param="input")
+        fields["input"] = item.messages
+    elif endpoint == "chat":
         if item.messages is None:
             raise InvalidRequestError("a chat request needs messages as its input", param="messages")
         fields["messages"] = item.messages
@@ -72,14 +78,23 @@ def build_vllm_request(request: GenerateRequest, item: GenerateInput) -> VllmReq
     from pydantic import ValidationError
 
     fields = request_fields(request, item)
-    if request.body.endpoint == "chat":
+    if request.body.endpoint == "responses":
+        from vllm_fleet.worker.openai.responses import chat_fields
+
+        try:
+            fields = chat_fields(fields)
+        except ValidationError as exc:
+            raise validation_error(exc, "input") from None
+        except vllm_error_types() as exc:
+            raise invalid_request(exc) from None
+    if request.body.endpoint in ("chat", "responses"):
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as model
     else:
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest as model
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
-        raise validation_error(exc, "messages" if request.body.endpoint == "chat" else "prompt") from None
+        raise validation_error(exc, "prompt" if request.body.endpoint == "completion" else "messages") from None
     except vllm_error_types() as exc:  # a validator that raised vLLM's own error (0.32)
         raise invalid_request(exc) from None
 

@@ -1,0 +1,209 @@
+"""POST /v1/responses: OpenAI's Responses API through the fleet's routing, failover, migration and limits.
+
+    body (413) → JSON object with model and input (400) → responses_fields.check (400: unknown or
+    refused fields, e.g. previous_response_id, store: true) → GenerateRequest with endpoint
+    "responses" → router.stream (404 unknown model; 429/503 before the first chunk) → 200, the
+    whole response object or the Responses event stream.
+
+The gateway stays thin: the input items travel as the input's messages, the other engine fields
+in the body; the worker reads them with vLLM's ResponsesRequest and runs vLLM's conversion to a
+chat request (worker/openai/responses.py), so tools, text.format and the chat template keep vLLM's
+meaning and the tool-call parser runs there. The router migrates the stream like any chat stream
+after a worker dies; a constrained one (text.format, a forced tool_choice) cannot continue
+exactly: a whole answer starts over once, a stream ends with an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+
+import orjson
+
+from vllm_fleet.errors import MigrationUnsupportedError
+from vllm_fleet.gateway import forward, responses_fields
+from vllm_fleet.gateway.api_error import bad_request, from_exception
+from vllm_fleet.gateway.asgi import Response, StreamResponse
+from vllm_fleet.gateway.call import Call
+from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.metrics import GatewayMetrics
+from vllm_fleet.gateway.responses_output import ResponsesOutput
+from vllm_fleet.protocol.sampling import is_constrained
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RoutingHints
+from vllm_fleet.router import RoutedStream, Router
+from vllm_fleet.router.classes import SERVICE_TIERS
+
+logger = logging.getLogger(__name__)
+
+# Request fields the response object repeats, with OpenAI's defaults.
+_ECHOED = {"instructions": None, "max_output_tokens": None, "temperature": None, "top_p": None, "tools": [],
+           "tool_choice": "auto", "parallel_tool_calls": True, "text": {"format": {"type": "text"}},
+           "metadata": None, "reasoning": None, "truncation": "disabled", "service_tier": "auto"}
+
+
+class ResponsesHandler:
+    def __init__(self, router: Router, config: GatewayConfig, metrics: GatewayMetrics) -> None:
+        self.router = router
+        self.config = config
+        self.metrics = metrics
+
+    async def create(self, call: Call) -> Response | StreamResponse:
+        record = call.record
+        body = _parse(await call.http.read_body(self.config.max_body_bytes))
+        record.model = body["model"]
+        record.stream = bool(body.get("stream"))
+        request = self._request(body, call)
+        named = body.get("request_id") if "x-request-id" not in call.http.headers else None
+        output = ResponsesOutput("resp_" + (named or record.request_id), body["model"],
+                                 {name: body.get(name, default) for name, default in _ECHOED.items()})
+        stream = self._open(request, body["model"], call.key_id)
+        if record.stream:
+            return await self._streamed(request, stream, output, call)
+        output = await self._whole(request, stream, output, call)
+        return Response.json(output.response())
+
+    def _request(self, body: dict, call: Call) -> GenerateRequest:
+        items = body["input"]
+        # A string input is vLLM's one user message; the envelope carries it as that item.
+        messages = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        forwarded = responses_fields.engine_body(body)
+        max_tokens = body.get("max_output_tokens")
+        tier = body.get("service_tier") or "auto"
+        if not isinstance(tier, str) or tier not in SERVICE_TIERS:
+            raise bad_request(f"service_tier must be one of {', '.join(SERVICE_TIERS)}", param="service_tier")
+        priority = body.get("priority") or 0
+        if not isinstance(priority, int) or isinstance(priority, bool) or not -2**63 <= priority < 2**63:
+            raise bad_request("priority must be a 64-bit integer", param="priority")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                       or not 1 <= max_tokens < 2**31):
+            raise bad_request("max_output_tokens must be a positive integer", param="max_output_tokens")
+        limits = [x for x in (self.config.max_tokens_limit, _context(self.router, body["model"])) if x is not None]
+        if max_tokens is not None and limits and max_tokens > min(limits):
+            raise bad_request(f"max_output_tokens={max_tokens} is above the limit of {min(limits)} for this model",
+                              param="max_output_tokens")
+        session = call.http.headers.get("x-session-id", "") or body.get("session_id") or body.get("user") or ""
+        return GenerateRequest(
+            request_id=call.worker_request_id, inputs=[GenerateInput(messages=messages)],
+            body=forward.request_body("responses", forwarded), n=1, priority=priority, session_id=str(session),
+            stream_interval_ms=self.config.stream_interval_ms, constrained=_constrained(forwarded),
+            hints=RoutingHints(max_tokens=max_tokens, service_class=SERVICE_TIERS[tier]))
+
+    def _open(self, request: GenerateRequest, model: str, key: str | None) -> RoutedStream:
+        loop = asyncio.get_running_loop()
+        return self.router.stream(request, model=model, key=key, deadline=loop.time() + self.config.request_timeout_s)
+
+    async def _whole(self, request: GenerateRequest, stream: RoutedStream, output: ResponsesOutput,
+                     call: Call) -> ResponsesOutput:
+        try:
+            await self._collect(stream, output, call)
+        except MigrationUnsupportedError as exc:
+            # Nothing reached the client yet, so the answer can start over, whole, once.
+            logger.warning("restarting the response from scratch: %s", exc,
+                           extra={"request_id": call.record.request_id})
+            again = dataclasses.replace(request, request_id=f"{request.request_id}-again")
+            output = ResponsesOutput(output.response_id, output.model, output.echo)
+            await self._collect(self.router.stream(again, model=output.model, key=stream.key,
+                                                   deadline=stream.deadline), output, call)
+        output.finish()
+        return output
+
+    async def _collect(self, stream: RoutedStream, output: ResponsesOutput, call: Call) -> None:
+        try:
+            async for chunk in stream:
+                if call.record.ttft_s is None:
+                    call.record.ttft_s = time.perf_counter() - call.record.started
+                output.add(chunk)
+        finally:
+            await stream.aclose()
+            self._settle(stream, output, call)
+
+    async def _streamed(self, request: GenerateRequest, stream: RoutedStream, output: ResponsesOutput,
+                        call: Call) -> StreamResponse:
+        iterator = aiter(stream)
+        try:
+            # The first chunk before the 200, so that admission and routing failures keep their status.
+            first = await anext(iterator)
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await stream.aclose()
+            self._settle(stream, output, call)
+            raise
+        return StreamResponse(self._events(stream, iterator, first, output, call))
+
+    async def _events(self, stream: RoutedStream, iterator, first, output: ResponsesOutput, call: Call):
+        try:
+            for event in output.start():
+                yield _sse(event)
+            if first is not None:
+                call.record.ttft_s = time.perf_counter() - call.record.started
+                for event in output.add(first):
+                    yield _sse(event)
+                async for chunk in iterator:
+                    for event in output.add(chunk):
+                        yield _sse(event)
+            for event in output.finish():
+                yield _sse(event)
+        except Exception as exc:  # after the 200 went out, errors travel in the stream
+            error = from_exception(exc)
+            call.record.error = f"{error.status} {error.message}"
+            logger.warning("response stream failed after its start: %s", exc,
+                           extra={"request_id": call.record.request_id})
+            yield _sse({"type": "error", "sequence_number": output.next_sequence_number, "code": error.code or error.type,
+                        "message": error.message, "param": error.param})
+        finally:
+            await stream.aclose()
+            self._settle(stream, output, call)
+
+    def _settle(self, stream: RoutedStream, output: ResponsesOutput, call: Call) -> None:
+        record, metrics, model = call.record, self.metrics, output.model
+        record.worker, record.attempts, record.migrations = stream.worker, stream.attempts, stream.migrations
+        record.prompt_tokens, record.completion_tokens = output.prompt_tokens, output.completion_tokens
+        if output.prompt_tokens:
+            metrics.child(metrics.tokens, model, "prompt").inc(output.prompt_tokens)
+        if output.completion_tokens:
+            metrics.child(metrics.tokens, model, "completion").inc(output.completion_tokens)
+        if record.ttft_s is not None:
+            metrics.child(metrics.ttft, model).observe(record.ttft_s)
+
+
+def _parse(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_type")
+    responses_fields.check(body)
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise bad_request("model: a model name is required", param="model")
+    items = body.get("input")
+    if not (isinstance(items, str) or (isinstance(items, list) and items and all(isinstance(i, dict) for i in items))):
+        raise bad_request("input: a string or a non-empty list of input items is required", param="input")
+    if not isinstance(body.get("stream", False), (bool, type(None))):
+        raise bad_request("stream must be a boolean", param="stream")
+    for name in ("request_id", "session_id", "user"):
+        if not isinstance(body.get(name) or "", str):
+            raise bad_request(f"{name} must be a string", param=name)
+    return body
+
+
+def _context(router: Router, model: str) -> int | None:
+    info = router.model_info(model)
+    return info.max_model_len if info is not None else None
+
+
+def _constrained(forwarded: dict) -> bool:
+    """Whether decoding follows a grammar (text.format, structured_outputs, a forced tool_choice):
+    such a stream cannot continue elsewhere after its first token."""
+    text_format = (forwarded.get("text") or {}).get("format") if isinstance(forwarded.get("text"), dict) else None
+    choice = forwarded.get("tool_choice")
+    return is_constrained({"response_format": text_format, "structured_outputs": forwarded.get("structured_outputs"),
+                           "tool_choice": choice if forwarded.get("tools") else None})
+
+
+def _sse(event: dict) -> bytes:
+    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
