@@ -214,3 +214,15 @@ def test_the_worker_process_alone_counts_as_engine_work_only_shortly_after_the_e
     cpu.core += 0.4
     clock.now += TICK
     assert engine_cpu.advanced()          # a slow engine step is still work
+
+
+def test_an_engine_without_child_processes_is_judged_by_the_worker_process_alone():
+    clock, own = Clock(), [10.0]
+    engine_cpu = EngineCpu(own_counts_for_s=8.0, read=lambda: (own[0], {}), clock=clock)
+    engine_cpu.advanced()
+    for _ in range(40):                   # the mock engine, working in the worker process
+        clock.now += TICK
+        own[0] += 0.3
+        assert engine_cpu.advanced()
+    clock.now += TICK
+    assert not engine_cpu.advanced()      # and idle
