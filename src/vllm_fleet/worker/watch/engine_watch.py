@@ -31,7 +31,8 @@ busy, if it was idle):
   Only prompts held when the silence began (or within `JOIN_STEP_S` after it: the step under way
   may have been scheduled just after the output the worker last noted) count: a request that
   arrives later cannot be in that step, so a stream of new requests arriving at a hung engine
-  does not push its detection back (benchmarks/stall_arrivals.py measured it: #28).
+  does not push its detection back (#28; tests/chaos/test_stall_arrivals.py checks it on the real
+  engine, benchmarks/stall_arrivals.py measures it against the arrival rate).
   The default (10 s per 1,000 prompt tokens: an engine that prefills only 100 tokens/s) is meant
   to be slower than any engine we run, so it only delays detection while prompts are pending and
   does not cut a prefill short; raise it for a slower engine. A request whose first step waits
