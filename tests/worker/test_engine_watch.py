@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_fleet.config import WorkerConfig
+from vllm_fleet.worker.watch.engine_cpu import EngineCpu
 from vllm_fleet.worker.watch.engine_watch import EngineWatch, StallBounds
 
 TICK = 0.5
@@ -145,3 +146,83 @@ def test_an_engine_using_cpu_gets_the_busy_bound_and_a_stopped_one_does_not():
         clock.now += TICK
         busy.check(TICK, engine_busy=True)
     assert busy.stall is not None and busy.stall.bound_s == BOUNDS.busy_max_s
+
+
+def test_requests_arriving_during_a_stall_do_not_push_its_detection_back():
+    """New requests at a hung engine, long prompts included, cannot be in the step it hangs in:
+    they add no prefill allowance, so the verdict comes when it would with none arriving (#28)."""
+    clock = Clock()
+    quiet, crowded = watch_with(clock), watch_with(clock)
+    for watch in (quiet, crowded):
+        watch.submitted("a-0", 5)
+    for _ in range(20):               # the same steps, at the same times, for both
+        clock.now += 0.05
+        quiet.produced("a-0")
+        crowded.produced("a-0")
+    verdicts = {}
+    arrivals = 0
+    while len(verdicts) < 2 and clock.now < 2000:
+        clock.now += TICK
+        for _ in range(10):           # 20 requests a second, 2,000-token prompts
+            arrivals += 1
+            crowded.submitted(f"new{arrivals}-0", 2000)
+        for name, watch in (("quiet", quiet), ("crowded", crowded)):
+            if name not in verdicts and watch.check(TICK) is not None:
+                verdicts[name] = clock.now
+    assert verdicts["crowded"] == verdicts["quiet"]
+    assert crowded.stall.bound_s == quiet.stall.bound_s == BOUNDS.floor_s
+
+
+def test_a_request_that_may_have_joined_the_step_under_way_keeps_its_prefill_allowance():
+    clock = Clock()
+    watch = watch_with(clock)
+    watch.submitted("old-0", 10)
+    run_steps(watch, clock, ["old-0"], steps=20, step_s=0.05)
+    decode_bound = watch.bound_s()
+    clock.now += 0.1                  # just after the last output: the next step may hold it
+    watch.submitted("long-0", 2000)
+    assert watch.bound_s() == pytest.approx(decode_bound + BOUNDS.prefill_s_per_1k * 2.0)
+
+
+class FakeCpu:
+    """CPU seconds of the worker process and of its EngineCore child, advanced by hand."""
+
+    def __init__(self) -> None:
+        self.own, self.core = 10.0, 50.0
+
+    def __call__(self) -> tuple[float, dict[int, float]]:
+        return self.own, {4242: self.core}
+
+
+def test_the_worker_process_alone_counts_as_engine_work_only_shortly_after_the_engine_worked():
+    clock, cpu = Clock(), FakeCpu()
+    engine_cpu = EngineCpu(own_counts_for_s=8.0, read=cpu, clock=clock)
+    engine_cpu.advanced()
+    clock.now += TICK
+    cpu.core += 0.4                       # the engine steps
+    assert engine_cpu.advanced()
+    # Then the EngineCore stops; the worker process keeps rendering new requests.
+    busy_ticks = 0
+    for _ in range(60):
+        clock.now += TICK
+        cpu.own += 0.3
+        busy_ticks += engine_cpu.advanced()
+    assert busy_ticks == int(8.0 / TICK)  # output processing right after a step still counts ...
+    clock.now += TICK
+    cpu.own += 0.3
+    assert not engine_cpu.advanced()      # ... but not for ever: the short bound applies again
+    cpu.core += 0.4
+    clock.now += TICK
+    assert engine_cpu.advanced()          # a slow engine step is still work
+
+
+def test_an_engine_without_child_processes_is_judged_by_the_worker_process_alone():
+    clock, own = Clock(), [10.0]
+    engine_cpu = EngineCpu(own_counts_for_s=8.0, read=lambda: (own[0], {}), clock=clock)
+    engine_cpu.advanced()
+    for _ in range(40):                   # the mock engine, working in the worker process
+        clock.now += TICK
+        own[0] += 0.3
+        assert engine_cpu.advanced()
+    clock.now += TICK
+    assert not engine_cpu.advanced()      # and idle

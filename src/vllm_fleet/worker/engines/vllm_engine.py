@@ -26,6 +26,7 @@ from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.engines.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
 from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
+from vllm_fleet.worker.engines.vllm_version import check_vllm_version
 from vllm_fleet.worker.kv_relay import KvRelay
 from vllm_fleet.worker.openai.errors import invalid_request, vllm_error_types
 from vllm_fleet.worker.openai.render import VllmRenderer
@@ -148,6 +149,9 @@ class VllmEngine(Engine):
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KV_CACHE_GB)
         if self.config.cpu_cores is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
+        import vllm
+
+        check_vllm_version(vllm.__version__)   # before the engine's own imports can fail obscurely
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

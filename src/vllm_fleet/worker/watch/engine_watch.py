@@ -28,6 +28,11 @@ busy, if it was idle):
   caught within the floor plus one tick (≤ 4.5 s).
 - A long prefill is not a stall: while a held request has produced nothing yet, its prompt may be
   in the very step the others wait on, so the bound grows with those prompts' tokens, uncapped.
+  Only prompts held when the silence began (or within `JOIN_STEP_S` after it: the step under way
+  may have been scheduled just after the output the worker last noted) count: a request that
+  arrives later cannot be in that step, so a stream of new requests arriving at a hung engine
+  does not push its detection back (#28; tests/chaos/test_stall_arrivals.py checks it on the real
+  engine, benchmarks/stall_arrivals.py measures it against the arrival rate).
   The default (10 s per 1,000 prompt tokens: an engine that prefills only 100 tokens/s) is meant
   to be slower than any engine we run, so it only delays detection while prompts are pending and
   does not cut a prefill short; raise it for a slower engine. A request whose first step waits
@@ -55,6 +60,7 @@ from vllm_fleet.config import WorkerConfig
 
 STEP_WINDOW_S = 30.0   # how far back step times count
 SAME_STEP_S = 0.002    # outputs closer than this belong to one engine step
+JOIN_STEP_S = 0.25     # a request submitted this soon after the silence began may be in its step
 LATE_TICK_S = 1.0      # a check this much later than its interval was starved: not judged
 
 
@@ -89,6 +95,7 @@ class Stall:
 @dataclass(slots=True)
 class _Held:
     prompt_tokens: int
+    submitted_at: float
     produced: bool = False
 
 
@@ -108,9 +115,10 @@ class EngineWatch:
     # --- what the service notes ---------------------------------------------------------
 
     def submitted(self, engine_id: str, prompt_tokens: int) -> None:
+        now = self._clock()
         if not self._held:
-            self._since = self._clock()
-        self._held[engine_id] = _Held(prompt_tokens)
+            self._since = now
+        self._held[engine_id] = _Held(prompt_tokens, now)
 
     def produced(self, engine_id: str) -> None:
         """The engine gave output for `engine_id` (one delta batch)."""
@@ -145,7 +153,8 @@ class EngineWatch:
         b = self.bounds
         step = self.step_s()
         bound = min(b.max_s, max(b.floor_s, b.step_factor * step))
-        pending = sum(h.prompt_tokens for h in self._held.values() if not h.produced)
+        joined_by = self._since + JOIN_STEP_S   # later arrivals cannot be in the step under way
+        pending = sum(h.prompt_tokens for h in self._held.values() if not h.produced and h.submitted_at <= joined_by)
         if pending:
             bound += b.prefill_s_per_1k * pending / 1000
         if not self._ever_produced:
