@@ -125,6 +125,8 @@ class CacheRouting:
             return list(item.token_ids)
         if self.tokenizers is None or model is None or item.resume_token_ids:
             return None
+        if request.body.endpoint == "messages":  # Anthropic's messages: only the worker converts them (vLLM)
+            return None
         body = json.loads(request.body.body_json)
         if item.messages is not None:
             return self.tokenizers.ids_for(model, body, messages=item.messages)
