@@ -26,7 +26,7 @@ async def http(gateway):
 
 async def test_create_answers_a_message_with_usage(client):
     message = await client.messages.create(model=MODEL_A, max_tokens=7, messages=USER, system="Be brief.",
-                                           metadata={"user_id": "u1"},
+                                           metadata={"user_id": "u1"}, thinking={"type": "disabled"},
                                            # This SDK release no longer names the sampling fields; the API has them.
                                            extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 20})
     assert (message.type, message.role, message.model) == ("message", "assistant", MODEL_A)

@@ -46,7 +46,7 @@ FIELDS: dict[str, openai_fields.Rule] = {
     "tools": _rule(_Kind.ENGINE, "tool definitions (input_schema), for the chat template and the tool parser"),
     "tool_choice": _rule(_Kind.ENGINE, "auto/any/tool/none; any and tool constrain decoding (no migration "
                                        "after the first token)"),
-    "thinking": _rule(_Kind.ENGINE, "needs a worker with a reasoning parser; refused by the worker otherwise"),
+    "thinking": _rule(_Kind.ENGINE, "enabled/adaptive need a worker with a reasoning parser (refused by the worker otherwise)"),
     "output_config": _rule(_Kind.ENGINE, "format: a JSON schema for the answer (constrained); effort: the "
                                          "template's reasoning_effort"),
     "cache_salt": _rule(_Kind.ENGINE, "vLLM extension"),

@@ -12,8 +12,8 @@ Inline system messages: vLLM merges them into the leading system prompt when the
 template refuses a system message after the first (it renders [system, user, system, user] to
 find out). We ask the same question of vLLM's detector with this engine's template.
 
-`thinking` needs a reasoning parser (the answer's thinking blocks come from it): a worker without
-one refuses the field by name. `thinking: {"type": "disabled"}` is sent to the template as
+`thinking` enabled or adaptive needs a reasoning parser (the answer's thinking blocks come from
+it): a worker without one refuses the field by name. `thinking: {"type": "disabled"}` is sent to the template as
 reasoning_effort "none" (vLLM probes the template for a fallback to "low"; we do not).
 
 vLLM names used: `vllm.entrypoints.anthropic.protocol.AnthropicMessagesRequest`,
@@ -47,7 +47,10 @@ def chat_request_from_messages(fields: dict[str, Any], *, tokenizer: Any, has_re
     from vllm_fleet.worker.openai.request import validation_error
 
     converter, model = _vllm_converter()
-    if fields.get("thinking") is not None and not has_reasoning_parser:
+    thinking = fields.get("thinking")
+    # "disabled" asks for no thinking, which a model without a reasoning parser honours as it is.
+    if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled") \
+            and not has_reasoning_parser:
         raise InvalidRequestError("thinking is not supported by this worker: it runs no reasoning parser "
                                   "(start it with one, e.g. --reasoning-parser, for a model that thinks)",
                                   param="thinking")
