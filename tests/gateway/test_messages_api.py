@@ -90,3 +90,12 @@ async def test_bad_input_gets_anthropics_error_body_then_a_good_answer(http, nam
     assert error["error"]["type"] == expected and words in error["error"]["message"]
     good = await http.post("/v1/messages", json={"model": MODEL_A, "max_tokens": 2, "messages": USER})
     assert good.status_code == 200 and good.json()["content"][0]["text"]
+
+
+async def test_count_tokens_is_the_prompt_an_answer_reports(client):
+    counted = await client.messages.count_tokens(model=MODEL_A, messages=USER, system="Be brief.")
+    message = await client.messages.create(model=MODEL_A, max_tokens=2, messages=USER, system="Be brief.")
+    assert counted.input_tokens == message.usage.input_tokens > 0
+    longer = await client.messages.count_tokens(model=MODEL_A, system="Be brief.", messages=[
+        *USER, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "tell me more about it"}])
+    assert longer.input_tokens > counted.input_tokens

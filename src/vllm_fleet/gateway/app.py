@@ -7,6 +7,7 @@
     POST /v1/chat/completions    (key)
     POST /v1/completions         (key)
     POST /v1/messages            Anthropic's Messages API (key, also as x-api-key; gateway/anthropic/)
+    POST /v1/messages/count_tokens
     GET  /metrics                Prometheus (admin key when keys are configured)
     GET  /dashboard              status page: static HTML/JS (no auth; it holds no data)
     GET  /dashboard/state.json   the page's data (admin key when keys are configured)
@@ -79,6 +80,7 @@ class GatewayApp:
             ("POST", "/v1/chat/completions"): Route("key", self.completions.chat),
             ("POST", "/v1/completions"): Route("key", self.completions.completion),
             ("POST", "/v1/messages"): Route("key", self.messages.messages),
+            ("POST", "/v1/messages/count_tokens"): Route("key", self.messages.count_tokens),
             ("GET", "/metrics"): Route("admin", self._metrics),
             ("GET", "/dashboard"): Route("none", self.dashboard.page),
             ("GET", "/dashboard/app.js"): Route("none", self.dashboard.script),

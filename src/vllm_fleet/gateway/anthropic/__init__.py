@@ -10,6 +10,6 @@ from vllm_fleet.gateway.anthropic.errors import anthropic_response
 from vllm_fleet.gateway.anthropic.handler import MessagesHandler
 
 # Routes whose errors are Anthropic's shape (app.py).
-PATHS = frozenset(("/v1/messages",))
+PATHS = frozenset(("/v1/messages", "/v1/messages/count_tokens"))
 
 __all__ = ["PATHS", "MessagesHandler", "anthropic_response"]

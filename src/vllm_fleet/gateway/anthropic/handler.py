@@ -56,6 +56,31 @@ class MessagesHandler:
             return await self._streamed(plan, stream, record, response_id)
         return Response.json(await self._whole(plan, stream, record, response_id))
 
+    async def count_tokens(self, call: Call) -> Response:
+        """POST /v1/messages/count_tokens: the prompt's tokens as a worker renders it. The worker
+        protocol has no render-only call, so the worker runs the request for one token; its prefill
+        also leaves the prompt in that worker's prefix cache for the request that usually follows."""
+        record = call.record
+        body = await call.http.read_body(self.config.max_body_bytes)
+        parsed, raw = messages_request.parse(body, messages_request.CountTokensRequest, messages_request.COUNT_FIELDS)
+        record.model = parsed.model
+        info = self.router.model_info(parsed.model)
+        request = messages_request.count_request(
+            parsed, raw, request_id=call.worker_request_id, session_id=call.http.headers.get("x-session-id", ""),
+            config=self.config, max_model_len=info.max_model_len if info is not None else None)
+        plan = MessagesPlan(request=request, model=parsed.model, stream=False, stop_sequences=())
+        message = WholeMessage("", parsed.model, ())
+        stream = self._open(plan, call.key_id)
+        try:
+            async for chunk in stream:
+                message.usage.add(chunk)
+        finally:
+            await stream.aclose()
+            self._settle(plan, stream, record, message.usage)
+        tokens = message.usage.prompt
+        # vLLM's answer: the count, and the same count as context_management's original count.
+        return Response.json({"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}})
+
     def _open(self, plan: MessagesPlan, key: str | None) -> RoutedStream:
         loop = asyncio.get_running_loop()
         return self.router.stream(plan.request, model=plan.model, key=key,

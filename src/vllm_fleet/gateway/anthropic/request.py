@@ -61,6 +61,12 @@ FIELDS: dict[str, openai_fields.Rule] = {
     "return_mm_kwargs": _rule(_Kind.REFUSED, _NO_MM),
 }
 
+# POST /v1/messages/count_tokens: vLLM's AnthropicCountTokensRequest. The count is the prompt's tokens
+# as a worker renders it: the worker runs the request with max_tokens 1 (see handler.py).
+COUNT_FIELDS: dict[str, openai_fields.Rule] = {
+    name: FIELDS[name] for name in ("model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
+                                    "chat_template_kwargs")}
+
 # Content block types vLLM's conversion reads; image and document are refused by name.
 _BLOCK_TYPES = ("text", "tool_use", "tool_result", "tool_reference", "thinking", "redacted_thinking",
                 "tool_addition", "tool_removal")
@@ -112,6 +118,16 @@ class MessagesRequest(BaseModel):
     system: str | list[dict[str, Any]] | None = Field(None, description="System prompt: text or text blocks")
 
 
+class CountTokensRequest(BaseModel):
+    """POST /v1/messages/count_tokens (what the gateway reads; the other fields are judged by COUNT_FIELDS)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str = Field(min_length=1, max_length=512, description="Model whose tokenizer and template count")
+    messages: list[MessageIn] = Field(min_length=1, description="The conversation to count")
+    system: str | list[dict[str, Any]] | None = Field(None, description="System prompt: text or text blocks")
+
+
 def _check_block(block: Any) -> None:
     if not isinstance(block, dict):
         raise ValueError("a content block must be an object")
@@ -139,14 +155,15 @@ class MessagesPlan:
     stop_sequences: tuple[str, ...]   # to tell a matched stop string from a stop token
 
 
-def parse(body: bytes) -> tuple[MessagesRequest, dict[str, Any]]:
+def parse(body: bytes, schema: type[BaseModel] = MessagesRequest,
+          table: dict[str, openai_fields.Rule] = FIELDS) -> tuple[Any, dict[str, Any]]:
     """The validated model and the raw JSON object; 400s name the field."""
     try:
-        parsed = MessagesRequest.model_validate_json(body)
+        parsed = schema.model_validate_json(body)
     except ValidationError as exc:
         raise _schema_error(exc) from None
     for name, value in (parsed.model_extra or {}).items():
-        rule = FIELDS.get(name)
+        rule = table.get(name)
         if rule is None:
             raise bad_request(f"unknown field '{name}'", param=name, code="unknown_field")
         if rule.kind is _Kind.REFUSED and value is not None and value != rule.default:
@@ -190,6 +207,18 @@ def plan(parsed: MessagesRequest, raw: dict[str, Any], *, request_id: str, sessi
     stops = engine.get("stop_sequences") or ()
     return MessagesPlan(request=request, model=parsed.model, stream=bool(parsed.stream),
                         stop_sequences=tuple(s for s in stops if isinstance(s, str)))
+
+
+def count_request(parsed: CountTokensRequest, raw: dict[str, Any], *, request_id: str, session_id: str,
+                  config: GatewayConfig, max_model_len: int | None) -> GenerateRequest:
+    """The worker request that counts: the Messages request with max_tokens 1, whose usage
+    reports the prompt's tokens as the worker rendered them (the same conversion and template)."""
+    engine = {name: value for name, value in raw.items()
+              if COUNT_FIELDS.get(name) is not None and COUNT_FIELDS[name].kind is _Kind.ENGINE and value is not None}
+    count = MessagesRequest(model=parsed.model, max_tokens=1, messages=parsed.messages)
+    counted = plan(count, {**engine, "messages": raw["messages"], "max_tokens": 1}, request_id=request_id,
+                   session_id=session_id, config=config, max_model_len=max_model_len)
+    return counted.request
 
 
 def _is_constrained(engine: dict[str, Any]) -> bool:
