@@ -41,6 +41,9 @@ async def test_create_with_system_blocks_answers_paris(client, gateway):
     assert message.content[0].type == "text" and "Paris" in text
     assert message.stop_reason in ("end_turn", "max_tokens")
     assert message.usage.input_tokens > 5 and 0 < message.usage.output_tokens <= 16
+    counted = await client.messages.count_tokens(model=model_of(gateway), messages=FRANCE,
+                                                 system=[{"type": "text", "text": "You are a helpful assistant."}])
+    assert counted.input_tokens == message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
 
 
 async def test_stop_sequence_is_reported(client, gateway):
