@@ -32,8 +32,8 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from vllm_fleet.gateway.access_log import RequestRecord, request_id_from
 from vllm_fleet.gateway import anthropic
+from vllm_fleet.gateway.access_log import RequestRecord, request_id_from
 from vllm_fleet.gateway.adapters import AdapterAdmin, adapter_card, adapter_cards
 from vllm_fleet.gateway.api_error import ApiError, from_exception, unauthorized
 from vllm_fleet.gateway.asgi import ClientGone, HttpRequest, Response, until_disconnect
