@@ -18,7 +18,8 @@ reasoning_effort "none" (vLLM probes the template for a fallback to "low"; we do
 
 vLLM names used: `vllm.entrypoints.anthropic.protocol.AnthropicMessagesRequest`,
 `vllm.entrypoints.anthropic.serving.AnthropicServingMessages.to_chat_completion_request` and
-its `_detect_merge_inline_system` (vLLM 0.32). A vLLM without them (older releases) refuses the
+its `_detect_merge_inline_system` (vLLM 0.32). A vLLM without them, or whose converter is not a
+classmethod (releases before 0.32 are not checked: the GPU machine's 0.26 may be one), refuses the
 endpoint with a message that says so; a vLLM whose converter takes fewer keyword arguments gets
 only those it takes.
 """
@@ -85,8 +86,10 @@ def _vllm_converter() -> tuple[Any, Any]:
     except ImportError as exc:
         raise InvalidRequestError(f"this worker's vLLM has no Anthropic Messages support ({exc}); use "
                                   "/v1/chat/completions", param="model") from None
+    # A classmethod in 0.32: usable without vLLM's HTTP server. Elsewhere it is not ours to call.
+    static = inspect.getattr_static(AnthropicServingMessages, "to_chat_completion_request", None)
     converter = getattr(AnthropicServingMessages, "to_chat_completion_request", None)
-    if converter is None:
+    if not isinstance(static, classmethod):
         raise InvalidRequestError("this worker's vLLM cannot convert Anthropic Messages requests; use "
                                   "/v1/chat/completions", param="model")
     return converter, AnthropicMessagesRequest
