@@ -7,6 +7,8 @@
     POST /v1/chat/completions    (key)
     POST /v1/completions         (key)
     POST /v1/responses           OpenAI's Responses API, stateless (key; gateway/responses.py)
+    POST /v1/messages            Anthropic's Messages API (key, also as x-api-key; gateway/anthropic/)
+    POST /v1/messages/count_tokens
     GET  /metrics                Prometheus (admin key when keys are configured)
     GET  /dashboard              status page: static HTML/JS (no auth; it holds no data)
     GET  /dashboard/state.json   the page's data (admin key when keys are configured)
@@ -31,6 +33,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
+from vllm_fleet.gateway import anthropic
 from vllm_fleet.gateway.access_log import RequestRecord, request_id_from
 from vllm_fleet.gateway.adapters import AdapterAdmin, adapter_card, adapter_cards
 from vllm_fleet.gateway.api_error import ApiError, from_exception, unauthorized
@@ -66,6 +69,7 @@ class GatewayApp:
         # siblings: the other processes of `--processes N`; /metrics and the dashboard answer for all.
         self.metrics = GatewayMetrics(router, metrics_registry, siblings)
         self.completions = CompletionHandler(router, config, self.metrics)
+        self.messages = anthropic.MessagesHandler(router, config, self.metrics)
         self.dashboard = Dashboard(router, registry, self.metrics.totals, siblings)
         self.adapter_admin = AdapterAdmin(router, config)
         self.responses = ResponsesHandler(router, config, self.metrics)
@@ -79,6 +83,8 @@ class GatewayApp:
             ("POST", "/v1/chat/completions"): Route("key", self.completions.chat),
             ("POST", "/v1/completions"): Route("key", self.completions.completion),
             ("POST", "/v1/responses"): Route("key", self.responses.create),
+            ("POST", "/v1/messages"): Route("key", self.messages.messages),
+            ("POST", "/v1/messages/count_tokens"): Route("key", self.messages.count_tokens),
             ("GET", "/metrics"): Route("admin", self._metrics),
             ("GET", "/dashboard"): Route("none", self.dashboard.page),
             ("GET", "/dashboard/app.js"): Route("none", self.dashboard.script),
@@ -128,7 +134,8 @@ class GatewayApp:
                 logger.error("request failed: %s", exc, exc_info=error.status == 500,
                              extra={"request_id": record.request_id})
             record.error = error.message
-            response = Response.error(error)
+            # Anthropic's clients read Anthropic's error body on its routes.
+            response = anthropic.anthropic_response(error) if http.path in anthropic.PATHS else Response.error(error)
         record.status = response.status
         await response.send(send, extra)
 
@@ -154,9 +161,11 @@ class GatewayApp:
             return None
         header = http.headers.get("authorization", "")
         scheme, _, presented = header.partition(" ")
+        if not header and http.headers.get("x-api-key"):  # how Anthropic's clients send the key
+            scheme, presented = "bearer", http.headers["x-api-key"]
         if scheme.lower() != "bearer" or not presented.strip():
             self.metrics.reject("missing_key")
-            raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+            raise unauthorized("missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')")
         record: KeyRecord | None = self.keys.authenticate(presented.strip())
         if record is None:
             self.metrics.reject("invalid_key")
@@ -221,7 +230,7 @@ class GatewayApp:
         return Response(200, await self.metrics.render_gateway(), CONTENT_TYPE.encode())
 
 
-_GENERATE = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+_GENERATE = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 _ENDPOINTS = (*_GENERATE, "/v1/files", "/v1/batches", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json",
               "/dashboard", "/dashboard/state.json")
 _REASON = {400: "invalid_request", 404: "unknown_model", 413: "body_too_large", 429: "rate_limited",

@@ -44,6 +44,11 @@ class UsageTally:
         return sum(self._prompt.values())
 
     @property
+    def cached(self) -> int:
+        """Prompt tokens read from the prefix cache, once per input."""
+        return sum(self._cached.values())
+
+    @property
     def completion(self) -> int:
         return sum(self._completion_of(key) for key in self._seen.keys() | self._reported.keys())
 

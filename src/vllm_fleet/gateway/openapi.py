@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from vllm_fleet import __version__
 from vllm_fleet.gateway import fields
+from vllm_fleet.gateway.anthropic import openapi as anthropic_openapi
 from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -142,6 +143,7 @@ def openapi_document(config: GatewayConfig) -> dict:
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = _with_table(schema, endpoint)
     schemas["ResponsesRequest"] = _responses_schema()
+    schemas.update(anthropic_openapi.schemas())
     not_ready = {"503": {"description": "Fewer serving workers than required",
                          "content": {"application/json": {"schema": {"type": "object"}}}}}
     forbidden = {"403": {"description": "The key is not an admin key",
@@ -155,6 +157,7 @@ def openapi_document(config: GatewayConfig) -> dict:
             "/v1/chat/completions": _generation("Create a chat completion", "ChatCompletionRequest", "chat.completion", auth),
             "/v1/completions": _generation("Create a completion", "CompletionRequest", "text_completion", auth),
             "/v1/responses": _generation("Create a response (stateless)", "ResponsesRequest", "response", auth),
+            "/v1/messages": anthropic_openapi.path(auth),
             "/v1/models": _get("List models", auth=auth),
             "/v1/models/{model}": {"get": {
                 **_get("Retrieve a model", auth=auth, codes=("404",))["get"],

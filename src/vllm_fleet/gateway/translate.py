@@ -172,3 +172,6 @@ def _check_lengths(estimate: int, max_tokens: int | None, config: GatewayConfig,
 
 
 __all__ = ["Plan", "chat_plan", "completion_plan", "parse_body"]
+
+# The same limits for every generation endpoint (anthropic/request.py reads them too).
+check_lengths = _check_lengths

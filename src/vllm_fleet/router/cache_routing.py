@@ -127,6 +127,8 @@ class CacheRouting:
             return None
         if request.body.endpoint == "responses":
             return None  # Responses input items become messages by vLLM's conversion, on the worker only
+        if request.body.endpoint == "messages":  # Anthropic's messages: only the worker converts them (vLLM)
+            return None
         body = json.loads(request.body.body_json)
         if item.messages is not None:
             return self.tokenizers.ids_for(model, body, messages=item.messages)

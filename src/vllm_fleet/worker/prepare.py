@@ -119,7 +119,9 @@ async def _with_vllm(engine: Engine, request: GenerateRequest, item: GenerateInp
     from vllm_fleet.worker.openai.parsing import adjust_request, is_chat_request
     from vllm_fleet.worker.openai.request import build_vllm_request
 
-    vllm_request = build_vllm_request(request, item)
+    vllm_request = build_vllm_request(
+        request, item, tokenizer=engine.tokenizer,
+        has_reasoning_parser=getattr(engine.parser_cls, "reasoning_parser_cls", None) is not None)
     chat = is_chat_request(vllm_request)
     if chat:
         _refuse_request_template(vllm_request)

@@ -53,6 +53,8 @@ async def subset_input(engine: Engine, request: GenerateRequest, item: GenerateI
     from vllm_fleet.worker.openai.request import request_fields
     from vllm_fleet.worker.prepare import PreparedInput
 
+    if request.body.endpoint == "messages":  # its meaning is vLLM's conversion (openai/messages.py)
+        raise InvalidRequestError("the Messages API needs vLLM installed on the worker", param="model")
     fields = request_fields(request, item)
     unknown = sorted(set(fields) - set(SUBSET) - {"messages", "prompt", "n", "priority"})
     if unknown:

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     VllmRequest = ChatCompletionRequest | CompletionRequest
 
 # "responses": a Responses API body, read by vLLM's ResponsesRequest and run as chat (responses.py).
-ENDPOINTS = ("chat", "completion", "responses")
+# "messages": Anthropic's Messages body, read by openai/messages.py.
+ENDPOINTS = ("chat", "completion", "responses", "messages")
 # Fields the envelope carries; a body that has them is refused, so no field has two values.
 ENVELOPE_FIELDS = {"messages": "the inputs", "prompt": "the inputs", "n": "GenerateRequest.n",
                    "priority": "GenerateRequest.priority"}
@@ -55,9 +56,9 @@ def request_fields(request: GenerateRequest, item: GenerateInput) -> dict[str, A
             raise InvalidRequestError("a responses request needs its input items as the input's messages",
                                       param="input")
         fields["input"] = item.messages
-    elif endpoint == "chat":
+    elif endpoint in ("chat", "messages"):
         if item.messages is None:
-            raise InvalidRequestError("a chat request needs messages as its input", param="messages")
+            raise InvalidRequestError(f"a {endpoint} request needs messages as its input", param="messages")
         fields["messages"] = item.messages
     else:
         if item.messages is not None:
@@ -70,14 +71,21 @@ def request_fields(request: GenerateRequest, item: GenerateInput) -> dict[str, A
     return fields
 
 
-def build_vllm_request(request: GenerateRequest, item: GenerateInput) -> VllmRequest:
+def build_vllm_request(request: GenerateRequest, item: GenerateInput, *, tokenizer: Any = None,
+                       has_reasoning_parser: bool = False) -> VllmRequest:
     """vLLM's ChatCompletionRequest or CompletionRequest for one input; vLLM's validators run.
+    An Anthropic Messages body becomes a ChatCompletionRequest by vLLM's conversion (messages.py),
+    which reads the engine's chat template (`tokenizer`) and whether it has a reasoning parser.
 
     Raises InvalidRequestError naming the field vLLM refused.
     """
     from pydantic import ValidationError
 
     fields = request_fields(request, item)
+    if request.body.endpoint == "messages":
+        from vllm_fleet.worker.openai.messages import chat_request_from_messages
+
+        return chat_request_from_messages(fields, tokenizer=tokenizer, has_reasoning_parser=has_reasoning_parser)
     if request.body.endpoint == "responses":
         from vllm_fleet.worker.openai.responses import chat_fields
 
