@@ -88,7 +88,8 @@ class EngineConfig(FleetModel):
         "vllm", description="Engine: 'vllm' (the real engine) or 'mock' (a named stand-in for control-plane tests)"
     )
     model: str | None = Field(
-        None, description="HF model id (e.g. Qwen/Qwen3.5-9B) or local folder; default: the packaged SmolLM2-135M-Instruct"
+        None, description="HF model id (e.g. Qwen/Qwen3.5-9B) or local folder; default: the packaged SmolLM2-135M-Instruct; "
+                          "'all-minilm-l6-v2': the packaged embedding model (pooling endpoints)"
     )
     served_model_name: str | None = Field(None, description="Name clients use for this model (default: derived from --model)")
     tokenizer: str | None = Field(None, description="Tokenizer id or folder, if not the model's own")
