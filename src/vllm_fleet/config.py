@@ -157,6 +157,10 @@ class EngineConfig(FleetModel):
     mock_script: str | None = Field(
         None, description="Mock engine: a text file every answer is (tokenized with --mock-tokenizer; resumes continue it)"
     )
+    mock_pooling: bool = Field(
+        False, description="Mock engine: be an embedding model's stand-in (serves only /v1/embeddings, hash-derived "
+        "vectors, answered after --mock-ttft-ms) instead of generating"
+    )
     mock_stall_file: str | None = Field(
         None, description="Mock engine (test double of a wedged engine): while this file exists, running requests "
         "produce nothing and stay running, and the worker process stays up"
