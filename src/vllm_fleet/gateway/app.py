@@ -223,7 +223,8 @@ class GatewayApp:
 
 
 _GENERATE = ("/v1/chat/completions", "/v1/completions")
-_ENDPOINTS = (*_GENERATE, *POOLING_PATHS, "/v1/files", "/v1/batches", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json",
+_ENDPOINTS = (*_GENERATE, *POOLING_PATHS,
+              "/v1/files", "/v1/batches", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json",
               "/dashboard", "/dashboard/state.json")
 _REASON = {400: "invalid_request", 404: "unknown_model", 413: "body_too_large", 429: "rate_limited",
            503: "no_worker"}
