@@ -118,3 +118,16 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+async def vllm_pooling_worker():
+    """A real vLLM worker with the packaged embedding model (all-MiniLM-L6-v2, 22M parameters:
+    ~1 GB, starts in ~25 s), shared by every pooling test of the session."""
+    args, env = vllm_worker_args("1", "--model", "all-minilm-l6-v2", "--max-model-len", "256")
+    worker = WorkerProcess(args, env).start()
+    try:
+        await worker.wait_serving(VLLM_START_TIMEOUT_S)
+        yield worker
+    finally:
+        worker.stop()

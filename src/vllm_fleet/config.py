@@ -88,7 +88,8 @@ class EngineConfig(FleetModel):
         "vllm", description="Engine: 'vllm' (the real engine) or 'mock' (a named stand-in for control-plane tests)"
     )
     model: str | None = Field(
-        None, description="HF model id (e.g. Qwen/Qwen3.5-9B) or local folder; default: the packaged SmolLM2-135M-Instruct"
+        None, description="HF model id (e.g. Qwen/Qwen3.5-9B) or local folder; default: the packaged SmolLM2-135M-Instruct; "
+                          "'all-minilm-l6-v2': the packaged embedding model (pooling endpoints)"
     )
     served_model_name: str | None = Field(None, description="Name clients use for this model (default: derived from --model)")
     tokenizer: str | None = Field(None, description="Tokenizer id or folder, if not the model's own")
@@ -155,6 +156,10 @@ class EngineConfig(FleetModel):
     )
     mock_script: str | None = Field(
         None, description="Mock engine: a text file every answer is (tokenized with --mock-tokenizer; resumes continue it)"
+    )
+    mock_pooling: bool = Field(
+        False, description="Mock engine: be an embedding model's stand-in (serves only /v1/embeddings, hash-derived "
+        "vectors, answered after --mock-ttft-ms) instead of generating"
     )
     mock_stall_file: str | None = Field(
         None, description="Mock engine (test double of a wedged engine): while this file exists, running requests "

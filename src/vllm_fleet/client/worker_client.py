@@ -1,4 +1,5 @@
-"""Async client for one worker: generate (an async iterator of chunks), abort, info, load, health,
+"""Async client for one worker: generate (an async iterator of chunks), pool (a pooling request:
+embeddings, score, ...), abort, info, load, health,
 its LoRA adapters (load_adapter, unload_adapter, list_adapters), the streams a router follows:
 its Loads (loads) and its engine's KV-cache events (kv_events), and its model's tokenizer files
 (tokenizer_files).
@@ -29,6 +30,7 @@ from vllm_fleet.errors import KvEventsUnsupportedError, TokenizerFilesError, Wor
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import adapters_from_pb, chunk_from_pb, info_from_pb, load_from_pb, request_to_pb
 from vllm_fleet.protocol.kv_events import KvEventBatch, batch_from_pb
+from vllm_fleet.protocol.pooling import PoolRequest, PoolResult
 from vllm_fleet.protocol.tokenizer_files import FileAssembler
 from vllm_fleet.protocol.types import Adapter, Chunk, GenerateRequest, WorkerInfo, WorkerLoad
 
@@ -217,6 +219,17 @@ class WorkerClient:
             return load_from_pb(await self._stub.Load(pb.LoadRequest(), timeout=timeout))
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc, self.address) from None
+
+    async def pool(self, request: PoolRequest, *, timeout: float | None = None) -> PoolResult:
+        """One pooling request (protocol/pooling.py), answered whole. Cancelling the await cancels
+        the call, and the worker aborts its engine requests."""
+        message = pb.PoolRequest(request_id=request.request_id, endpoint=request.endpoint,
+                                 body_json=request.body_json, priority=request.priority)
+        try:
+            reply = await self._stub.Pool(message, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc, self.address) from None
+        return PoolResult(body_json=reply.body_json, prompt_tokens=reply.prompt_tokens)
 
     async def load_adapter(self, name: str, path: str, *, timeout: float = 120.0) -> tuple[list[Adapter], int]:
         """Load LoRA adapter `name` from `path` (a folder on the worker's machine); the adapters

@@ -14,6 +14,8 @@
     GET  /dashboard/state.json   the page's data (admin key when keys are configured)
     POST /v1/load_lora_adapter   LoRA adapters, in vLLM's shape (admin key; gateway/adapters.py)
     POST /v1/unload_lora_adapter
+    POST /v1/embeddings, /pooling, /score, /rerank, /classify (and vLLM's aliases)
+                                 pooling models, in vLLM's shapes (key; gateway/pooling.py)
     /v1/files, /v1/files/{id}[/content], /v1/batches, /v1/batches/{id}[/cancel]
                                  OpenAI's Batch API, run as the batch class (key; gateway/batch/)
 
@@ -46,6 +48,7 @@ from vllm_fleet.gateway.dashboard import Dashboard
 from vllm_fleet.gateway.keys import KeyRecord, KeyStore
 from vllm_fleet.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from vllm_fleet.gateway.openapi import openapi_document
+from vllm_fleet.gateway.pooling import POOLING_PATHS, PoolingHandler
 from vllm_fleet.gateway.responses import ResponsesHandler
 from vllm_fleet.gateway.siblings import Siblings
 from vllm_fleet.logs import request_id_var
@@ -74,6 +77,7 @@ class GatewayApp:
         self.adapter_admin = AdapterAdmin(router, config)
         self.responses = ResponsesHandler(router, config, self.metrics)
         self.batches = BatchApi(self.completions, config, metrics_registry)
+        self.pooling = PoolingHandler(router, config)
         self._openapi = Response.json(openapi_document(config))
         self._routes: dict[tuple[str, str], Route] = {
             ("GET", "/health"): Route("none", self._health),
@@ -92,6 +96,7 @@ class GatewayApp:
             ("POST", "/v1/load_lora_adapter"): Route("admin", self.adapter_admin.load),
             ("POST", "/v1/unload_lora_adapter"): Route("admin", self.adapter_admin.unload),
             **self.batches.routes(),
+            **self.pooling.routes(),
         }
         # GET /v1/models/{model}: the one route with a path parameter.
         self._model_route = Route("key", self._model)
@@ -231,7 +236,8 @@ class GatewayApp:
 
 
 _GENERATE = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
-_ENDPOINTS = (*_GENERATE, "/v1/files", "/v1/batches", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json",
+_ENDPOINTS = (*_GENERATE, *POOLING_PATHS,
+              "/v1/files", "/v1/batches", "/v1/models", "/health", "/ready", "/metrics", "/openapi.json",
               "/dashboard", "/dashboard/state.json")
 _REASON = {400: "invalid_request", 404: "unknown_model", 413: "body_too_large", 429: "rate_limited",
            503: "no_worker"}

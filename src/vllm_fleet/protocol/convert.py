@@ -185,7 +185,8 @@ def info_to_pb(info: WorkerInfo) -> pb.WorkerInfo:
         model=info.model, max_model_len=info.max_model_len, engine=info.engine, version=info.version,
         engine_version=info.engine_version, settings=info.settings, device=info.device,
         worker_id=info.worker_id, pool=info.pool, request_form=info.request_form,
-        kv_block_size=info.kv_block_size, kv_events=info.kv_events,
+        kv_block_size=info.kv_block_size, kv_events=info.kv_events, tasks=info.tasks,
+        pooling_endpoints=info.pooling_endpoints,
     )
 
 
@@ -194,7 +195,8 @@ def info_from_pb(msg: pb.WorkerInfo) -> WorkerInfo:
         model=msg.model, max_model_len=msg.max_model_len, engine=msg.engine, version=msg.version,
         engine_version=msg.engine_version, settings=dict(msg.settings), device=msg.device,
         worker_id=msg.worker_id, pool=msg.pool, request_form=msg.request_form,
-        kv_block_size=msg.kv_block_size, kv_events=msg.kv_events,
+        kv_block_size=msg.kv_block_size, kv_events=msg.kv_events, tasks=list(msg.tasks),
+        pooling_endpoints=list(msg.pooling_endpoints),
     )
 
 

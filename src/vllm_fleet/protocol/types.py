@@ -192,6 +192,13 @@ class WorkerInfo:
     request_form: int = REQUEST_FORM  # the request form it reads; 0 from a 0.1 worker
     kv_block_size: int = 0     # tokens per KV-cache block; 0 = unknown
     kv_events: bool = False    # KvEvents streams this engine's cache events
+    tasks: list[str] = field(default_factory=list)  # vLLM's supported tasks; [] = generate (older workers)
+    pooling_endpoints: list[str] = field(default_factory=list)  # what Pool takes (pooling.py); [] = none
+
+    @property
+    def generates(self) -> bool:
+        """Serves generation (chat, completions): an older worker, which says no tasks, always does."""
+        return not self.tasks or "generate" in self.tasks
 
 
 @dataclass(slots=True)

@@ -290,7 +290,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "engine", "version", "engine_version", "settings", "device", "worker_id", "pool", "request_form", "kv_block_size", "kv_events")
+    __slots__ = ("model", "max_model_len", "engine", "version", "engine_version", "settings", "device", "worker_id", "pool", "request_form", "kv_block_size", "kv_events", "tasks", "pooling_endpoints")
     class SettingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +310,8 @@ class WorkerInfo(_message.Message):
     REQUEST_FORM_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     engine: str
@@ -322,7 +324,9 @@ class WorkerInfo(_message.Message):
     request_form: int
     kv_block_size: int
     kv_events: bool
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., settings: _Optional[_Mapping[str, str]] = ..., device: _Optional[str] = ..., worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., request_form: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., kv_events: _Optional[bool] = ...) -> None: ...
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    pooling_endpoints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., settings: _Optional[_Mapping[str, str]] = ..., device: _Optional[str] = ..., worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., request_form: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., kv_events: _Optional[bool] = ..., tasks: _Optional[_Iterable[str]] = ..., pooling_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()
@@ -473,3 +477,23 @@ class FileChunk(_message.Message):
     data: bytes
     last: bool
     def __init__(self, name: _Optional[str] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class PoolRequest(_message.Message):
+    __slots__ = ("request_id", "endpoint", "body_json", "priority")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BODY_JSON_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    endpoint: str
+    body_json: bytes
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., body_json: _Optional[bytes] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class PoolResponse(_message.Message):
+    __slots__ = ("body_json", "prompt_tokens")
+    BODY_JSON_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    body_json: bytes
+    prompt_tokens: int
+    def __init__(self, body_json: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...

@@ -84,6 +84,11 @@ class WorkerStub:
                 request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.TokenizerFilesRequest.SerializeToString,
                 response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.FileChunk.FromString,
                 _registered_method=True)
+        self.Pool = channel.unary_unary(
+                '/vllm_fleet.v1.Worker/Pool',
+                request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.PoolRequest.SerializeToString,
+                response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.PoolResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -163,6 +168,15 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pool(self, request, context):
+        """A pooling request (embeddings, pooling, score, rerank, classify) to a worker whose model pools
+        (WorkerInfo.pooling_endpoints): vLLM's request body in, vLLM's response body out. Unary: a
+        pooling answer is whole at once, and idempotent, so a router may send it again elsewhere.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -215,6 +229,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.TokenizerFiles,
                     request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.TokenizerFilesRequest.FromString,
                     response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.FileChunk.SerializeToString,
+            ),
+            'Pool': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pool,
+                    request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.PoolRequest.FromString,
+                    response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.PoolResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -487,6 +506,33 @@ class Worker:
             '/vllm_fleet.v1.Worker/TokenizerFiles',
             vllm__fleet_dot_protocol_dot_worker__pb2.TokenizerFilesRequest.SerializeToString,
             vllm__fleet_dot_protocol_dot_worker__pb2.FileChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vllm_fleet.v1.Worker/Pool',
+            vllm__fleet_dot_protocol_dot_worker__pb2.PoolRequest.SerializeToString,
+            vllm__fleet_dot_protocol_dot_worker__pb2.PoolResponse.FromString,
             options,
             channel_credentials,
             insecure,

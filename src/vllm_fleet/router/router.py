@@ -38,6 +38,8 @@ from vllm_fleet.router.policies import CacheCosts, make_policy
 from vllm_fleet.router.pool import Pool
 from vllm_fleet.router.quota.fleet import FleetQuota
 from vllm_fleet.router.quota.shared_buckets import SharedBucketFile
+from vllm_fleet.protocol.pooling import ENDPOINT_PATHS, PoolRequest
+from vllm_fleet.router.pooling import PoolAnswer, route_pool
 from vllm_fleet.router.snapshot import SERVING, PoolSnapshot
 from vllm_fleet.router.stream import RoutedStream
 
@@ -204,6 +206,7 @@ class Router:
                                       f"{', '.join(SERVICE_CLASSES)}", param="service_class")
         admission = self.config.admission
         request, model = self._resolve_adapter(request, model)
+        self._check_generates(model)
         features = features_of(
             request, model=model, prefix_chars=self.config.prefix_chars,
             default_max_tokens=self.config.default_max_tokens, long_prompt_tokens=admission.long_prompt_tokens,
@@ -211,6 +214,37 @@ class Router:
             class_pool_fallback=admission.class_pool_fallback, ticket=next(self._tickets),
         )
         return RoutedStream(self._context, request, features, key=key, deadline=deadline)
+
+    async def pool(self, request: PoolRequest, *, model: str | None, key: str | None = None,
+                   deadline: float | None = None) -> PoolAnswer:
+        """Route one pooling request (router/pooling.py) to a worker of `model` whose model serves
+        its endpoint, failing over while workers fail it. Raises UnknownModelError for a model no
+        worker serves, InvalidRequestError for a model that does not serve the endpoint (naming
+        its tasks), RateLimitedError, NoWorkerError, or the worker's error."""
+        model = self._resolve_model(model)
+        infos = self._infos(model)
+        serving = {address for address, info in infos.items() if request.endpoint in info.pooling_endpoints}
+        if infos and not serving:
+            path = ENDPOINT_PATHS.get(request.endpoint, request.endpoint)
+            raise InvalidRequestError(f"model {model!r} does not serve {path}: {_task_of(infos)}",
+                                      param="model")
+        return await route_pool(self._context, request, model=model or "", serving=serving, key=key,
+                                deadline=deadline, ticket=next(self._tickets))
+
+    def _infos(self, model: str | None) -> dict[str, WorkerInfo]:
+        """Info of every worker of `model` that answered Info, by address."""
+        infos = {}
+        for view in self._pool.snapshot():
+            worker = self._pool.worker(view.address)
+            if worker is not None and worker.info is not None and worker.info.model == model:
+                infos[view.address] = worker.info
+        return infos
+
+    def _check_generates(self, model: str | None) -> None:
+        """A generation request to a model whose workers only pool is refused, naming its task."""
+        infos = self._infos(model)
+        if infos and not any(info.generates for info in infos.values()):
+            raise InvalidRequestError(f"model {model!r} does not generate text: {_task_of(infos)}", param="model")
 
     def _resolve_adapter(self, request: GenerateRequest, model: str | None) -> tuple[GenerateRequest, str | None]:
         """The model to route to; one that names a LoRA adapter (not a served model) runs as
@@ -232,3 +266,13 @@ class Router:
         if known and model not in known:
             raise UnknownModelError(f"model {model!r} is not served here; available: {', '.join(known)}", model=model)
         return model
+
+
+def _task_of(infos: dict[str, WorkerInfo]) -> str:
+    """What a model's workers do, for a refusal: its vLLM tasks and the endpoints it serves."""
+    tasks = sorted({task for info in infos.values() for task in (info.tasks or ["generate"])})
+    pooling = sorted({e for info in infos.values() for e in info.pooling_endpoints})
+    what = f"its task is {', '.join(tasks)}"
+    if pooling:
+        return what + f"; it serves {', '.join(ENDPOINT_PATHS.get(e, e) for e in pooling)}"
+    return what + "; it serves /v1/chat/completions and /v1/completions"

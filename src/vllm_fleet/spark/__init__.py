@@ -17,6 +17,9 @@ A row whose request failed after retries and failover has `error` set (and no ou
 job itself fails only for configuration errors, which `generate()` raises at once
 (ConfigError) after checking columns and reaching the workers from the driver.
 
+Embeddings: `embed(df, input_col="text", workers=[...])` adds `embedding` (array<float>) from
+workers with a pooling model (embed.py), with the same one-row-in-one-row-out and row errors.
+
 Conversations: `generate(df, prompt_col="text", session_col="chat_id", turn_col="turn", ...)`
 answers each session's turns in order, each with the earlier turns and answers as history, all
 on one worker (session affinity); `collect_sessions(out)` gives one row per session.
@@ -41,11 +44,12 @@ from pyspark.sql.types import StructType
 from vllm_fleet.protocol.sampling import SamplingParams
 from vllm_fleet.spark.config import SparkGenerateConfig, build_config
 from vllm_fleet.spark.driver import check_fleet, collect_sessions, plan
+from vllm_fleet.spark.embed import embed
 from vllm_fleet.spark.ledger import compact_ledger
 from vllm_fleet.spark.streaming import foreach_batch_writer
 
-__all__ = ["SparkGenerateConfig", "check_fleet", "collect_sessions", "compact_ledger", "foreach_batch_writer",
-           "generate"]
+__all__ = ["SparkGenerateConfig", "check_fleet", "collect_sessions", "compact_ledger", "embed",
+           "foreach_batch_writer", "generate"]
 
 
 def generate(df: DataFrame, *, prompt_col: str | None = None, messages_col: str | None = None,

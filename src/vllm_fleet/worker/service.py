@@ -33,6 +33,7 @@ from vllm_fleet.logs import request_id_var
 from vllm_fleet.protocol import PARAM_METADATA_KEY, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import adapters_to_pb, chunk_to_pb, info_to_pb, load_to_pb, request_from_pb
 from vllm_fleet.protocol.kv_events import batch_to_pb
+from vllm_fleet.protocol.pooling import PoolRequest
 from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.adapters import AdapterRegistry, HeldAdapter
 from vllm_fleet.worker.engines.base import Engine, SampleDelta
@@ -152,14 +153,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """Read, admit, validate and stream one request; a refusal or failure raises a typed error
         (a request that cannot be read raises MalformedRequestError: INVALID_ARGUMENT)."""
         request = request_from_pb(request_pb)
-        if self.draining:
-            raise WorkerUnavailableError("worker is draining; send the request to another worker")
-        if not self.engine.healthy:
-            raise WorkerUnavailableError("the engine is not running; try another worker")
-        if self.watch.stall is not None:
-            raise WorkerUnavailableError("the engine stopped making progress; try another worker")
-        if request_id in self.active:
-            raise DuplicateRequestError(f"request {request_id} is already running on this worker")
+        self._check_accepting(request_id)
         try:
             validate_request(request, self.limits, schedules_by_priority=self.engine.schedules_by_priority)
             prepared = [await prepare_input(self.engine, i, request, max_logprobs=self.limits.max_logprobs)
@@ -230,6 +224,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         else:
             self.latency.tokens(now - previous, count)
         last_tokens_at[index] = now
+    def _check_accepting(self, request_id: str) -> None:
+        """Refuse a new request while draining, with a dead or stalled engine, or a repeated id."""
+        if self.draining:
+            raise WorkerUnavailableError("worker is draining; send the request to another worker")
+        if not self.engine.healthy:
+            raise WorkerUnavailableError("the engine is not running; try another worker")
+        if self.watch.stall is not None:
+            raise WorkerUnavailableError("the engine stopped making progress; try another worker")
+        if request_id in self.active:
+            raise DuplicateRequestError(f"request {request_id} is already running on this worker")
 
     def _start_inputs(self, request_id: str, request: GenerateRequest, prepared: list[PreparedInput],
                       active: _Active, events: asyncio.Queue[StreamEvent], adapter: HeldAdapter | None) -> None:
@@ -294,6 +298,43 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 active.events.put_nowait(Failed(0, error))
                 failed.append(request_id)
         return failed
+
+    # ------------------------------------------------------------------------------- Pool
+
+    async def Pool(self, request_pb: pb.PoolRequest, context: grpc.aio.ServicerContext) -> pb.PoolResponse:
+        """One pooling request (embeddings, score, ...), answered whole by the engine's pooling
+        code (worker/pooling.py). Concurrent calls run concurrently: the engine batches them.
+        A caller that goes away cancels this handler, and vLLM aborts the engine requests."""
+        request_id = request_pb.request_id or uuid.uuid4().hex
+        token = request_id_var.set(request_id)
+        try:
+            return await self._pool(PoolRequest(request_id, request_pb.endpoint, request_pb.body_json,
+                                                request_pb.priority))
+        except Exception as exc:
+            if isinstance(exc, InvalidRequestError):
+                logger.info("rejected %s request: %s", request_pb.endpoint, exc)
+            await self._abort_call(context, exc)
+        finally:
+            request_id_var.reset(token)
+
+    async def _pool(self, request: PoolRequest) -> pb.PoolResponse:
+        self._check_accepting(request.request_id)
+        active = self._open(request.request_id)
+        outcome = "error"
+        try:
+            result = await self.engine.pool(request)
+            outcome = "ok"
+        except InvalidRequestError:
+            outcome = "invalid"
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self.metrics.requests.labels(outcome).inc()
+            await self._close(request.request_id, active, all_done=True)
+        self.metrics.prompt_tokens.inc(result.prompt_tokens)
+        return pb.PoolResponse(body_json=result.body_json, prompt_tokens=result.prompt_tokens)
 
     # ------------------------------------------------------------------------------- the rest
 

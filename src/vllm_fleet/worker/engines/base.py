@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_fleet.errors import InvalidRequestError
+from vllm_fleet.protocol.pooling import PoolRequest, PoolResult
 from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.kv_relay import KvRelay
 
@@ -103,6 +105,17 @@ class Engine(abc.ABC):
         them (the mock also takes the documented subset of mock_subset.py where vLLM is missing);
         `adapter` a HeldAdapter (adapters.py) to generate with, None for the base model.
         Cancelling the consumer must abort the request in the engine."""
+
+    # What the served model does (vLLM's supported tasks), and the pooling endpoints it serves
+    # (protocol/pooling.py), as WorkerInfo says them; set once started.
+    tasks: tuple[str, ...] = ("generate",)
+    pooling_endpoints: tuple[str, ...] = ()
+
+    async def pool(self, request: PoolRequest) -> PoolResult:
+        """vLLM's answer to a pooling request (worker/pooling.py). Cancelling the caller aborts
+        its engine requests. Raises InvalidRequestError for input the model cannot take."""
+        raise InvalidRequestError(f"this worker's model generates text; it serves no {request.endpoint!r} "
+                                  f"endpoint (start a worker with a pooling model)", param="model")
 
     async def add_adapter(self, adapter: Any) -> None:
         """Load a LoRA adapter (a HeldAdapter, checked by the registry); the engine's errors propagate."""

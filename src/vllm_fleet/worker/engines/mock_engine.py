@@ -38,6 +38,7 @@ from typing import Any
 from vllm_fleet import __version__
 from vllm_fleet.config import EngineConfig
 from vllm_fleet.errors import ConfigError, InvalidRequestError
+from vllm_fleet.protocol.pooling import EMBEDDINGS, PoolRequest, PoolResult
 from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad, content_text
 from vllm_fleet.worker.adapters import HeldAdapter
 from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
@@ -45,6 +46,7 @@ from vllm_fleet.worker.kv_relay import KvRelay
 from vllm_fleet.worker.engines.mock_prefix_cache import MockPrefixCache
 from vllm_fleet.worker.engines.mock_stops import apply_stop_strings
 from vllm_fleet.worker.engines.mock_script import MockScript, load_tokenizer
+from vllm_fleet.worker.engines.mock_pooling import mock_embeddings
 
 # A small vocabulary: ids 0..3 are specials, then words. Some words are non-ASCII so that
 # UTF-8 handling is exercised even without the real engine.
@@ -150,6 +152,8 @@ class MockEngine(Engine):
             block_size = self.config.block_size or DEFAULT_BLOCK_SIZE
             self.kv_relay = KvRelay(block_size, self.config.mock_kv_blocks) if self.config.kv_events else None
             self._prefix_cache = MockPrefixCache(self.config.mock_kv_blocks, block_size, self.kv_relay)
+        if self.config.mock_pooling:  # an embedding model's stand-in (mock_pooling.py)
+            self.tasks, self.pooling_endpoints = ("embed",), (EMBEDDINGS,)
         self._alive = True
 
     def info(self) -> WorkerInfo:
@@ -167,7 +171,14 @@ class MockEngine(Engine):
                 "scheduling_policy": "priority" if self.schedules_by_priority else "fcfs",
             },
             kv_block_size=self._prefix_cache.block_size if self._prefix_cache is not None else 0,
+            tasks=list(self.tasks) if self.config.mock_pooling else [],
+            pooling_endpoints=list(self.pooling_endpoints),
         )
+
+    async def pool(self, request: PoolRequest) -> PoolResult:
+        if not self.config.mock_pooling:
+            return await super().pool(request)
+        return await mock_embeddings(request, self.info().model, self.config.mock_ttft_ms / 1000)
 
     @property
     def max_model_len(self) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 from vllm_fleet.config import EngineConfig
 from vllm_fleet.errors import ConfigError, InvalidRequestError, ModelError, WorkerUnavailableError
 from vllm_fleet.models import resolve_model
+from vllm_fleet.protocol.pooling import PoolRequest, PoolResult
 from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.engines.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
 from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
@@ -137,6 +138,7 @@ class VllmEngine(Engine):
         self.parser_cls: type | None = None
         self._kv_socket: Any = None   # our ZMQ SUB socket, until the reader thread takes it
         self._kv_reader: Any = None   # vllm_kv_events.KvEventReader
+        self._pooling: Any = None     # worker/pooling.py's VllmPooling, for a pooling model
 
     async def start(self) -> None:
         # The engine core is a child process: it reads these when it starts.
@@ -198,7 +200,15 @@ class VllmEngine(Engine):
         self.parser_cls = self._parser_class()
         self._renderer = VllmRenderer(self._llm, self._tokenizer)
         self._start_kv_relay()
-        await self._warm_up()
+        self.tasks = tuple(await self._llm.get_supported_tasks())
+        if "generate" not in self.tasks:  # a pooling model (embedding, reranking, classifying)
+            from vllm_fleet.worker.pooling import VllmPooling
+
+            self._pooling = VllmPooling.build(self._llm, self._served_name, resolved.path, self.tasks)
+            self.pooling_endpoints = tuple(self._pooling.endpoints)
+            logger.info("pooling model: tasks %s, endpoints %s", ",".join(self.tasks), ",".join(self.pooling_endpoints))
+        else:
+            await self._warm_up()
         logger.info("vLLM engine ready: model=%s max_model_len=%d", self._served_name, self._max_model_len)
 
     def _ask_for_kv_events(self, kwargs: dict[str, Any]) -> None:
@@ -287,7 +297,13 @@ class VllmEngine(Engine):
             "reasoning_parser": self.config.reasoning_parser or "",
         }
         return WorkerInfo(model=self._served_name, max_model_len=self._max_model_len, engine="vllm",
-                          engine_version=vllm.__version__, settings=settings, kv_block_size=cfg.cache_config.block_size)
+                          engine_version=vllm.__version__, settings=settings, kv_block_size=cfg.cache_config.block_size,
+                          tasks=list(self.tasks), pooling_endpoints=list(self.pooling_endpoints))
+
+    async def pool(self, request: PoolRequest) -> PoolResult:
+        if self._pooling is None:
+            return await super().pool(request)  # a generating model: refused, naming the model
+        return await self._pooling.run(request)
 
     @property
     def max_model_len(self) -> int:
