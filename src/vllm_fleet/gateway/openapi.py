@@ -30,6 +30,7 @@ _ERRORS = {
     "404": "Unknown model",
     "413": "Request body too large",
     "429": "Rate limited; see Retry-After",
+    "501": "A `vllm serve` endpoint the fleet does not route, or a worker that cannot answer it; the message says why",
     "502": "The workers failed the request",
     "503": "No worker can take the request now; see Retry-After",
     "504": "The request did not finish before its deadline",
@@ -84,6 +85,20 @@ def _operation(summary: str, *, auth: bool, codes: tuple[str, ...] = (), path_id
     if auth:
         operation["security"] = [{"bearer": []}]
     return operation
+
+
+def _introspection_paths(auth: bool) -> dict:
+    """vLLM's token and introspection routes (gateway/introspect.py): bodies in vLLM's shapes."""
+    def post(summary: str) -> dict:
+        return {"post": _operation(summary, auth=auth, codes=("400", "404", "501", "503"), body="application/json")}
+    return {
+        "/tokenize": post("vLLM's tokenization of a prompt or chat messages"),
+        "/detokenize": post("vLLM's text for token ids"),
+        "/v1/chat/completions/render": post("The token ids and sampling vLLM would run for a chat request"),
+        "/v1/completions/render": post("The token ids and sampling vLLM would run for each prompt"),
+        "/version": _get("The workers' vLLM version", auth=auth, codes=("503",)),
+        "/load": _get("Requests this gateway has open on its workers", auth=auth),
+    }
 
 
 def _batch_paths(auth: bool) -> dict:
@@ -155,6 +170,7 @@ def openapi_document(config: GatewayConfig) -> dict:
             "/dashboard": _get("Status page (HTML)", auth=False, content="text/html"),
             "/dashboard/state.json": _get("Data of the status page", auth=auth, extra=forbidden if auth else None),
             **_batch_paths(auth),
+            **_introspection_paths(auth),
         },
         "components": {
             "schemas": schemas,

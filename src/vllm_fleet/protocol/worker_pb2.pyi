@@ -467,3 +467,17 @@ class FileChunk(_message.Message):
     data: bytes
     last: bool
     def __init__(self, name: _Optional[str] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class IntrospectRequest(_message.Message):
+    __slots__ = ("endpoint", "body")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    body: bytes
+    def __init__(self, endpoint: _Optional[str] = ..., body: _Optional[bytes] = ...) -> None: ...
+
+class IntrospectResponse(_message.Message):
+    __slots__ = ("body",)
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    def __init__(self, body: _Optional[bytes] = ...) -> None: ...
