@@ -87,12 +87,17 @@ async def test_every_vllm_route_is_served_or_refused_by_name(gateway, vllm_route
         for method, template in vllm_routes:
             path = re.sub(r"\{[^}]+\}", "x", template)
             reply = await http.request(method, path, json={} if method == "POST" else None)
-            if reply.status_code in (404, 405) and reply.json()["error"].get("code") != "model_not_found":
+            error = reply.json().get("error") or {} if reply.headers.get("content-type", "").startswith(
+                "application/json") else {}
+            # The gateway's own "no such route" answers; a served route's 404 (an unknown response id,
+            # an unknown model) is an answer.
+            if (reply.status_code == 404 and str(error.get("message", "")).startswith("no route ")) or \
+                    (reply.status_code == 405 and error.get("code") == "method_not_allowed"):
                 unanswered.append(f"{method} {template}")
             elif reply.status_code == 501:
-                message = reply.json()["error"]["message"]
+                message = error.get("message", "")
                 if not (message.startswith(f"{method} {template} is a `vllm serve` endpoint") or
-                        "introspect" in reply.json()["error"]["code"]):
+                        error.get("code") == "introspect_unsupported"):
                     unexplained.append(f"{method} {template}: {message}")
     assert not unanswered, f"`vllm serve` routes the gateway answers with a bare 404/405: {unanswered}"
     assert not unexplained, unexplained
@@ -106,8 +111,9 @@ async def test_a_refused_route_names_itself_and_the_gateway_keeps_serving(gatewa
         assert error["message"].startswith("POST /v1/audio/transcriptions is a `vllm serve` endpoint that "
                                            "vllm-fleet does not route: ")
         assert error["type"] == "not_implemented" and error["code"] == "not_routed"
+        # A route with a path parameter is matched too (refused now; served once /v1/responses lands).
         templated = await http.get("/v1/responses/resp_123")
-        assert templated.status_code != 404
+        assert not templated.json()["error"]["message"].startswith("no route "), templated.text
         assert (await http.get("/no/such/route")).status_code == 404  # not vLLM's: still a plain 404
         assert (await http.get("/health")).status_code == 200
 
