@@ -95,7 +95,7 @@ class EngineConfig(FleetModel):
     tokenizer: str | None = Field(None, description="Tokenizer id or folder, if not the model's own")
     dtype: str = Field(
         "auto", description="Weight dtype: auto, bfloat16, float16, float32. auto: the fastest the device runs "
-                            "(GPU: the model's; CPU: float32 unless it has native bf16, AVX512-BF16/AMX, then the model's)"
+                            "(GPU: the model's; CPU: float32, even with native bf16, whose answers differ for small models)"
     )
     max_model_len: int | None = Field(None, ge=16, description="Context length (prompt + output tokens)")
     max_num_seqs: int | None = Field(None, ge=1, description="Most sequences the engine runs at once")

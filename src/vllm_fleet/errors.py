@@ -24,6 +24,8 @@ everything else goes straight back to the caller with its message.
     │                                or UNIMPLEMENTED from an older worker): route it without them
     │   └── TokenizerFilesError      fatal: a worker has no tokenizer files to send (gRPC FAILED_PRECONDITION),
     │                                 or sent some a router cannot keep (a name off the allow-list)
+    │   └── IntrospectUnsupportedError fatal: a worker cannot answer /tokenize or a render route
+    │                                 (gRPC FAILED_PRECONDITION: mock engine, vLLM 0.26; UNIMPLEMENTED: older worker)
     ├── NoWorkerError          recoverable later: no serving worker can take the request now
     ├── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
     └── ProcessStartError      fatal    a process we started (worker, gateway) exited or was not ready in time;
@@ -160,6 +162,15 @@ class TokenizerFilesError(WorkerError):
     tokenizer, a mock without one), or sent files a router refuses to keep (a name off the
     allow-list, a file cut short). Fatal for that worker's answer: asking again gets the same;
     a router routes without token ids for the model meanwhile.
+    """
+
+    recoverable = False
+
+
+class IntrospectUnsupportedError(WorkerError):
+    """A worker cannot answer /tokenize, /detokenize or a render route: its engine has no vLLM
+    tokenizer (the mock), or its vLLM keeps the serving classes elsewhere (0.26). Fatal for that
+    worker's answer; a worker on another engine or vLLM version may answer.
     """
 
     recoverable = False

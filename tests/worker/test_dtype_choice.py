@@ -1,4 +1,5 @@
-"""The worker's default dtype: float32 on CPUs without native bf16, the model's dtype elsewhere."""
+"""The worker's default dtype: float32 on every CPU (bf16 changes small models' answers, and is slow
+without native bf16), the model's dtype on GPUs; --dtype overrides."""
 
 from __future__ import annotations
 
@@ -27,10 +28,12 @@ def test_cpu_without_native_bf16_loads_float32(flags, requested):
     (AVX512_NO_BF16 + " avx512_bf16", "avx512_bf16"),
     (ARM_WITH_BF16, "bf16"),
 ])
-def test_cpu_with_native_bf16_keeps_the_models_dtype(flags, named):
+def test_cpu_with_native_bf16_still_loads_float32(flags, named):
+    """On AMX the packaged 4-bit model in bf16 answered the demo wrongly (#27): float32 by default,
+    and the reason says how to ask for bf16."""
     choice = choose_dtype("auto", on_cpu=True, cpu_flags=flags.split())
-    assert choice.dtype == "auto"
-    assert choice.reason.endswith(f"native bf16: {named}")
+    assert choice.dtype == "float32"
+    assert f"native bf16 ({named})" in choice.reason and "--dtype bfloat16" in choice.reason
 
 
 @pytest.mark.parametrize("requested", ["bfloat16", "float16", "float32"])

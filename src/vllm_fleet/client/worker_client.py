@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -26,7 +27,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from vllm_fleet.client.errors import error_from_rpc
 from vllm_fleet.client.loads import LoadFeed
 from vllm_fleet.client.mux import Multiplexer, MuxUnsupported
-from vllm_fleet.errors import KvEventsUnsupportedError, TokenizerFilesError, WorkerTimeoutError
+from vllm_fleet.errors import (
+    IntrospectUnsupportedError,
+    KvEventsUnsupportedError,
+    TokenizerFilesError,
+    WorkerTimeoutError,
+)
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import adapters_from_pb, chunk_from_pb, info_from_pb, load_from_pb, request_to_pb
 from vllm_fleet.protocol.kv_events import KvEventBatch, batch_from_pb
@@ -272,6 +278,20 @@ class WorkerClient:
         finally:
             call.cancel()  # a refused file ends the call early; a no-op once it ended
         return files.finish()
+
+    async def introspect(self, endpoint: str, body: dict, *, timeout: float = 60.0) -> object:
+        """vLLM's JSON answer at one of `vllm serve`'s token/render endpoints (tokenize, detokenize,
+        render_chat, render_completion) for a body in vLLM's shape. IntrospectUnsupportedError
+        where the worker cannot answer (mock engine, vLLM 0.26, a worker older than the call)."""
+        request = pb.IntrospectRequest(endpoint=endpoint, body=json.dumps(body).encode())
+        try:
+            answer = await self._stub.Introspect(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED):
+                raise IntrospectUnsupportedError(f"worker {self.address}: {exc.details()}",
+                                                 worker=self.address) from None
+            raise error_from_rpc(exc, self.address) from None
+        return json.loads(answer.body)
 
     async def health(self, *, timeout: float = 2.0, service: str = SERVICE_NAME) -> str:
         """The worker's health status name: SERVING, NOT_SERVING, or UNREACHABLE."""

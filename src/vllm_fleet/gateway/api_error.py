@@ -59,6 +59,8 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(429, str(exc), type="rate_limit_error", code=exc.reason, retry_after=exc.retry_after)
     if isinstance(exc, errors.NoWorkerError):
         return ApiError(503, str(exc), type="service_unavailable", code="no_worker", retry_after=exc.retry_after)
+    if isinstance(exc, errors.IntrospectUnsupportedError):
+        return ApiError(501, str(exc), type="not_implemented", code="introspect_unsupported")
     if isinstance(exc, errors.MigrationUnsupportedError):
         # A worker died mid-answer and the answer cannot continue elsewhere: the client retries it whole.
         return ApiError(502, str(exc), type="upstream_error", code="migration_unsupported")

@@ -18,6 +18,10 @@
                                  pooling models, in vLLM's shapes (key; gateway/pooling.py)
     /v1/files, /v1/files/{id}[/content], /v1/batches, /v1/batches/{id}[/cancel]
                                  OpenAI's Batch API, run as the batch class (key; gateway/batch/)
+    POST /tokenize, /detokenize, /v1/chat/completions/render, /v1/completions/render; GET /version, /load
+                                 vLLM's token and introspection routes, answered by a worker (gateway/introspect.py)
+    GET|POST /ping               SageMaker's health check, as /health
+    other `vllm serve` routes    501 naming the route and why the fleet does not route it (gateway/vllm_surface.py)
 
 The path of one request: request id → route (404/405) → authenticate the route's need
 (401/403) → `handler(Call)` → Response or StreamResponse. Any exception a handler raises
@@ -44,7 +48,9 @@ from vllm_fleet.gateway.batch import BatchApi
 from vllm_fleet.gateway.call import AuthNeed, Call, Route, worker_request_id
 from vllm_fleet.gateway.completions import CompletionHandler
 from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway import vllm_surface
 from vllm_fleet.gateway.dashboard import Dashboard
+from vllm_fleet.gateway.introspect import IntrospectionRoutes
 from vllm_fleet.gateway.keys import KeyRecord, KeyStore
 from vllm_fleet.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from vllm_fleet.gateway.openapi import openapi_document
@@ -78,6 +84,7 @@ class GatewayApp:
         self.responses = ResponsesHandler(router, config, self.metrics)
         self.batches = BatchApi(self.completions, config, metrics_registry)
         self.pooling = PoolingHandler(router, config)
+        self.introspection = IntrospectionRoutes(router, config)
         self._openapi = Response.json(openapi_document(config))
         self._routes: dict[tuple[str, str], Route] = {
             ("GET", "/health"): Route("none", self._health),
@@ -97,6 +104,9 @@ class GatewayApp:
             ("POST", "/v1/unload_lora_adapter"): Route("admin", self.adapter_admin.unload),
             **self.batches.routes(),
             **self.pooling.routes(),
+            **self.introspection.routes(),
+            ("GET", "/ping"): Route("none", self._health),   # SageMaker's health check, as vllm serve answers it
+            ("POST", "/ping"): Route("none", self._health),
         }
         # GET /v1/models/{model}: the one route with a path parameter.
         self._model_route = Route("key", self._model)
@@ -153,6 +163,8 @@ class GatewayApp:
             return self._model_route
         if (batch_route := self.batches.route(http.method, http.path)) is not None:
             return batch_route
+        if (refused := vllm_surface.refusal(http.method, http.path)) is not None:
+            return refused  # a `vllm serve` route the fleet does not serve: 501 with the reason
         allowed = sorted(method for method, path in self._routes if path == http.path)
         if allowed:
             error = ApiError(405, f"{http.method} is not allowed on {http.path}", code="method_not_allowed")

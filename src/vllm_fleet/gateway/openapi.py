@@ -87,6 +87,16 @@ def _operation(summary: str, *, auth: bool, codes: tuple[str, ...] = (), path_id
     return operation
 
 
+def _introspection_paths(auth: bool) -> dict:
+    """vLLM's /version and /load (gateway/introspect.py). The token and render routes are left out
+    on purpose: their bodies are vLLM's own models, answered only by a real vLLM worker (501 on a
+    mock one), which the schemathesis run over this document would count as server errors."""
+    return {
+        "/version": _get("The workers' vLLM version", auth=auth),
+        "/load": _get("Requests this gateway has open on its workers", auth=auth),
+    }
+
+
 def _batch_paths(auth: bool) -> dict:
     return {
         "/v1/files": {
@@ -169,6 +179,7 @@ def openapi_document(config: GatewayConfig) -> dict:
             "/dashboard": _get("Status page (HTML)", auth=False, content="text/html"),
             "/dashboard/state.json": _get("Data of the status page", auth=auth, extra=forbidden if auth else None),
             **_batch_paths(auth),
+            **_introspection_paths(auth),
         },
         "components": {
             "schemas": schemas,

@@ -497,3 +497,17 @@ class PoolResponse(_message.Message):
     body_json: bytes
     prompt_tokens: int
     def __init__(self, body_json: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class IntrospectRequest(_message.Message):
+    __slots__ = ("endpoint", "body")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    body: bytes
+    def __init__(self, endpoint: _Optional[str] = ..., body: _Optional[bytes] = ...) -> None: ...
+
+class IntrospectResponse(_message.Message):
+    __slots__ = ("body",)
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    def __init__(self, body: _Optional[bytes] = ...) -> None: ...

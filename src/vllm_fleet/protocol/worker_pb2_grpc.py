@@ -89,6 +89,11 @@ class WorkerStub:
                 request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.PoolRequest.SerializeToString,
                 response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.PoolResponse.FromString,
                 _registered_method=True)
+        self.Introspect = channel.unary_unary(
+                '/vllm_fleet.v1.Worker/Introspect',
+                request_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.IntrospectRequest.SerializeToString,
+                response_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.IntrospectResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -177,6 +182,15 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Introspect(self, request, context):
+        """`vllm serve`'s /tokenize, /detokenize and render routes, answered by vLLM's own serving
+        classes (worker/openai/introspect.py): a JSON body in vLLM's shape in, vLLM's JSON answer out.
+        INVALID_ARGUMENT for a body vLLM refuses; FAILED_PRECONDITION where the engine cannot answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +248,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Pool,
                     request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.PoolRequest.FromString,
                     response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.PoolResponse.SerializeToString,
+            ),
+            'Introspect': grpc.unary_unary_rpc_method_handler(
+                    servicer.Introspect,
+                    request_deserializer=vllm__fleet_dot_protocol_dot_worker__pb2.IntrospectRequest.FromString,
+                    response_serializer=vllm__fleet_dot_protocol_dot_worker__pb2.IntrospectResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -533,6 +552,33 @@ class Worker:
             '/vllm_fleet.v1.Worker/Pool',
             vllm__fleet_dot_protocol_dot_worker__pb2.PoolRequest.SerializeToString,
             vllm__fleet_dot_protocol_dot_worker__pb2.PoolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Introspect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vllm_fleet.v1.Worker/Introspect',
+            vllm__fleet_dot_protocol_dot_worker__pb2.IntrospectRequest.SerializeToString,
+            vllm__fleet_dot_protocol_dot_worker__pb2.IntrospectResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,7 @@ from vllm_fleet.protocol.pooling import ENDPOINT_PATHS, PoolRequest
 from vllm_fleet.router.pooling import PoolAnswer, route_pool
 from vllm_fleet.router.snapshot import SERVING, PoolSnapshot
 from vllm_fleet.router.stream import RoutedStream
+from vllm_fleet.router.unary import call_any_worker
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +167,22 @@ class Router:
         if found is None and (base := self.adapters.base_of(model)) is not None:
             return self.model_info(base)  # an adapter: its base model's context length
         return found
+
+    async def introspect(self, endpoint: str, body: dict, *, model: str | None = None) -> object:
+        """vLLM's answer at one of its token/render endpoints from a worker of `model` (an
+        adapter's name resolves to its base model), with failover (unary.py)."""
+        base = self._resolve_adapter_model(model)
+        return await call_any_worker(self._pool.snapshot(), self.clients.get, base,
+                                     lambda client: client.introspect(endpoint, body))
+
+    def _resolve_adapter_model(self, model: str | None) -> str | None:
+        try:
+            return self._resolve_model(model)
+        except UnknownModelError:
+            base = self.adapters.base_of(model or "")
+            if base is None:
+                raise
+            return base
 
     def queue_depths(self) -> dict[str, int]:
         """Requests waiting for a slot now, per workload class."""

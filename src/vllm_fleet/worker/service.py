@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from vllm_fleet.errors import (
     ConfigError,
     DuplicateRequestError,
     FleetError,
+    IntrospectUnsupportedError,
     InvalidRequestError,
     TokenizerFilesError,
     WorkerUnavailableError,
@@ -399,6 +401,23 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         for name, data, last in chunks:
             yield pb.FileChunk(name=name, data=data, last=last)
+
+    async def Introspect(self, request: pb.IntrospectRequest,
+                         context: grpc.aio.ServicerContext) -> pb.IntrospectResponse:
+        """vLLM's answer at one of its token/render endpoints (engine.introspect); FAILED_PRECONDITION
+        where this engine cannot answer."""
+        try:
+            body = json.loads(request.body or b"{}")
+            if not isinstance(body, dict):
+                raise InvalidRequestError("the request body must be a JSON object")
+            answer = await self.engine.introspect(request.endpoint, body)
+        except IntrospectUnsupportedError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except json.JSONDecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request body is not JSON: {exc}")
+        except Exception as exc:
+            await self._abort_call(context, exc)
+        return pb.IntrospectResponse(body=json.dumps(answer).encode())
 
     # ------------------------------------------------------------------------------- adapters
 

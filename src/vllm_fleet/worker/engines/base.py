@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_fleet.errors import InvalidRequestError
+from vllm_fleet.errors import IntrospectUnsupportedError, InvalidRequestError
 from vllm_fleet.protocol.pooling import PoolRequest, PoolResult
 from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.kv_relay import KvRelay
@@ -59,6 +59,11 @@ class Engine(abc.ABC):
     # The relay of the engine's KV-cache events (KvEvents RPC), set once started by an engine that
     # publishes them; None: KvEvents is refused.
     kv_relay: KvRelay | None = None
+
+    async def introspect(self, endpoint: str, body: dict[str, Any]) -> Any:
+        """vLLM's JSON answer to one of `vllm serve`'s token/render endpoints (openai/introspect.py)."""
+        raise IntrospectUnsupportedError(f"the {self.name} engine has no vLLM tokenizer or renderer to answer "
+                                         f"{endpoint}: run the worker with --engine vllm")
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -1,11 +1,16 @@
 """Which weight dtype a worker loads when the user has not chosen one (`--dtype auto`).
 
-vLLM's own `auto` is the model's dtype (bf16 for most current models). On a CPU without native
-bf16 instructions that is the slowest choice: measured on a 2-core AVX2-only VM, the default
-model ran at ~22 output tokens/s in bf16 against ~120 in float32, and a bf16 linear layer at
-~4 GFLOPS against 16-25 for float32 (benchmarks/RESULTS.md). With AVX512-BF16 or AMX (x86) or
-the bf16 extension (Arm), bf16 is native and the model's own dtype is kept. GPUs keep vLLM's
-`auto`.
+vLLM's own `auto` is the model's dtype (bf16 for most current models). On CPU the worker loads
+float32 instead, on every CPU:
+- without native bf16 instructions (AVX2 only) bf16 is the slowest choice: measured on a 2-core
+  AVX2-only VM, the default model ran at ~22 output tokens/s in bf16 against ~120 in float32
+  (benchmarks/RESULTS.md);
+- with native bf16 (AVX512-BF16, AMX) bf16 is faster, but the answers change: the packaged
+  4-bit SmolLM2-135M, kept in bf16 on an AMX machine, answered the demo's "What is the capital
+  of France?" with a repeated phrase and its Chinese question with nonsense, where float32
+  answers both correctly (#27). A default that answers right on every machine beats one that is
+  fast on some; `--dtype bfloat16` keeps the speed where the model tolerates it.
+GPUs keep vLLM's `auto`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ def choose_dtype(requested: str | None, *, on_cpu: bool, cpu_flags: Iterable[str
         return DtypeChoice("auto", "the model's dtype")
     native = sorted(NATIVE_BF16_FLAGS.intersection(cpu_flags))
     if native:
-        return DtypeChoice("auto", f"the model's dtype; CPU has native bf16: {' '.join(native)}")
+        return DtypeChoice("float32", f"CPU default; native bf16 ({' '.join(native)}) is faster but changes "
+                                      "small models' answers: --dtype bfloat16 to use it")
     return DtypeChoice("float32", "CPU has no native bf16")
 
 

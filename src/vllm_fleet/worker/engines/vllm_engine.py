@@ -30,6 +30,7 @@ from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
 from vllm_fleet.worker.engines.vllm_version import check_vllm_version
 from vllm_fleet.worker.kv_relay import KvRelay
 from vllm_fleet.worker.openai.errors import invalid_request, vllm_error_types
+from vllm_fleet.worker.openai.introspect import VllmIntrospection
 from vllm_fleet.worker.openai.render import VllmRenderer
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class VllmEngine(Engine):
         self._max_model_len = 0
         self._dtype_choice: DtypeChoice | None = None
         self._renderer: VllmRenderer | None = None
+        self._introspection: VllmIntrospection | None = None
         self.enable_auto_tool_choice = config.enable_auto_tool_choice
         self.parser_cls: type | None = None
         self._kv_socket: Any = None   # our ZMQ SUB socket, until the reader thread takes it
@@ -199,6 +201,9 @@ class VllmEngine(Engine):
             self.tokenizer_revision = model_config.tokenizer_revision
         self.parser_cls = self._parser_class()
         self._renderer = VllmRenderer(self._llm, self._tokenizer)
+        self._introspection = VllmIntrospection(
+            self._llm, self._served_name, tool_call_parser=self.config.tool_call_parser,
+            enable_auto_tool_choice=self.config.enable_auto_tool_choice, reasoning_parser=self.config.reasoning_parser)
         self._start_kv_relay()
         self.tasks = tuple(await self._llm.get_supported_tasks())
         if "generate" not in self.tasks:  # a pooling model (embedding, reranking, classifying)
@@ -318,6 +323,11 @@ class VllmEngine(Engine):
         if self._renderer is None:
             raise WorkerUnavailableError("the engine is not started")
         return await self._renderer.render(request)
+
+    async def introspect(self, endpoint: str, body: dict[str, Any]) -> Any:
+        if self._introspection is None:
+            raise WorkerUnavailableError("the engine is not started")
+        return await self._introspection.answer(endpoint, body)
 
     def decode(self, token_ids: list[int]) -> str:
         if self._tokenizer is None:
