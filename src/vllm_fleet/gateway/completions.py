@@ -151,16 +151,4 @@ class CompletionHandler:
             self._settle(plan, stream, record, encoder.usage)
 
     def _settle(self, plan: Plan, stream: RoutedStream, record: RequestRecord, usage: UsageTally) -> None:
-        record.worker = stream.worker
-        record.attempts = stream.attempts
-        record.migrations = stream.migrations
-        record.prompt_tokens = usage.prompt
-        record.completion_tokens = usage.completion
-        metrics = self.metrics
-        if usage.prompt:
-            metrics.child(metrics.tokens, plan.model, "prompt").inc(usage.prompt)
-        if usage.completion:
-            metrics.child(metrics.tokens, plan.model, "completion").inc(usage.completion)
-        if record.ttft_s is not None:
-            metrics.child(metrics.ttft, plan.model).observe(record.ttft_s)
-
+        self.metrics.settle(plan.model, stream, record, prompt_tokens=usage.prompt, completion_tokens=usage.completion)

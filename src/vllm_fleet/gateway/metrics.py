@@ -60,6 +60,18 @@ class GatewayMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def settle(self, model: str, stream, record, *, prompt_tokens: int, completion_tokens: int) -> None:
+        """What every generating endpoint keeps of an answered request (RoutedStream `stream`):
+        the access-log record's worker, attempts and token counts, and the token and TTFT metrics."""
+        record.worker, record.attempts, record.migrations = stream.worker, stream.attempts, stream.migrations
+        record.prompt_tokens, record.completion_tokens = prompt_tokens, completion_tokens
+        if prompt_tokens:
+            self.child(self.tokens, model, "prompt").inc(prompt_tokens)
+        if completion_tokens:
+            self.child(self.tokens, model, "completion").inc(completion_tokens)
+        if record.ttft_s is not None:
+            self.child(self.ttft, model).observe(record.ttft_s)
+
     def render(self) -> bytes:
         """This process's own metrics."""
         return generate_latest(self.registry)

@@ -159,15 +159,8 @@ class ResponsesHandler:
             self._settle(stream, output, call)
 
     def _settle(self, stream: RoutedStream, output: ResponsesOutput, call: Call) -> None:
-        record, metrics, model = call.record, self.metrics, output.model
-        record.worker, record.attempts, record.migrations = stream.worker, stream.attempts, stream.migrations
-        record.prompt_tokens, record.completion_tokens = output.prompt_tokens, output.completion_tokens
-        if output.prompt_tokens:
-            metrics.child(metrics.tokens, model, "prompt").inc(output.prompt_tokens)
-        if output.completion_tokens:
-            metrics.child(metrics.tokens, model, "completion").inc(output.completion_tokens)
-        if record.ttft_s is not None:
-            metrics.child(metrics.ttft, model).observe(record.ttft_s)
+        self.metrics.settle(output.model, stream, call.record, prompt_tokens=output.prompt_tokens,
+                            completion_tokens=output.completion_tokens)
 
 
 def _parse(raw: bytes) -> dict:

@@ -145,16 +145,4 @@ class MessagesHandler:
             self._settle(plan, stream, record, events.usage)
 
     def _settle(self, plan: MessagesPlan, stream: RoutedStream, record: RequestRecord, usage: UsageTally) -> None:
-        """The access-log record and the token metrics, as the OpenAI endpoints keep them."""
-        record.worker = stream.worker
-        record.attempts = stream.attempts
-        record.migrations = stream.migrations
-        record.prompt_tokens = usage.prompt
-        record.completion_tokens = usage.completion
-        metrics = self.metrics
-        if usage.prompt:
-            metrics.child(metrics.tokens, plan.model, "prompt").inc(usage.prompt)
-        if usage.completion:
-            metrics.child(metrics.tokens, plan.model, "completion").inc(usage.completion)
-        if record.ttft_s is not None:
-            metrics.child(metrics.ttft, plan.model).observe(record.ttft_s)
+        self.metrics.settle(plan.model, stream, record, prompt_tokens=usage.prompt, completion_tokens=usage.completion)
