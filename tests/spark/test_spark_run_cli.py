@@ -82,4 +82,4 @@ async def test_spark_run_shows_rows_tokens_and_an_eta_while_one_partition_runs(m
     shown = [int(m.group(1)) for m in re.finditer(r"rows (\d+)/24 \(\d+%\)  [\d.]+ rows/s  \d+ tokens/s  ETA ",
                                                    done.stderr)]
     assert shown and shown[-1] == 24, done.stderr[-2000:]
-    assert any(0 < rows < 24 for rows in shown), "rows counted while the one task ran"
+    assert any(0 < rows < 24 for rows in shown), f"rows counted while the one task ran: {shown} {done.stderr[-3000:]!r}"

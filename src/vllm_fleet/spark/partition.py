@@ -43,22 +43,27 @@ class PartitionRun:
             try:
                 item = to_input(value, chat=self.config.messages_col is not None)
             except ValueError as exc:
-                futures.append(_done(RowResult.failed(f"bad row: {exc}")))
+                futures.append(self._counted(_done(RowResult.failed(f"bad row: {exc}"))))
                 continue
             request_id = request_id_for(item, self.config.params, self.config.model, row_key)
             if self.ledger is not None and (answered := self.ledger.lookup(request_id)) is not None:
-                futures.append(_done(answered))  # generated before a crash or a task retry: not sent again
+                futures.append(self._counted(_done(answered)))  # generated before a crash or retry: not resent
                 continue
             future = await self.batcher.submit(item, request_id)
             if self.ledger is not None:
                 future.add_done_callback(functools.partial(_record, self.ledger, request_id))
-            futures.append(future)
+            futures.append(self._counted(future))
         self._position += len(values)
         self.batcher.flush()  # the end of this Arrow batch: no point waiting for more rows
-        if self.progress is not None:  # each row as it finishes: an Arrow batch may take an hour
-            for future in futures:
-                future.add_done_callback(functools.partial(_count, self.progress))
         return list(await asyncio.gather(*futures))
+
+    def _counted(self, future: asyncio.Future[RowResult]) -> asyncio.Future[RowResult]:
+        """`future`, counted by the progress reporter when it finishes. Attached as each row is
+        queued: submit() waits for a slot, so attaching after the loop would count a whole Arrow
+        batch only at its end."""
+        if self.progress is not None:
+            future.add_done_callback(functools.partial(_count, self.progress))
+        return future
 
     async def _send(self, batch: list[PendingRow]) -> None:
         if self.config.send_as == "one_request" and len(batch) > 1:
