@@ -98,7 +98,7 @@ async def main() -> None:
     args = parser.parse_args()
     folder = str(ensure_embedding_model())
     inputs = texts(args.texts)
-    print(f"model {MODEL} ({folder}); {args.texts} texts, {args.batch} per request, {args.concurrency} concurrent; "
+    print(f"model {MODEL} ({os.path.basename(folder)}, unpacked in the user cache); {args.texts} texts, {args.batch} per request, {args.concurrency} concurrent; "
           f"cores {os.cpu_count()}", flush=True)
     results: dict[str, list[float]] = {"fleet": [], "vllm": []}
     processes = await start_fleet(folder)
