@@ -24,7 +24,7 @@ from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.formats import UsageTally
 from vllm_fleet.gateway.metrics import GatewayMetrics
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from vllm_fleet.gateway.sse import StreamEncoder
+from vllm_fleet.gateway.sse import StreamEncoder, first_chunk
 from vllm_fleet.gateway.translate import Plan
 from vllm_fleet.router import RoutedStream, Router
 
@@ -112,16 +112,7 @@ class CompletionHandler:
                         created: int) -> StreamResponse:
         encoder = StreamEncoder(plan, response_id, created)
         iterator = aiter(stream)
-        try:
-            # Wait for the first chunk before answering 200, so that admission and routing
-            # failures still get their real status (429, 503, 404) rather than an SSE error.
-            first = await anext(iterator)
-        except StopAsyncIteration:
-            first = None
-        except BaseException:
-            await stream.aclose()
-            self._settle(plan, stream, record, encoder.usage)
-            raise
+        first = await first_chunk(stream, iterator, lambda: self._settle(plan, stream, record, encoder.usage))
         return StreamResponse(self._events(plan, stream, iterator, first, encoder, record))
 
     async def _events(self, plan: Plan, stream: RoutedStream, iterator, first, encoder: StreamEncoder,

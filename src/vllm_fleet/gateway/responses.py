@@ -25,6 +25,7 @@ import orjson
 
 from vllm_fleet.errors import MigrationUnsupportedError
 from vllm_fleet.gateway import forward, responses_fields
+from vllm_fleet.gateway.sse import first_chunk
 from vllm_fleet.gateway.api_error import bad_request, from_exception
 from vllm_fleet.gateway.asgi import Response, StreamResponse
 from vllm_fleet.gateway.call import Call
@@ -123,15 +124,7 @@ class ResponsesHandler:
     async def _streamed(self, request: GenerateRequest, stream: RoutedStream, output: ResponsesOutput,
                         call: Call) -> StreamResponse:
         iterator = aiter(stream)
-        try:
-            # The first chunk before the 200, so that admission and routing failures keep their status.
-            first = await anext(iterator)
-        except StopAsyncIteration:
-            first = None
-        except BaseException:
-            await stream.aclose()
-            self._settle(stream, output, call)
-            raise
+        first = await first_chunk(stream, iterator, lambda: self._settle(stream, output, call))
         return StreamResponse(self._events(stream, iterator, first, output, call))
 
     async def _events(self, stream: RoutedStream, iterator, first, output: ResponsesOutput, call: Call):

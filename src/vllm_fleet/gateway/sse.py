@@ -93,3 +93,17 @@ class StreamEncoder:
     @staticmethod
     def error(error: ApiError) -> bytes:
         return b"data: " + error.body_bytes() + b"\n\n" + DONE
+
+
+async def first_chunk(stream, iterator, settle) -> object | None:
+    """`iterator`'s first chunk (None if the stream ended at once), read before the 200 goes out so
+    that admission and routing failures keep their HTTP status (429, 503, 404) rather than becoming
+    an error event. On a failure the stream is closed, `settle()` records it, and the error is raised."""
+    try:
+        return await anext(iterator)
+    except StopAsyncIteration:
+        return None
+    except BaseException:
+        await stream.aclose()
+        settle()
+        raise

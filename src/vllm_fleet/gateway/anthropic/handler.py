@@ -29,6 +29,7 @@ from vllm_fleet.gateway.call import Call
 from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.formats import UsageTally
 from vllm_fleet.gateway.metrics import GatewayMetrics
+from vllm_fleet.gateway.sse import first_chunk
 from vllm_fleet.router import RoutedStream, Router
 
 logger = logging.getLogger(__name__)
@@ -113,15 +114,7 @@ class MessagesHandler:
                         response_id: str) -> StreamResponse:
         events = MessageEvents(response_id, plan.model, plan.stop_sequences)
         iterator = aiter(stream)
-        try:
-            # The first chunk before the 200, so admission and routing failures keep their status.
-            first = await anext(iterator)
-        except StopAsyncIteration:
-            first = None
-        except BaseException:
-            await stream.aclose()
-            self._settle(plan, stream, record, events.usage)
-            raise
+        first = await first_chunk(stream, iterator, lambda: self._settle(plan, stream, record, events.usage))
         return StreamResponse(self._events(plan, stream, iterator, first, events, record))
 
     async def _events(self, plan: MessagesPlan, stream: RoutedStream, iterator, first, events: MessageEvents,
