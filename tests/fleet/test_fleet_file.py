@@ -156,3 +156,28 @@ def test_cpu_problems_more_replicas_than_cores_shared_cores_and_memory():
     assert "3 replicas but 2 cores: more replicas than devices" in message
     assert "models[1] (b): cores 1 are also given to models[0]" in message
     assert "models[2] (c) on cpu 3: weights" in message and "lower --kv-cache-space-gb" in message
+
+
+def test_lora_slots_tool_parser_and_load_format_reach_each_workers_command_line():
+    # Without these keys a fleet file could not start a LoRA-serving or tool-calling model:
+    # they are worker options, not engine arguments, so `engine_arg` cannot carry them.
+    plan = build_fleet_plan(recorded("h200_mig"), fleet(
+        {"model": "Qwen/Qwen3-8B", "replicas": 2, "devices": "gpu:1@0.45", "max_model_len": 8192,
+         "max_loras": 2, "max_lora_rank": 8, "tool_call_parser": "hermes", "enable_auto_tool_choice": True,
+         "load_format": "dummy"},
+        {"model": "Qwen/Qwen3-8B", "served_model_name": "plain", "devices": "mig:3g.71gb", "max_model_len": 8192},
+    ))
+    tuned_a, tuned_b, plain = plan.workers
+    for worker in (tuned_a, tuned_b):
+        argv = worker.argv()
+        assert option(argv, "--max-loras") == "2" and option(argv, "--max-lora-rank") == "8"
+        assert option(argv, "--tool-call-parser") == "hermes" and "--enable-auto-tool-choice" in argv
+        assert option(argv, "--load-format") == "dummy"
+    assert not {"--max-loras", "--tool-call-parser", "--load-format"} & set(plain.argv())
+
+
+def test_a_lora_rank_vllm_does_not_take_is_refused_with_its_place(tmp_path):
+    path = tmp_path / "fleet.json"
+    path.write_text('{"models": [{"model": "m", "devices": "cpu:0", "max_loras": 1, "max_lora_rank": 12}]}')
+    with pytest.raises(ConfigError, match=r"models\[0\]\.max_lora_rank.*must be one of"):
+        load_fleet_file(path)

@@ -24,6 +24,10 @@
     mig:3g.71gb          one MIG instance of that profile per replica (or mig:MIG-<uuid>,...)
     cpu:0-3              CPU cores; each replica gets (cores / replicas) of them
 
+Per model also: served_model_name, pool, max_model_len, max_num_seqs, enforce_eager,
+kv_cache_space_gb, engine_arg (vLLM engine arguments), and the worker options max_loras,
+max_lora_rank, tool_call_parser, enable_auto_tool_choice, load_format.
+
 YAML or JSON (a `.json` file is read as JSON; anything else as YAML, which JSON also is).
 """
 
@@ -37,7 +41,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from vllm_fleet.config import FleetModel
+from vllm_fleet.config import LORA_RANKS, FleetModel
 from vllm_fleet.errors import ConfigError
 
 _SHARE = re.compile(r"^(?:gpu:(?P<gpus>[\d,\s-]+)@)?(?P<share>0?\.\d+|1(?:\.0*)?)$")
@@ -114,6 +118,32 @@ class ModelEntry(FleetModel):
         None, ge=1, description="CPU: KV-cache GiB per worker (default: room for 4 full-length sequences)"
     )
     engine_arg: list[str] = Field(default_factory=list, description="Extra vLLM engine arguments key=value")
+    # Worker options that are not engine arguments: the worker must know them to serve the
+    # admin and chat endpoints (adapter slots, the tool-call parser), so `engine_arg` can't carry them.
+    max_loras: int = Field(0, ge=0, description="LoRA adapter slots per worker (vLLM's max_loras); 0 = LoRA off")
+    max_lora_rank: int = Field(16, description="Largest adapter rank accepted (vLLM's max_lora_rank)")
+    tool_call_parser: str | None = Field(None, description="vLLM tool-call parser (e.g. hermes) for the model")
+    enable_auto_tool_choice: bool = Field(False, description="Allow tool_choice 'auto'; needs tool_call_parser")
+    load_format: str | None = Field(None, description="vLLM load format, e.g. 'dummy' (random weights, tests)")
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _lora_rank(cls, value: int) -> int:
+        if value not in LORA_RANKS:
+            raise ValueError(f"must be one of {', '.join(map(str, LORA_RANKS))}")
+        return value
+
+    @property
+    def worker_options(self) -> dict[str, object]:
+        """The options above that differ from a plain worker's, as EngineConfig fields."""
+        options: dict[str, object] = {}
+        if self.max_loras:
+            options.update(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank)
+        if self.tool_call_parser:
+            options.update(tool_call_parser=self.tool_call_parser, enable_auto_tool_choice=self.enable_auto_tool_choice)
+        if self.load_format:
+            options["load_format"] = self.load_format
+        return options
 
     @field_validator("devices")
     @classmethod

@@ -236,7 +236,7 @@ def _add_worker(plan: Plan, fleet: FleetFile, entry: ModelEntry, slot: _Slot, sh
     config = PlanConfig(engine=fleet.engine, model=entry.model, max_model_len=entry.max_model_len,
                         max_num_seqs=entry.max_num_seqs, enforce_eager=entry.enforce_eager, host=fleet.host,
                         engine_arg=list(entry.engine_arg), kv_cache_space_gb=entry.kv_cache_space_gb)
-    fields = dict(slot.engine)
+    fields = {**slot.engine, **entry.worker_options}
     device = slot.device
     if device.kind == "cpu":
         kv_gib = entry.kv_cache_space_gb or default_kv_gib(shape, config)
