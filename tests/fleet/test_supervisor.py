@@ -201,3 +201,23 @@ async def test_worker_not_serving_for_less_than_the_grace_keeps_running():
         assert worker.pid == pid and not worker.restarts
     finally:
         await supervisor.stop()
+
+
+async def test_workers_sharing_one_gpu_start_one_after_another():
+    # vLLM sizes its KV cache from what its start-up profiling sees used on the GPU, so two
+    # engines starting at once on one GPU miscount each other; a worker with a GPU of its own
+    # does not wait.
+    plan = mock_plan(3)
+    first, second, alone = plan.workers
+    first.env = {**first.env, "CUDA_VISIBLE_DEVICES": "GPU-shared"}
+    second.env = {**second.env, "CUDA_VISIBLE_DEVICES": "GPU-shared"}
+    alone.env = {**alone.env, "CUDA_VISIBLE_DEVICES": "GPU-own"}
+    supervisor = NodeSupervisor(plan, None, FAST)
+    await supervisor.start()
+    try:
+        await supervisor.wait_serving(60)
+        one, two, three = supervisor.workers
+        assert two.spawned_at >= one.serving_since, "the second sharer started before the first was serving"
+        assert three.spawned_at < one.serving_since, "a worker on its own GPU waited for another GPU's"
+    finally:
+        await supervisor.stop()

@@ -55,6 +55,11 @@ class ManagedWorker:
         self.process = WorkerProcess(command=spec.argv(), env=spec.env, host=spec.host, port=spec.port,
                                      log_path=self.log_path, die_with_parent=True)
         self.serving = asyncio.Event()
+        # Set once the first start has ended, serving or not; the next worker sharing this GPU waits for it.
+        self.first_start_settled = asyncio.Event()
+        self.start_after: ManagedWorker | None = None
+        self.spawned_at: float | None = None       # monotonic time of the last start, and of SERVING
+        self.serving_since: float | None = None
         self._stopping = False
         self._registered = False
 
@@ -64,9 +69,14 @@ class ManagedWorker:
 
     async def run(self) -> None:
         """Start, watch and restart until stopped or given up."""
+        if self.start_after is not None:
+            logger.info("worker %s waits for %s, which shares its GPU, to finish starting", self.spec.worker_id,
+                        self.start_after.spec.worker_id)
+            await self.start_after.first_start_settled.wait()
         while not self._stopping:
             self._spawn()
             await self._serve_until_exit()
+            self.first_start_settled.set()
             self.process.kill()  # the exited worker's engine core may outlive it
             await self._deregister()
             if self._stopping:
@@ -99,6 +109,7 @@ class ManagedWorker:
     def _spawn(self) -> None:
         self.state = "starting"
         self.serving.clear()
+        self.spawned_at = time.monotonic()
         self.process.start()
         logger.info("worker %s (%s) started: pid %s, %s", self.spec.worker_id, self.spec.device, self.process.pid,
                     self.spec.address)
@@ -116,7 +127,9 @@ class ManagedWorker:
         async with WorkerClient(self.spec.address) as client:
             await self._register(client)
             self.state = "serving"
+            self.serving_since = time.monotonic()
             self.serving.set()
+            self.first_start_settled.set()
             logger.info("worker %s (%s) SERVING at %s", self.spec.worker_id, self.spec.device, self.spec.address)
             await self._watch_health(client, asyncio.ensure_future(self.process.wait_exit()))
 
@@ -199,6 +212,22 @@ def _advertised(spec: WorkerSpec) -> str:
     return f"{host}:{spec.port}"
 
 
+def _start_gpu_sharers_in_turn(workers: list[ManagedWorker]) -> None:
+    """Workers that share one GPU (shares like gpu:0@0.45) start one after another.
+
+    vLLM sizes its KV cache at start from the memory its own profiling run sees used; an engine
+    starting beside another one counts the other's allocations as its own and may find no
+    room for the cache at all. Whole GPUs and MIG instances have a CUDA_VISIBLE_DEVICES of their
+    own and start at once. Restarts are not ordered: the engines already running hold steady."""
+    last_on: dict[str, ManagedWorker] = {}
+    for worker in workers:
+        device = worker.spec.env.get("CUDA_VISIBLE_DEVICES", "")
+        if not device:
+            continue
+        worker.start_after = last_on.get(device)
+        last_on[device] = worker
+
+
 class NodeSupervisor:
     """Runs a plan's workers: `await start()`, then `await stop()` (or `run_until_signal()`)."""
 
@@ -209,6 +238,7 @@ class NodeSupervisor:
         self.log_dir = Path(self.config.log_dir or tempfile.mkdtemp(prefix="vllm-fleet-node-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.workers = [ManagedWorker(spec, registry, self.config, self.log_dir) for spec in plan.workers]
+        _start_gpu_sharers_in_turn(self.workers)
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
