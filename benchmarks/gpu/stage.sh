@@ -30,33 +30,40 @@ cd "$(dirname "$0")/../.."
 ROOT=${GPU_STAGE_ROOT:-/tmp}
 SITE=$ROOT/site FLEET_SITE=$ROOT/fleet-site MODEL_DIR=$ROOT/models/qwen3.5-9b
 
-case ${1:?usage: stage.sh part FILE | install} in
+case ${1:?usage: stage.sh part FILE | keep SRC NAME | install} in
 part)
     mkdir -p "$ROOT/stage" && cp "${2:?part file}" "$ROOT/stage/"
     ls -la "$ROOT/stage" ;;
+keep)  # keep SRC (a file or a folder's files) as ROOT/stage/NAME: parts of one folder from several runs
+    src=${2:?source} name=${3:?name under the stage folder}
+    mkdir -p "$ROOT/stage/$name"
+    if [[ -d $src ]]; then cp -r "$src"/. "$ROOT/stage/$name/"; else cp "$src" "$ROOT/stage/$name/"; fi
+    du -sh "$ROOT/stage/$name" ;;
 install)
-    # Each part once: a later run may find this run's ignored .gpu/ folders still in the repo folder.
+    # Staged parts come from this run's $SRC/ or, with STAGE_FROM=$ROOT/stage, from what `keep` kept.
+    SRC=${STAGE_FROM:-.gpu}
+    # Each part once: a later run may find this run's ignored $SRC/ folders still in the repo folder.
     done_once() { [[ -f $ROOT/stage/.done-$1 ]]; }
     mark() { mkdir -p "$ROOT/stage" && touch "$ROOT/stage/.done-$1"; }
-    if [[ -f .gpu/nginx.deb ]]; then
-        dpkg -x .gpu/nginx.deb "$ROOT/nginx" && "$ROOT/nginx/usr/sbin/nginx" -v
+    if [[ -f $SRC/nginx.deb ]]; then
+        dpkg -x $SRC/nginx.deb "$ROOT/nginx" && "$ROOT/nginx/usr/sbin/nginx" -v
     fi
-    if [[ -d .gpu/fleet ]] && ! done_once fleet; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --target "$FLEET_SITE" .gpu/fleet/*.whl
-        echo "our wheels: $(ls .gpu/fleet | tr '\n' ' ')"; mark fleet
+    if [[ -d $SRC/fleet ]] && ! done_once fleet; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$FLEET_SITE" $SRC/fleet/*.whl
+        echo "our wheels: $(ls $SRC/fleet | tr '\n' ' ')"; mark fleet
     fi
-    if [[ -d .gpu/deps ]] && ! done_once deps; then
+    if [[ -d $SRC/deps ]] && ! done_once deps; then
         mkdir -p "$SITE"
         cat "$ROOT"/stage/vllm.part* | xz -dc -T0 | tar -x -C "$SITE"
-        python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/deps/*.whl
-        tar -xzf .gpu/third_party.tgz -C "$SITE"; mark deps
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $SRC/deps/*.whl
+        tar -xzf $SRC/third_party.tgz -C "$SITE"; mark deps
     fi
-    if [[ -d .gpu/smg ]] && ! done_once smg; then  # SMG (issue #17): its gateway and vLLM's gRPC servicer
-        python3 -m pip install -q --no-index --no-deps --no-compile --target "$ROOT/smg-site" .gpu/smg/*.whl
-        echo "smg: $(ls .gpu/smg | tr '\n' ' ')"; mark smg
+    if [[ -d $SRC/smg ]] && ! done_once smg; then  # SMG (issue #17): its gateway and vLLM's gRPC servicer
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$ROOT/smg-site" $SRC/smg/*.whl
+        echo "smg: $(ls $SRC/smg | tr '\n' ' ')"; mark smg
     fi
-    if [[ -d .gpu/srv ]] && ! done_once srv; then  # what vLLM's OpenAI server imports beyond the engine's path
-        python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/srv/*.whl
+    if [[ -d $SRC/srv ]] && ! done_once srv; then  # what vLLM's OpenAI server imports beyond the engine's path
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $SRC/srv/*.whl
         echo "vLLM: $(du -sh $SITE | cut -f1) in $SITE"; mark srv
     fi
     [[ -f $MODEL_DIR/tokenizer.json ]] || python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3.5-9b "$MODEL_DIR"
@@ -69,5 +76,5 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_M
 ENV
     echo "env in $ROOT/gpu-env.sh" ;;
 *)
-    echo "usage: stage.sh part FILE | install" >&2; exit 2 ;;
+    echo "usage: stage.sh part FILE | keep SRC NAME | install" >&2; exit 2 ;;
 esac

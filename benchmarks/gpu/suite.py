@@ -286,12 +286,14 @@ async def scenario_lora(args, stack: Stack, http: aiohttp.ClientSession) -> None
     check("lora: the adapter is gone after the unload (404)", after["status"] == 404, str(after["status"]))
 
 
+# strict: OpenAI's (and vLLM's) promise that arguments follow the schema; without it a tool
+# parser's grammar guarantees only JSON (vLLM 0.32's hermes structural tag takes any value).
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
            "properties": {"city": {"type": "string", "maxLength": 12},
                           "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city", "strict": True,
                                            "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
+         {"type": "function", "function": {"name": "get_time", "description": "Local time in a city", "strict": True,
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                           "required": ["city"]}}}]
 
@@ -327,10 +329,16 @@ async def scenario_tools(args, stack: Stack, http: aiohttp.ClientSession) -> Non
         figure(f"tools: tool_choice {label}", detail or answer.get("error"))
         check(f"tools: tool_choice {label} gives valid tool calls that end by themselves", ok, detail)
     auto = await chat(tools=TOOLS, tool_choice="auto")
-    auto_ok = auto["status"] == 200 and auto["choices"][0]["finish_reason"] in ("stop", "tool_calls")
-    figure("tools: tool_choice auto (parser on the worker)",
-           json.dumps(auto["choices"][0]["message"] if auto["status"] == 200 else auto)[:300])
-    check("tools: tool_choice auto answers (content or tool calls) and ends by itself", auto_ok)
+    # Whether a model calls a tool on its own is the model's business (random weights never do);
+    # what the fleet owes is the parser's answer: content or well-formed tool calls, a finish reason.
+    auto_ok = auto["status"] == 200 and auto["choices"][0]["finish_reason"] in ("stop", "tool_calls", "length")
+    if auto_ok:
+        message = auto["choices"][0]["message"]
+        auto_ok = isinstance(message.get("content"), str) or bool(message.get("tool_calls"))
+    figure("tools: tool_choice auto (hermes parser on the worker)",
+           f"finish {auto['choices'][0]['finish_reason'] if auto['status'] == 200 else auto['status']}: "
+           + json.dumps(auto["choices"][0]["message"] if auto["status"] == 200 else auto)[:240])
+    check("tools: tool_choice auto with the parser answers content or tool calls", auto_ok)
     schema = {"type": "object", "additionalProperties": False, "required": ["capital", "population_millions"],
               "properties": {"capital": {"type": "string", "maxLength": 30},
                              "population_millions": {"type": "number", "minimum": 0, "maximum": 100}}}

@@ -373,3 +373,27 @@ async def test_draining_worker_finishes_its_streams_and_gets_no_new_ones(mock_wo
     finally:
         a.stop(timeout=10)
         b.stop(timeout=10)
+
+
+async def test_a_recovering_worker_takes_many_streams_at_once_after_its_first_probe_answers(mock_worker_factory):
+    # A worker back from a crash is half-open: one probe at a time. The probe proves it at its
+    # first output, so the streams that arrive together (say, migrating off a dead worker) wait
+    # for that and then all run, instead of failing with "no worker" or trickling one by one
+    # behind a probe that streams for minutes. Seen on a real node: 15 of 16 streams failed.
+    worker = await mock_worker_factory.start(mock_tokens_per_s=20, mock_ttft_ms=50)
+    try:
+        async with routed(worker.address, breaker_failures=1, breaker_successes=2, breaker_open_s=0.2) as router:
+            router._pool.report(worker.address, False)  # a failed request, as the router records one
+            await wait_until(lambda: router.snapshot().get(worker.address).breaker == "half_open", timeout=10,
+                             message="the breaker half-open")
+            outs = [Collected() for _ in range(6)]
+            tasks = [asyncio.create_task(consume(router, request(f"back-{i}", "after a crash", 30), out))
+                     for i, out in enumerate(outs)]
+            await wait_until(lambda: router.snapshot().get(worker.address).breaker == "closed" or any(
+                t.done() for t in tasks), timeout=30, message="the breaker closed")
+            assert not any(t.done() for t in tasks), "the breaker closed only after a whole stream ended"
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            assert [type(r).__name__ for r in results] == ["Collected"] * 6, results
+            assert all(len(out.tokens[(0, 0)]) == 30 for out in outs)
+    finally:
+        worker.stop(timeout=10)

@@ -41,7 +41,7 @@ from vllm_fleet.router.classes import BatchGate, batch_share
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.ejection import OutlierDetector
 from vllm_fleet.router.metrics import RouterMetrics
-from vllm_fleet.router.snapshot import DOWN, DRAINING, EJECTED, SERVING, PoolSnapshot, WorkerView
+from vllm_fleet.router.snapshot import DOWN, DRAINING, EJECTED, HALF_OPEN, SERVING, PoolSnapshot, WorkerView
 
 logger = logging.getLogger(__name__)
 
@@ -111,12 +111,15 @@ class WorkerState:
 class Lease:
     """One attempt's claim on a worker: counts it in flight with its outstanding tokens."""
 
-    __slots__ = ("_worker", "_clock", "remaining")
+    __slots__ = ("_worker", "_clock", "remaining", "probe", "credited")
 
-    def __init__(self, worker: WorkerState, tokens: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, worker: WorkerState, tokens: int, clock: Callable[[], float] = time.monotonic,
+                 probe: bool = False) -> None:
         self._worker = worker
         self._clock = clock
         self.remaining = tokens
+        self.probe = probe          # holds a half-open breaker's one probe slot
+        self.credited = False       # ... and its first output already counted as the probe's success
         worker.in_flight += 1
         worker.outstanding_tokens += tokens
 
@@ -124,6 +127,12 @@ class Lease:
         """A chunk came: `tokens` of the claim are done, and the worker is producing."""
         if self._worker is None:
             return
+        if self.probe and not self.credited:
+            # A probe proves the worker serves at its first output, not at its end: a stream
+            # holding the one probe slot for its whole answer would keep a recovered worker to
+            # one request at a time for minutes.
+            self.credited = True
+            self._worker.breaker.record_success()
         self._worker.output_at = self._clock()
         done = min(tokens, self.remaining)
         self.remaining -= done
@@ -336,20 +345,26 @@ class Pool:
     def try_acquire(self, address: str, tokens: int) -> Lease | None:
         """Claim `address` for one attempt, or None if it left or its breaker refuses."""
         worker = self._workers.get(address)
-        if worker is None or not worker.breaker.allow():
+        if worker is None:
             return None
-        return Lease(worker, tokens, self._clock)
+        probing = worker.breaker.state == HALF_OPEN
+        if not worker.breaker.allow():
+            return None
+        return Lease(worker, tokens, self._clock, probe=probing)
 
-    def report(self, address: str, ok: bool | None) -> None:
-        """An attempt's verdict on its worker: True ok, False failed, None no verdict (cancelled)."""
+    def report(self, address: str, ok: bool | None, credited: bool = False) -> None:
+        """An attempt's verdict on its worker: True ok, False failed, None no verdict (cancelled).
+        `credited`: the attempt was a breaker probe whose first output already counted."""
         worker = self._workers.get(address)
         if worker is None:
             return
         if ok is None:
-            worker.breaker.release()
+            if not credited:  # a credited probe gave its slot back already; another may hold it
+                worker.breaker.release()
             return
         if ok:
-            worker.breaker.record_success()
+            if not credited:
+                worker.breaker.record_success()
         else:
             worker.breaker.record_failure()
             worker.request_failed = True

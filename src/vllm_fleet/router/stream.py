@@ -54,6 +54,7 @@ from vllm_fleet.router.classes import BATCH, INTERACTIVE, batch_share, guarantee
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pool import Lease
+from vllm_fleet.router.snapshot import HALF_OPEN
 from vllm_fleet.router.watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ logger = logging.getLogger(__name__)
 DEADLINE_SLACK_S = 0.05
 # Batch waiting for slack looks again at least this often, even if no Load or finished attempt woke it.
 BATCH_RECHECK_S = 1.0
+# How often a request that found every worker's probe slot taken looks again.
+PROBE_WAIT_POLL_S = 0.02
 
 
 class _Withdrawn(Exception):
@@ -179,7 +182,7 @@ class RoutedStream:
             while True:
                 if self.request.adapter and ctx.adapters is not None:  # a LoRA request: some worker holds it
                     await ctx.adapters.place(self.request.adapter, self.features.model or "", self.features.pool)
-                address, lease = await self._pick_batch(tried) if self._batch else self._pick(tried)
+                address, lease = await self._pick_batch(tried) if self._batch else await self._pick_or_await_probe(tried)
                 self.attempts += 1
                 self.worker = address
                 tried.add(address)
@@ -231,7 +234,7 @@ class RoutedStream:
                     self._before_retry(exc, address)
                 finally:
                     lease.release()
-                    ctx.pool.report(address, verdict)
+                    ctx.pool.report(address, verdict, credited=lease.credited)
                     if self._batch:
                         ctx.pool.batch.ended(address, token)
             outcome = "ok"
@@ -243,6 +246,22 @@ class RoutedStream:
             if self._ticket is not None:
                 self._ticket.finish(used)
             ctx.metrics.requests.labels(self.features.model or "", outcome).inc()
+
+    async def _pick_or_await_probe(self, tried: set[str]) -> tuple[str, Lease]:
+        """`_pick`, but when every routable worker refused only because a half-open breaker's
+        one probe is in flight (a worker just back from a crash), wait for that probe's first
+        output instead of failing: streams migrating off a dead worker all at once must not
+        fail because the one survivor is still proving itself."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._context.config.first_chunk_timeout_s
+        while True:
+            try:
+                return self._pick(tried)
+            except NoWorkerError:
+                eligible = self._context.pool.snapshot().eligible(self.features.model, self.features.pool)
+                if loop.time() >= deadline or not any(w.breaker == HALF_OPEN for w in eligible):
+                    raise
+            await asyncio.sleep(PROBE_WAIT_POLL_S)
 
     def _pick(self, tried: set[str]) -> tuple[str, Lease]:
         """The best-ranked worker not tried yet whose breaker lets this request through."""
