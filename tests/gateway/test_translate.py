@@ -191,7 +191,6 @@ def test_chat_refusals_name_the_field(body, param):
     ({"prompt": list(range(CONTEXT))}, "prompt"),
     ({"prompt": [[1], []]}, "prompt"),
     ({"prompt": [1, "a"]}, "prompt"),
-    ({"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
     ({"prompt": "x", "suffix": "tail"}, "suffix"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),

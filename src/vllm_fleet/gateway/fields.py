@@ -108,7 +108,8 @@ _COMMON: dict[str, Rule] = {
     "logprobs": _engine("the gateway's --max-top-logprobs applies"),
     "use_beam_search": _refused("beam search is not served: it cannot stream or migrate", default=False),
     "length_penalty": _refused("applies to beam search only, which is not served", default=1.0),
-    "prompt_logprobs": _refused(_NO_EXTRAS + " (prompt logprobs)"),
+    "prompt_logprobs": _engine("vLLM's prompt logprobs: answered in vLLM's `prompt_logprobs` field (non-streamed; "
+                               "vLLM refuses them with stream)"),
     "logprob_token_ids": _refused(_NO_EXTRAS + " (logprobs of chosen token ids)"),
     "return_tokens_as_token_ids": _refused(_NO_EXTRAS, default=False),
     "return_token_ids": _refused(_NO_EXTRAS, default=False),

@@ -44,6 +44,7 @@ class Plan:
     continuous_usage: bool = False  # usage so far on every event (needs include_usage)
     echo: bool = False         # completions: each choice starts with its prompt (the worker's text)
     echo_prefix: str = ""      # chat: what echo puts before every answer
+    echo_only: bool = False    # completions: echo with max_tokens 0, the prompt alone (vLLM's extension)
     response_id: str | None = None  # the client's request_id, which names the answer
 
 
@@ -104,11 +105,11 @@ def completion_plan(body: CompletionRequest, *, request_id: str, session_id: str
         raise bad_request(f"{len(inputs)} prompts in one request; the limit is {config.max_prompts}", param="prompt")
     plan = _plan(body, "completion", inputs, estimate, body.max_tokens, body.logprobs,
                  request_id=request_id, session_id=session_id, config=config, max_model_len=max_model_len)
-    if body.echo and body.logprobs is not None:
-        # vLLM answers this with the prompt's logprobs too, which the fleet's protocol does not carry.
-        raise bad_request("echo with logprobs is not supported (it needs prompt logprobs); drop one of them",
-                          param="echo")
+    # echo with logprobs: vLLM computes the prompt's logprobs (the worker's first chunk carries
+    # them) and the answer starts with the prompt's tokens. With max_tokens 0 vLLM runs one token
+    # and shows only the prompt (without echo, vLLM's validator refuses max_tokens 0).
     plan.echo = bool(body.echo)
+    plan.echo_only = plan.echo and body.max_tokens == 0
     return plan
 
 
