@@ -137,6 +137,11 @@ def _plan(body, kind: str, inputs: list[GenerateInput], estimate: int, max_token
     if options is not None and not body.stream:
         raise bad_request("stream_options can only be given with stream: true", param="stream_options")
     _check_lengths(estimate, max_tokens, config, max_model_len, "messages" if kind == "chat" else "prompt")
+    prompt_logprobs = (body.model_extra or {}).get("prompt_logprobs")
+    if body.stream and isinstance(prompt_logprobs, int) and (prompt_logprobs > 0 or prompt_logprobs == -1):
+        # vLLM's rule, which its validator on the worker cannot apply: the worker always streams,
+        # and the body it gets does not say whether the client's answer is a stream.
+        raise bad_request("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
     forwarded = forward.engine_body(kind, body)
     request = GenerateRequest(
         request_id=request_id, inputs=inputs, body=forward.request_body(kind, forwarded), n=n,
