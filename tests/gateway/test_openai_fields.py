@@ -317,3 +317,9 @@ async def test_completion_echo_with_max_tokens_0_answers_the_prompt_alone(record
     events = [c.choices[0] async for c in stream if c.choices]
     assert "".join(e.text for e in events) == "Hello there"
     assert [t for e in events for t in e.logprobs.tokens] == ["Hello", " there"]
+
+
+async def test_completion_max_tokens_0_without_echo_is_vllms_400(recorded):
+    server, _, _ = recorded
+    reply = await _post(server, "/v1/completions", {**COMPLETION, "max_tokens": 0})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_tokens", reply.text
