@@ -323,7 +323,8 @@ class MockEngine(Engine):
         def token(i: int) -> str:
             return self.tokenizer.decode(i) if self.tokenizer is not None else (VOCAB[i] if i < len(VOCAB) else "")
 
-        return [PromptLogprob(i, token(i), None) if k == 0 else PromptLogprob(i, token(i), -0.25, [(i, token(i), -0.25, 1)])
+        return [PromptLogprob(i, token(i), None) if k == 0
+                else PromptLogprob(i, token(i), -0.25, [(i, token(i), -0.25, 1)])
                 for k, i in enumerate(prompt_token_ids)]
 
     def _scripted_steps(self, prompt_token_ids: list[int], max_tokens: int, params: Any,
