@@ -13,7 +13,7 @@ import pytest
 from vllm_fleet.client.pool import ClientPool
 from vllm_fleet.gateway import fields
 from vllm_fleet.gateway.fields import Kind
-from vllm_fleet.protocol.types import Chunk, GenerateRequest, ToolCallDelta, Usage
+from vllm_fleet.protocol.types import Chunk, GenerateRequest, PromptLogprob, TokenLogprob, ToolCallDelta, Usage
 from vllm_fleet.worker.openai.request import build_vllm_request
 
 from gateway_support import MODEL_A, MODEL_B
@@ -267,3 +267,59 @@ async def test_non_text_content_part_is_400_naming_its_type(recorded):
     error = reply.json()["error"]
     assert error["param"] == "messages.0.content.1" and "image_url" in error["message"]
     assert log == []
+
+
+PROMPT_LPS = [PromptLogprob(1, "Hello", None),
+              PromptLogprob(2, " there", -1.25, [(2, " there", -1.25, 3), (9, " world", -0.5, 1), (8, "!", -0.75, 2)])]
+
+
+async def test_completion_echo_with_logprobs_puts_the_prompts_tokens_first(recorded):
+    """vLLM's shape: the prompt's tokens lead the logprobs (the first with nulls), offsets run on
+    into the answer, and the choice carries vLLM's own prompt_logprobs field."""
+    server, log, scripts = recorded
+    scripts["answer"] = lambda request: [
+        Chunk(0, 0, " world", [9], prompt_text="Hello there", prompt_logprobs=PROMPT_LPS,
+              logprobs=[TokenLogprob(9, " world", -0.5, [(9, " world", -0.5)])]),
+        Chunk(0, 0, "!", [8], finish_reason="length", usage=Usage(2, 2, 0),
+              logprobs=[TokenLogprob(8, "!", -0.1, [(8, "!", -0.1)])]),
+    ]
+    body = {**COMPLETION, "prompt": "Hello there", "echo": True, "logprobs": 1}
+    whole = (await _post(server, "/v1/completions", body)).json()["choices"][0]
+    assert whole["text"] == "Hello there world!"
+    assert whole["logprobs"] == {
+        "tokens": ["Hello", " there", " world", "!"], "token_logprobs": [None, -1.25, -0.5, -0.1],
+        "top_logprobs": [None, {" there": -1.25, " world": -0.5}, {" world": -0.5}, {"!": -0.1}],
+        "text_offset": [0, 5, 11, 17]}
+    assert whole["prompt_logprobs"] == [None, {"2": {"logprob": -1.25, "rank": 3, "decoded_token": " there"},
+                                               "9": {"logprob": -0.5, "rank": 1, "decoded_token": " world"},
+                                               "8": {"logprob": -0.75, "rank": 2, "decoded_token": "!"}}]
+    assert json.loads(log[-1].body.body_json)["echo"] is True  # vLLM asks itself for the prompt's logprobs
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    stream = await client.completions.create(model=MODEL_A, prompt="Hello there", max_tokens=2, echo=True,
+                                             logprobs=1, stream=True)
+    events = [c.choices[0] async for c in stream if c.choices]
+    assert events[0].text == "Hello there world" and events[0].logprobs.tokens == ["Hello", " there", " world"]
+    assert [o for e in events for o in e.logprobs.text_offset] == [0, 5, 11, 17]
+
+
+async def test_completion_echo_with_max_tokens_0_answers_the_prompt_alone(recorded):
+    server, _, scripts = recorded
+    scripts["answer"] = lambda request: [
+        Chunk(0, 0, " world", [9], prompt_text="Hello there", prompt_logprobs=PROMPT_LPS, finish_reason="length",
+              usage=Usage(2, 1, 0), logprobs=[TokenLogprob(9, " world", -0.5, [(9, " world", -0.5)])])]
+    body = {**COMPLETION, "prompt": "Hello there", "echo": True, "logprobs": 0, "max_tokens": 0}
+    whole = (await _post(server, "/v1/completions", body)).json()["choices"][0]
+    assert whole["text"] == "Hello there" and whole["logprobs"]["tokens"] == ["Hello", " there"]
+    assert whole["logprobs"]["top_logprobs"] == [None, {" there": -1.25}]  # logprobs 0: the token itself
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    stream = await client.completions.create(model=MODEL_A, prompt="Hello there", max_tokens=0, echo=True,
+                                             logprobs=0, stream=True)
+    events = [c.choices[0] async for c in stream if c.choices]
+    assert "".join(e.text for e in events) == "Hello there"
+    assert [t for e in events for t in e.logprobs.tokens] == ["Hello", " there"]
+
+
+async def test_completion_max_tokens_0_without_echo_is_vllms_400(recorded):
+    server, _, _ = recorded
+    reply = await _post(server, "/v1/completions", {**COMPLETION, "max_tokens": 0})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_tokens", reply.text

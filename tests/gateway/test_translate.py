@@ -191,7 +191,6 @@ def test_chat_refusals_name_the_field(body, param):
     ({"prompt": list(range(CONTEXT))}, "prompt"),
     ({"prompt": [[1], []]}, "prompt"),
     ({"prompt": [1, "a"]}, "prompt"),
-    ({"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
     ({"prompt": "x", "suffix": "tail"}, "suffix"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
@@ -251,3 +250,17 @@ def test_service_tier_flex_runs_as_batch_and_is_not_sent_to_the_engine(tier, ser
 
 def test_an_unknown_service_tier_is_refused_naming_it():
     assert refused(chat, {"messages": MSG, "service_tier": "bulk"}).param == "service_tier"
+
+
+@pytest.mark.parametrize("call, body", [
+    (chat, {"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1, "stream": True}),
+    (completion, {"prompt": "x", "prompt_logprobs": 2, "stream": True}),
+])
+def test_prompt_logprobs_on_a_stream_are_refused_as_vllm_does(call, body):
+    # The worker always streams, so vLLM's own check cannot see the client's stream flag.
+    assert refused(call, body).param == "prompt_logprobs"
+
+
+def test_echo_with_logprobs_and_max_tokens_0_is_served():
+    plan = completion({"prompt": "x", "echo": True, "logprobs": 1, "max_tokens": 0})
+    assert plan.echo and plan.echo_only and plan.logprobs == 1

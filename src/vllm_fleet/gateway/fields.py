@@ -108,7 +108,8 @@ _COMMON: dict[str, Rule] = {
     "logprobs": _engine("the gateway's --max-top-logprobs applies"),
     "use_beam_search": _refused("beam search is not served: it cannot stream or migrate", default=False),
     "length_penalty": _refused("applies to beam search only, which is not served", default=1.0),
-    "prompt_logprobs": _refused(_NO_EXTRAS + " (prompt logprobs)"),
+    "prompt_logprobs": _engine("vLLM's prompt logprobs: answered in vLLM's `prompt_logprobs` field (non-streamed; "
+                               "vLLM refuses them with stream)"),
     "logprob_token_ids": _refused(_NO_EXTRAS + " (logprobs of chosen token ids)"),
     "return_tokens_as_token_ids": _refused(_NO_EXTRAS, default=False),
     "return_token_ids": _refused(_NO_EXTRAS, default=False),
@@ -132,7 +133,8 @@ CHAT: dict[str, Rule] = {
     "messages": _gateway("travel typed (text parts only), for routing and migration"),
     "max_completion_tokens": _engine("newer name of max_tokens; limits as for max_tokens"),
     "top_logprobs": _engine("the gateway's --max-top-logprobs applies"),
-    "echo": _gateway("the last message's content starts the answer when its role is the answer's, as vLLM does"),
+    "echo": _gateway("the last message's content starts the answer when its role is the answer's, as vLLM does; "
+                     "vLLM then computes prompt logprobs (top_logprobs of them): the whole answer's prompt_logprobs"),
     "tools": _engine("tool definitions for the chat template and the tool parser"),
     "tool_choice": _engine("none/auto/required/named; auto needs a worker with --enable-auto-tool-choice"),
     "parallel_tool_calls": _engine(),
@@ -163,7 +165,9 @@ CHAT: dict[str, Rule] = {
 COMPLETION: dict[str, Rule] = {
     **_COMMON,
     "prompt": _gateway("strings or token ids, one input each, for routing and migration"),
-    "echo": _engine("the worker sends the prompt's text, which starts each choice"),
+    "echo": _engine("the worker sends the prompt's text, which starts each choice; with logprobs the prompt's "
+                    "tokens start the logprobs (the first's null), from vLLM's prompt logprobs; with max_tokens 0 "
+                    "the prompt alone"),
     "suffix": _refused("vLLM does not serve suffix (insertion) completions", default=""),
     "prompt_embeds": _refused("prompt embeddings are not carried to workers"),
     "best_of": _refused("best_of is not served: ask n samples and choose", default=1, openai_only=True),

@@ -3,7 +3,7 @@ tool calls, and the event that ends every stream."""
 
 from __future__ import annotations
 
-from vllm_fleet.protocol.types import Chunk, TokenLogprob, ToolCallDelta
+from vllm_fleet.protocol.types import Chunk, PromptLogprob, TokenLogprob, ToolCallDelta
 
 # The last event of every OpenAI stream; sse.py writes it, asgi.StreamResponse ends the body on it.
 DONE = b"data: [DONE]\n\n"
@@ -122,21 +122,50 @@ def chat_logprobs(items: list[TokenLogprob]) -> list[dict]:
 
 
 class CompletionLogprobs:
-    """The legacy `logprobs` object of a completion choice; keeps text offsets across chunks."""
+    """The legacy `logprobs` object of a completion choice; keeps text offsets across chunks.
+
+    With `echo` the prompt's tokens come first, as vLLM gives them: the first has no logprob
+    (null, and null alternatives), each other has its `top` most likely alternatives plus itself
+    (vLLM's first `top`+1 candidates), logprobs floored at -9999 (JSON has no -inf).
+    """
 
     __slots__ = ("offset",)
 
     def __init__(self) -> None:
         self.offset = 0
 
-    def body(self, items: list[TokenLogprob]) -> dict:
-        offsets = []
+    def body(self, items: list[TokenLogprob], prompt: list[PromptLogprob] | None = None, top: int = 0) -> dict:
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict | None] = []
+        for lp in prompt or ():
+            tokens.append(lp.token)
+            if lp.logprob is None:
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+                continue
+            token_logprobs.append(max(lp.logprob, LOGPROB_FLOOR))
+            top_logprobs.append({tok: max(p, LOGPROB_FLOOR) for _, tok, p, _ in lp.candidates[:top + 1]})
         for lp in items:
+            tokens.append(lp.token)
+            token_logprobs.append(lp.logprob)
+            top_logprobs.append({tok: p for _, tok, p in lp.top})
+        offsets = []
+        for token in tokens:
             offsets.append(self.offset)
-            self.offset += len(lp.token)
-        return {
-            "tokens": [lp.token for lp in items],
-            "token_logprobs": [lp.logprob for lp in items],
-            "top_logprobs": [{tok: p for _, tok, p in lp.top} for lp in items],
-            "text_offset": offsets,
-        }
+            self.offset += len(token)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": offsets}
+
+
+# vLLM's floor for a logprob in an answer (its -inf would not be JSON).
+LOGPROB_FLOOR = -9999.0
+
+
+def prompt_logprobs_body(items: list[PromptLogprob]) -> list[dict | None]:
+    """vLLM's own `prompt_logprobs` field (a completion choice's, a chat answer's): per prompt token
+    null (the first) or {token id: {logprob, rank, decoded_token}}, in vLLM's order."""
+    return [None if lp.logprob is None else
+            {str(tid): {"logprob": max(p, LOGPROB_FLOOR), "rank": rank, "decoded_token": tok}
+             for tid, tok, p, rank in lp.candidates}
+            for lp in items]

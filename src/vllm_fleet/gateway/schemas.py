@@ -137,4 +137,7 @@ class CompletionRequest(_Sampling):
         description="A string, a list of strings, a list of token ids, or a list of token-id lists"
     )
     logprobs: _int(0, 20) | None = Field(None, description="Alternatives per token to return with logprobs")
-    echo: bool | None = Field(False, description="Start each choice with its prompt")
+    echo: bool | None = Field(False, description="Start each choice with its prompt (with logprobs: its tokens too)")
+    # 0 is vLLM's "echo only": the prompt and its logprobs, nothing generated (vLLM refuses it without echo).
+    max_tokens: _int(0, 2**31 - 1) | None = Field(None, description="Most tokens to generate per sample (0: with "
+                                                                     "echo, the prompt alone)")

@@ -53,7 +53,7 @@ class StreamEncoder:
             # vLLM's continuous_usage_stats: this choice's usage so far on every event.
             usage = _dumps(self.usage.body_of(chunk.index, chunk.sample))
             return (self._head + _dumps(body) + '],"usage":' + usage + "}\n\n").encode()
-        if chunk.logprobs is not None:
+        if body["logprobs"] is not None:
             return (self._head + _dumps(body) + "]" + self._tail).encode()
         return self._head_bytes + orjson.dumps(body) + self._tail_bytes
 
@@ -74,13 +74,16 @@ class StreamEncoder:
         return body
 
     def _completion_choice(self, choice: int, chunk: Chunk, first: bool) -> dict:
-        text = chunk.text
-        if first and self.plan.echo and chunk.prompt_text:
-            text = chunk.prompt_text + text
+        # echo with max_tokens 0: the prompt alone (the engine's one token is not shown), as vLLM does.
+        text, logprobs = ("", None) if self.plan.echo_only else (chunk.text, chunk.logprobs)
+        prompt = None
+        if first and self.plan.echo:
+            text = (chunk.prompt_text or "") + text
+            prompt = chunk.prompt_logprobs  # the prompt's tokens start the first event's logprobs
         body = {"index": choice, "text": text, "logprobs": None, "finish_reason": chunk.finish_reason}
-        if chunk.logprobs is not None:
+        if self.plan.logprobs is not None and (logprobs is not None or prompt is not None):
             tracker = self._completion_logprobs.setdefault(choice, CompletionLogprobs())
-            body["logprobs"] = tracker.body(chunk.logprobs)
+            body["logprobs"] = tracker.body(logprobs or [], prompt, self.plan.logprobs)
         return body
 
     def end(self) -> bytes:

@@ -44,6 +44,7 @@ class Plan:
     continuous_usage: bool = False  # usage so far on every event (needs include_usage)
     echo: bool = False         # completions: each choice starts with its prompt (the worker's text)
     echo_prefix: str = ""      # chat: what echo puts before every answer
+    echo_only: bool = False    # completions: echo with max_tokens 0, the prompt alone (vLLM's extension)
     response_id: str | None = None  # the client's request_id, which names the answer
 
 
@@ -104,11 +105,11 @@ def completion_plan(body: CompletionRequest, *, request_id: str, session_id: str
         raise bad_request(f"{len(inputs)} prompts in one request; the limit is {config.max_prompts}", param="prompt")
     plan = _plan(body, "completion", inputs, estimate, body.max_tokens, body.logprobs,
                  request_id=request_id, session_id=session_id, config=config, max_model_len=max_model_len)
-    if body.echo and body.logprobs is not None:
-        # vLLM answers this with the prompt's logprobs too, which the fleet's protocol does not carry.
-        raise bad_request("echo with logprobs is not supported (it needs prompt logprobs); drop one of them",
-                          param="echo")
+    # echo with logprobs: vLLM computes the prompt's logprobs (the worker's first chunk carries
+    # them) and the answer starts with the prompt's tokens. With max_tokens 0 vLLM runs one token
+    # and shows only the prompt (without echo, vLLM's validator refuses max_tokens 0).
     plan.echo = bool(body.echo)
+    plan.echo_only = plan.echo and body.max_tokens == 0
     return plan
 
 
@@ -136,6 +137,11 @@ def _plan(body, kind: str, inputs: list[GenerateInput], estimate: int, max_token
     if options is not None and not body.stream:
         raise bad_request("stream_options can only be given with stream: true", param="stream_options")
     _check_lengths(estimate, max_tokens, config, max_model_len, "messages" if kind == "chat" else "prompt")
+    prompt_logprobs = (body.model_extra or {}).get("prompt_logprobs")
+    if body.stream and isinstance(prompt_logprobs, int) and (prompt_logprobs > 0 or prompt_logprobs == -1):
+        # vLLM's rule, which its validator on the worker cannot apply: the worker always streams,
+        # and the body it gets does not say whether the client's answer is a stream.
+        raise bad_request("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
     forwarded = forward.engine_body(kind, body)
     request = GenerateRequest(
         request_id=request_id, inputs=inputs, body=forward.request_body(kind, forwarded), n=n,

@@ -11,6 +11,7 @@ from vllm_fleet.protocol.types import (
     GenerateInput,
     GenerateRequest,
     RequestBody,
+    PromptLogprob,
     RoutingHints,
     TokenLogprob,
     ToolCallDelta,
@@ -149,6 +150,13 @@ def fill_chunk_pb(msg: pb.GenerateChunk, chunk: Chunk) -> None:
         )
     if chunk.prompt_text is not None:
         msg.prompt_text = chunk.prompt_text
+    if chunk.prompt_logprobs:
+        msg.prompt_logprobs.extend(
+            pb.PromptLogprob(token_id=lp.token_id, token=lp.token, logprob=lp.logprob,
+                             candidates=[pb.TopLogprob(token_id=t, token=s, logprob=p, rank=r)
+                                         for t, s, p, r in lp.candidates])
+            for lp in chunk.prompt_logprobs
+        )
 
 
 def chunk_from_pb(msg: pb.GenerateChunk) -> Chunk:
@@ -161,6 +169,13 @@ def chunk_from_pb(msg: pb.GenerateChunk) -> Chunk:
         logprobs = [
             TokenLogprob(lp.token_id, lp.token, lp.logprob, [(t.token_id, t.token, t.logprob) for t in lp.top])
             for lp in msg.logprobs
+        ]
+    prompt_logprobs = None
+    if msg.prompt_logprobs:
+        prompt_logprobs = [
+            PromptLogprob(lp.token_id, lp.token, lp.logprob if lp.HasField("logprob") else None,
+                          [(t.token_id, t.token, t.logprob, t.rank) for t in lp.candidates])
+            for lp in msg.prompt_logprobs
         ]
     tool_calls = None
     if msg.tool_calls:
@@ -177,6 +192,7 @@ def chunk_from_pb(msg: pb.GenerateChunk) -> Chunk:
         reasoning=msg.reasoning,
         tool_calls=tool_calls,
         prompt_text=msg.prompt_text if msg.HasField("prompt_text") else None,
+        prompt_logprobs=prompt_logprobs,
     )
 
 

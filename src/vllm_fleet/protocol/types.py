@@ -142,6 +142,18 @@ class TokenLogprob:
 
 
 @dataclass(slots=True)
+class PromptLogprob:
+    """One prompt token's logprobs (vLLM's prompt_logprobs). The prompt's first token has none:
+    `logprob` is None and `candidates` empty. `candidates` are (token id, decoded token, logprob,
+    rank) in vLLM's order: the prompt token first, then the top alternatives by rank."""
+
+    token_id: int
+    token: str
+    logprob: float | None
+    candidates: list[tuple[int, str, float, int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class ToolCallDelta:
     """A piece of one tool call: `id` and `name` come on the call's first delta."""
 
@@ -172,6 +184,7 @@ class Chunk:
     reasoning: str = ""                          # reasoning delta; `text` is the content
     tool_calls: list[ToolCallDelta] | None = None
     prompt_text: str | None = None               # echo: the prompt, on a stream's first chunk
+    prompt_logprobs: list[PromptLogprob] | None = None  # one per prompt token, on a stream's first chunk
 
     @property
     def finished(self) -> bool:

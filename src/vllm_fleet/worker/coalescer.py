@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_fleet.protocol.types import Chunk, TokenLogprob, ToolCallDelta, Usage
+from vllm_fleet.protocol.types import Chunk, PromptLogprob, TokenLogprob, ToolCallDelta, Usage
 from vllm_fleet.worker.engines.base import SampleDelta
 
 
@@ -22,10 +22,11 @@ class TypedParts:
     reasoning: str = ""
     tool_calls: list[ToolCallDelta] | None = None
     prompt_text: str | None = None
+    prompt_logprobs: list[PromptLogprob] | None = None
 
 
 class _Pending:
-    __slots__ = ("text", "token_ids", "logprobs", "reasoning", "tool_calls", "prompt_text")
+    __slots__ = ("text", "token_ids", "logprobs", "reasoning", "tool_calls", "prompt_text", "prompt_logprobs")
 
     def __init__(self) -> None:
         self.text: list[str] = []
@@ -34,6 +35,7 @@ class _Pending:
         self.reasoning: list[str] = []
         self.tool_calls: list[ToolCallDelta] | None = None
         self.prompt_text: str | None = None
+        self.prompt_logprobs: list[PromptLogprob] | None = None
 
     def add(self, delta: SampleDelta, parts: TypedParts | None) -> None:
         self.text.append(delta.text)
@@ -48,6 +50,8 @@ class _Pending:
             self.reasoning.append(parts.reasoning)
         if parts.prompt_text is not None:
             self.prompt_text = parts.prompt_text
+        if parts.prompt_logprobs is not None:
+            self.prompt_logprobs = parts.prompt_logprobs
         for call in parts.tool_calls or ():
             self.tool_calls = merge_tool_call(self.tool_calls or [], call)
 
@@ -80,7 +84,7 @@ class Coalescer:
                           stop_reason=delta.stop_reason)
             if parts is not None:
                 chunk.reasoning, chunk.tool_calls = parts.reasoning, parts.tool_calls or None
-                chunk.prompt_text = parts.prompt_text
+                chunk.prompt_text, chunk.prompt_logprobs = parts.prompt_text, parts.prompt_logprobs
             return chunk
         key = (index, delta.sample)
         pending = self._pending.get(key)
@@ -111,4 +115,5 @@ class Coalescer:
             index=key[0], sample=key[1], text="".join(pending.text), token_ids=pending.token_ids,
             finish_reason=finish_reason, usage=usage, logprobs=pending.logprobs, stop_reason=stop_reason,
             reasoning="".join(pending.reasoning), tool_calls=pending.tool_calls, prompt_text=pending.prompt_text,
+            prompt_logprobs=pending.prompt_logprobs,
         )

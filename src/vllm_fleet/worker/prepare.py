@@ -166,6 +166,10 @@ def _resume(engine: Engine, prepared: PreparedInput, item: GenerateInput) -> Non
         resume = resume[:-held_count]
     prepared.prompt_token_ids = prompt_ids + list(resume)
     prepared.engine_params, prepared.exhausted = _spend(prepared.engine_params, len(resume))
+    # The client got the prompt's logprobs from the first worker (they come once, at prefill); the
+    # resumed prompt (prompt + tokens sent) would give other, longer ones: ask for none.
+    if getattr(prepared.engine_params, "prompt_logprobs", None) is not None:
+        prepared.engine_params.prompt_logprobs = None
     prepared.stop_resume = for_resume(engine.decode, prompt_ids, list(resume), item.resume_delivered_chars,
                                       prepared.engine_params)
 

@@ -65,6 +65,10 @@ class RequestStream:
         self._echo = [None if item.held is not None or len(item.prompt_token_ids) > item.prompt_len
                       else item.echo_text for item in inputs]
         self._echoed: set[tuple[int, int]] = set()
+        # The prompt's logprobs per input, as vLLM sent them (once, at prefill), and the streams
+        # that carried them: each sample's first chunk does (a resumed input asks for none, prepare.py).
+        self._prompt_logprobs: dict[int, list] = {}
+        self._prompt_logprobs_sent: set[tuple[int, int]] = set()
         self._n = n
         self._coalescer = Coalescer(interval_s)
         self._metrics = metrics
@@ -127,6 +131,13 @@ class RequestStream:
             self._echoed.add((index, delta.sample))  # a stream's first delta carries the echoed prompt
             parts = parts or TypedParts()
             parts.prompt_text = echo
+        if delta.prompt_logprobs is not None:
+            self._prompt_logprobs.setdefault(index, delta.prompt_logprobs)
+        prompt_logprobs = self._prompt_logprobs.get(index)
+        if prompt_logprobs is not None and (index, delta.sample) not in self._prompt_logprobs_sent:
+            self._prompt_logprobs_sent.add((index, delta.sample))
+            parts = parts or TypedParts()
+            parts.prompt_logprobs = prompt_logprobs
         return parts
 
     def on_end(self, index: int, aborted: bool) -> list[Chunk]:

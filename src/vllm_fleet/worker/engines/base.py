@@ -15,7 +15,7 @@ from typing import Any
 
 from vllm_fleet.errors import IntrospectUnsupportedError, InvalidRequestError
 from vllm_fleet.protocol.pooling import PoolRequest, PoolResult
-from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.protocol.types import PromptLogprob, TokenLogprob, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.kv_relay import KvRelay
 
 
@@ -30,6 +30,8 @@ class SampleDelta:
     stop_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     cached_tokens: int = 0
+    # The prompt's logprobs (vLLM's prompt_logprobs), on the step that ends prefill; None otherwise.
+    prompt_logprobs: list[PromptLogprob] | None = None
 
 
 @dataclass(slots=True)

@@ -39,7 +39,7 @@ from vllm_fleet import __version__
 from vllm_fleet.config import EngineConfig
 from vllm_fleet.errors import ConfigError, InvalidRequestError
 from vllm_fleet.protocol.pooling import EMBEDDINGS, PoolRequest, PoolResult
-from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad, content_text
+from vllm_fleet.protocol.types import PromptLogprob, TokenLogprob, WorkerInfo, WorkerLoad, content_text
 from vllm_fleet.worker.adapters import HeldAdapter
 from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
 from vllm_fleet.worker.kv_relay import KvRelay
@@ -294,6 +294,8 @@ class MockEngine(Engine):
         per_step = max(1, round(self.config.mock_tokens_per_s * _STEP_S))
         position = 0
         sequences = [list(prompt_token_ids[-2:]) for _ in range(n)]
+        prompt_logprobs = (self._prompt_logprobs(prompt_token_ids)
+                           if getattr(params, "prompt_logprobs", None) is not None else None)
         while position < max_tokens:
             count = min(per_step, max_tokens - position)
             deltas = []
@@ -311,9 +313,19 @@ class MockEngine(Engine):
                     token_ids=ids,
                     finish_reason="length" if done else None,
                     logprobs=[TokenLogprob(i, VOCAB[i], -0.5) for i in ids] if params.logprobs is not None else None,
+                    prompt_logprobs=prompt_logprobs if position == 0 else None,  # once, as vLLM sends them
                 ))
             position += count
             yield deltas
+
+    def _prompt_logprobs(self, prompt_token_ids: list[int]) -> list[PromptLogprob]:
+        """The mock's prompt logprobs: none for the first token (as vLLM), -0.25 and rank 1 for the rest."""
+        def token(i: int) -> str:
+            return self.tokenizer.decode(i) if self.tokenizer is not None else (VOCAB[i] if i < len(VOCAB) else "")
+
+        return [PromptLogprob(i, token(i), None) if k == 0
+                else PromptLogprob(i, token(i), -0.25, [(i, token(i), -0.25, 1)])
+                for k, i in enumerate(prompt_token_ids)]
 
     def _scripted_steps(self, prompt_token_ids: list[int], max_tokens: int, params: Any,
                         n: int) -> Iterator[list[SampleDelta]]:

@@ -24,7 +24,7 @@ from vllm_fleet.config import EngineConfig
 from vllm_fleet.errors import ConfigError, InvalidRequestError, ModelError, WorkerUnavailableError
 from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.pooling import PoolRequest, PoolResult
-from vllm_fleet.protocol.types import TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.protocol.types import PromptLogprob, TokenLogprob, WorkerInfo, WorkerLoad
 from vllm_fleet.worker.engines.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
 from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
 from vllm_fleet.worker.engines.vllm_version import check_vllm_version
@@ -349,6 +349,9 @@ class VllmEngine(Engine):
         try:
             async for output in stream:
                 cached = output.num_cached_tokens or 0
+                # vLLM sends the prompt's logprobs once, with the output that ends prefill.
+                prompt_logprobs = (self._convert_prompt_logprobs(output.prompt_token_ids, output.prompt_logprobs)
+                                   if output.prompt_logprobs else None)
                 yield [
                     SampleDelta(
                         sample=completion.index,
@@ -358,6 +361,7 @@ class VllmEngine(Engine):
                         stop_reason=None if completion.stop_reason is None else str(completion.stop_reason),
                         logprobs=self._convert_logprobs(completion) if params.logprobs is not None else None,
                         cached_tokens=cached,
+                        prompt_logprobs=prompt_logprobs,
                     )
                     for completion in output.outputs
                 ]
@@ -386,6 +390,24 @@ class VllmEngine(Engine):
                 top=[(tid, tok, lp) for tid, tok, lp, _ in top],
             ))
         return result
+
+    def _convert_prompt_logprobs(self, prompt_ids: list[int], positions: Any) -> list[PromptLogprob]:
+        """vLLM's prompt logprobs (one {token id: Logprob} per prompt token, None for the first), in
+        vLLM's order. A token vLLM did not decode is decoded as vLLM's server does (`decode(id)`)."""
+        result = []
+        for token_id, position in zip(prompt_ids, positions):
+            if position is None:
+                result.append(PromptLogprob(token_id, self._decode_one(token_id), None))
+                continue
+            candidates = [(tid, lp.decoded_token if lp.decoded_token is not None else self._decode_one(tid),
+                           lp.logprob, lp.rank or 0) for tid, lp in position.items()]
+            chosen = next((c for c in candidates if c[0] == token_id), None)
+            result.append(PromptLogprob(token_id, chosen[1] if chosen else self._decode_one(token_id),
+                                        chosen[2] if chosen else float("-inf"), candidates))
+        return result
+
+    def _decode_one(self, token_id: int) -> str:
+        return self._tokenizer.decode(token_id) if self._tokenizer is not None else ""
 
     def _lora_request(self, adapter: Any) -> Any:
         from vllm.lora.request import LoRARequest
