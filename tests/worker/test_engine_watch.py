@@ -162,8 +162,8 @@ def test_requests_arriving_during_a_stall_do_not_push_its_detection_back():
     verdicts = {}
     arrivals = 0
     while len(verdicts) < 2 and clock.now < 2000:
-        clock.now += TICK
-        for _ in range(10):           # 20 requests a second, 2,000-token prompts
+        for _ in range(10):           # 20 requests a second, 2,000-token prompts, from just after the last output
+            clock.now += TICK / 10
             arrivals += 1
             crowded.submitted(f"new{arrivals}-0", 2000)
         for name, watch in (("quiet", quiet), ("crowded", crowded)):
@@ -173,15 +173,21 @@ def test_requests_arriving_during_a_stall_do_not_push_its_detection_back():
     assert crowded.stall.bound_s == quiet.stall.bound_s == BOUNDS.floor_s
 
 
-def test_a_request_that_may_have_joined_the_step_under_way_keeps_its_prefill_allowance():
+def test_a_request_arriving_just_after_the_last_output_gets_no_prefill_allowance_but_its_prefill_is_not_cut():
+    """A request submitted 10 ms after the last output may still be in the engine's next step:
+    it adds nothing to the bound (else arrivals decide detection, #28), but if the engine does
+    prefill it, the engine's CPU keeps the verdict away (the busy bound)."""
     clock = Clock()
     watch = watch_with(clock)
     watch.submitted("old-0", 10)
     run_steps(watch, clock, ["old-0"], steps=20, step_s=0.05)
     decode_bound = watch.bound_s()
-    clock.now += 0.1                  # just after the last output: the next step may hold it
-    watch.submitted("long-0", 2000)
-    assert watch.bound_s() == pytest.approx(decode_bound + BOUNDS.prefill_s_per_1k * 2.0)
+    clock.now += 0.01
+    watch.submitted("long-0", 4000)
+    assert watch.bound_s() == decode_bound
+    while clock.now < 1000 + 20 * 0.05 + BOUNDS.busy_max_s - 1:   # a long prefill, the engine's CPU busy
+        clock.now += TICK
+        assert watch.check(TICK, engine_busy=True) is None
 
 
 class FakeCpu:

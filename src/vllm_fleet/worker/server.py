@@ -28,6 +28,7 @@ from vllm_fleet.heap import settle_garbage_collector
 from vllm_fleet.protocol import SERVICE_NAME, worker_pb2_grpc
 from vllm_fleet.worker.engines.base import Engine, build_engine
 from vllm_fleet.worker.watch.engine_cpu import EngineCpu
+from vllm_fleet.worker.watch.decision_log import log_watch_decision
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.service import WorkerService
 
@@ -120,10 +121,12 @@ class WorkerServer:
                 logger.error("the engine died; NOT_SERVING, exiting in %.0fs", _ENGINE_DEATH_EXIT_S)
                 asyncio.get_running_loop().call_later(_ENGINE_DEATH_EXIT_S, self._stop.set)
             busy = self._engine_cpu.advanced()
-            if healthy and not self._engine_stalled and self.service.watch.check(self.config.health_interval_s,
-                                                                                  engine_busy=busy):
-                serving = False
-                await self._on_stall()
+            if healthy and not self._engine_stalled:
+                stall = self.service.watch.check(self.config.health_interval_s, engine_busy=busy)
+                log_watch_decision(self.service.watch.last, self._engine_cpu.last)
+                if stall:
+                    serving = False
+                    await self._on_stall()
             if healthy:
                 load = self.engine.load()
                 self.metrics.running.set(load.running)

@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -51,6 +52,17 @@ def process_cpu_seconds() -> tuple[float, dict[int, float]]:
     return _cpu_seconds(own), {pid: _cpu_seconds(pid) for pid in _descendants(own)}
 
 
+@dataclass(frozen=True)
+class CpuReading:
+    """What one `advanced()` call saw (the watch's decision log prints it)."""
+
+    children_s: float                 # CPU the engine's child processes used since the last call
+    own_s: float                      # CPU the worker's own process used since the last call
+    per_child_s: dict[int, float]     # the first, per child pid
+    since_children_s: float           # since the children last used more than min_cpu_s
+    advanced: bool
+
+
 class EngineCpu:
     """`advanced()`: the engine processes used more than `min_cpu_s` of CPU since the last call.
 
@@ -76,16 +88,21 @@ class EngineCpu:
         self._last_own: float | None = None
         self._last_children: dict[int, float] = {}
         self._children_used_at = float("-inf")
+        self.last: CpuReading | None = None
 
     def advanced(self) -> bool:
         own, children = self._read()
         now = self._clock()
-        children_used = sum(cpu - self._last_children.get(pid, cpu) for pid, cpu in children.items())
+        per_child = {pid: cpu - self._last_children.get(pid, cpu) for pid, cpu in children.items()}
+        children_used = sum(per_child.values())
         own_used = own - (own if self._last_own is None else self._last_own)
         self._last_own, self._last_children = own, children
         if children_used > self.min_cpu_s:
             self._children_used_at = now
-            return True
-        if not children:   # an engine in this process (the mock): its work is the process's own
-            return own_used > self.min_cpu_s
-        return own_used > self.min_cpu_s and now - self._children_used_at <= self.own_counts_for_s
+            verdict = True
+        elif not children:   # an engine in this process (the mock): its work is the process's own
+            verdict = own_used > self.min_cpu_s
+        else:
+            verdict = own_used > self.min_cpu_s and now - self._children_used_at <= self.own_counts_for_s
+        self.last = CpuReading(children_used, own_used, per_child, now - self._children_used_at, verdict)
+        return verdict

