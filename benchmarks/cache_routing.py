@@ -115,7 +115,8 @@ async def run_user(router: Router, turns: list[dict], user: int, args, salt: str
 async def run_policy(policy: str, addresses: list[str], workload_kind: str, args) -> dict:
     salt = f"{policy}-{time.time_ns() % 100000}"
     workload = Workload(workload_kind, args, salt)
-    router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy=policy, prefix_chars=args.prefix_chars))
+    router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy=policy, prefix_chars=args.prefix_chars,
+                                                                     stall_timeout_s=args.stall_timeout_s))
     await router.start()
     results = {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0, "sent": []}
     try:
@@ -181,13 +182,27 @@ async def main(args: argparse.Namespace) -> None:
     async with worker_pair(lambda cores: worker_process(args.workers, cores, args)) as (addresses, info):
         print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
               f"kv_events={info.kv_events} kv_blocks={args.kv_blocks}")
-        print(f"workload: {args.workload}, {args.users} users, {args.tenants} tenants x {args.doc_words} words, "
-              f"{args.turns} turns, Poisson {args.rate}/s, max_tokens {args.max_tokens}")
-        results = []
-        for policy in args.policies.split(","):
-            result = await run_policy(policy, addresses, args.workload, args)
-            results.append(result)
-            print(json.dumps(result), flush=True)
+        for rate in rates(args):
+            args.rate = rate
+            print(f"workload: {args.workload}, {args.users} users, {args.tenants} tenants x {args.doc_words} words, "
+                  f"{args.turns} turns, Poisson {args.rate}/s, max_tokens {args.max_tokens}", flush=True)
+            results = []
+            for policy in args.policies.split(","):
+                result = await run_policy(policy, addresses, args.workload, args)
+                results.append(result)
+                print(json.dumps(result), flush=True)
+            report(results)
+
+
+def rates(args: argparse.Namespace) -> list[float]:
+    return [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
+
+
+def report(results: list[dict]) -> None:
+    # Same arrivals and texts for every policy; the answers must be the same length too, or the
+    # tok/s ratios compare different work.
+    counts = {r["policy"]: (r["requests"], r["output_tokens"]) for r in results}
+    assert len(set(counts.values())) == 1, f"policies did different work: {counts}"
     print()
     print("| policy | requests | TTFT P50 | TTFT P90 | TTFT P99 | output tok/s | cached share | best possible | retried |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -199,7 +214,10 @@ async def main(args: argparse.Namespace) -> None:
     if base:
         for r in results:
             print(f"{r['policy']}: P90 TTFT {r['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}x round robin, "
-                  f"output tok/s {r['output_tok_s'] / base['output_tok_s']:.2f}x; output tokens {r['output_tokens']}")
+                  f"output tok/s {r['output_tok_s'] / base['output_tok_s']:.2f}x, cached share "
+                  f"{r['cached_share'] / max(1e-9, r['best_cached_share']):.2f}x of possible; "
+                  f"output tokens {r['output_tokens']}")
+    print(flush=True)
 
 
 def parse_args() -> argparse.Namespace:
@@ -213,6 +231,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--question-words", type=int, default=12)
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--rate", type=float, default=1.0, help="Users arriving per second (Poisson)")
+    parser.add_argument("--rates", default="", help="Several rates, comma-separated, each run for every policy on "
+                        "the same workers (a calibration; overrides --rate)")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--kv-blocks", type=int, default=96, help="KV-cache blocks per worker")
     parser.add_argument("--block-size", type=int, default=128, help="mock workers only (vLLM's CPU block is 128)")
@@ -220,6 +240,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--prefix-chars", type=int, default=256)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--stall-timeout-s", type=float, default=60.0,
+                        help="The router's stall watchdog; long, so a busy one-core engine's slow prefill is not "
+                        "taken for a stall and retried elsewhere (a retry doubles the work and blurs the comparison)")
     return parser.parse_args()
 
 
