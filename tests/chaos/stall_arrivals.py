@@ -40,6 +40,16 @@ def _engine_cores(worker_pid: int) -> list[psutil.Process]:
     return [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
 
 
+async def said_stalled(worker: WorkerProcess, client: WorkerClient) -> bool:
+    """The worker's stall verdict as its client sees it: NOT_SERVING, or the process gone."""
+    if worker.returncode is not None:
+        return True
+    try:
+        return await client.health(timeout=1.0) == "NOT_SERVING"
+    except Exception:
+        return False   # no answer is not a verdict on a loaded machine
+
+
 async def _drain(client: WorkerClient, rid: str, prompt: str, tokens: int, seen: list[int]) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     with contextlib.suppress(Exception):   # the stalled worker fails them: that is the point
@@ -76,15 +86,8 @@ async def stall_with_arrivals(rate_per_s: float, prompt_words: int, cores: str =
             arriving = asyncio.create_task(arrive())
             tasks.append(arriving)
 
-            async def detected() -> bool:
-                if worker.returncode is not None:
-                    return True
-                try:
-                    return await client.health(timeout=1.0) == "NOT_SERVING"
-                except Exception:
-                    return False   # no answer is not a verdict on a loaded machine
-
-            await wait_until(detected, timeout=120, interval=0.1, message="the stall detected")
+            await wait_until(lambda: said_stalled(worker, client), timeout=120, interval=0.1,
+                             message="the stall detected")
             detection_s = time.monotonic() - stopped_at
             arriving.cancel()
             return StallOutcome(detection_s, arrivals, worker.returncode)

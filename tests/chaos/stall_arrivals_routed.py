@@ -29,6 +29,7 @@ from pathlib import Path
 import psutil
 
 from chaos_support import router_for, text_request
+from stall_arrivals import said_stalled
 from support import WorkerProcess, vllm_worker_args, wait_until
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.router import RouterConfig
@@ -135,15 +136,8 @@ async def stall_with_arrivals(healthy_address: str, rate_per_s: float, prompt_wo
             arriving = asyncio.create_task(arrive())
             tasks.append(arriving)
 
-            async def detected() -> bool:
-                if victim.returncode is not None:
-                    return True
-                try:
-                    return await victim_client.health(timeout=1.0) == "NOT_SERVING"
-                except Exception:
-                    return False   # no answer is not a verdict on a loaded machine
-
-            await wait_until(detected, timeout=120, interval=0.1, message="the stall detected")
+            await wait_until(lambda: said_stalled(victim, victim_client), timeout=120, interval=0.1,
+                             message="the stall detected")
             detected_at = time.monotonic()
             await arriving
             tasks += arrivals
