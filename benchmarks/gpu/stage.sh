@@ -30,7 +30,7 @@ cd "$(dirname "$0")/../.."
 ROOT=${GPU_STAGE_ROOT:-/tmp}
 SITE=$ROOT/site FLEET_SITE=$ROOT/fleet-site MODEL_DIR=$ROOT/models/qwen3.5-9b
 
-case ${1:?usage: stage.sh part FILE | keep SRC NAME | install} in
+case ${1:?usage: stage.sh part FILE | keep SRC NAME | unbundle NAME | install} in
 part)
     mkdir -p "$ROOT/stage" && cp "${2:?part file}" "$ROOT/stage/"
     ls -la "$ROOT/stage" ;;
@@ -39,6 +39,10 @@ keep)  # keep SRC (a file or a folder's files) as ROOT/stage/NAME: parts of one 
     mkdir -p "$ROOT/stage/$name"
     if [[ -d $src ]]; then cp -r "$src"/. "$ROOT/stage/$name/"; else cp "$src" "$ROOT/stage/$name/"; fi
     du -sh "$ROOT/stage/$name" ;;
+unbundle)  # ROOT/stage/NAME.part* (pack_bundle.sh's chunks of one tar, one per run) into ROOT/stage/
+    name=${2:?bundle name}
+    cat "$ROOT"/stage/"$name".part* | tar -x -C "$ROOT/stage"
+    echo "unbundled $name: $(ls "$ROOT/stage" | tr '\n' ' ')" ;;
 install)
     # Staged parts come from this run's $SRC/ or, with STAGE_FROM=$ROOT/stage, from what `keep` kept.
     SRC=${STAGE_FROM:-.gpu}
@@ -66,10 +70,35 @@ install)
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $SRC/srv/*.whl
         echo "vLLM: $(du -sh $SITE | cut -f1) in $SITE"; mark srv
     fi
+    # Real SmolLM2-135M weights: the GGUF our package ships, converted as `vllm-fleet` does on CPU.
+    if [[ -f $SRC/smol.gguf && ! -f $ROOT/models/smollm2/config.json ]]; then
+        PYTHONPATH=$FLEET_SITE:$PWD/src:$SITE python3 -c "
+import sys; from pathlib import Path; from vllm_fleet.models import _convert_gguf
+_convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]))" "$SRC/smol.gguf" "$ROOT/models/smollm2"
+        echo "real SmolLM2-135M in $ROOT/models/smollm2: $(ls $ROOT/models/smollm2 | tr '\n' ' ')"
+    fi
+    # Spark (issue #28): Debian's JRE 17 unpacked (its links into /etc made copies), a pruned
+    # pyspark (pack_bundle.sh), and pandas/pyarrow where the image lacks them.
+    if [[ -f $SRC/spark/jre.deb ]] && ! done_once jre; then
+        dpkg -x "$SRC/spark/jre.deb" "$ROOT/jre"
+        find "$ROOT/jre/usr/lib/jvm" -type l -lname '/*' | while read -r link; do
+            target=$(readlink "$link"); rm "$link"
+            if [[ -e $ROOT/jre$target ]]; then cp -r "$ROOT/jre$target" "$link"; fi
+        done
+        "$ROOT/jre/usr/lib/jvm/java-17-openjdk-amd64/bin/java" -version 2>&1 | head -1; mark jre
+    fi
+    if [[ -f $SRC/spark/pyspark.tar.xz ]] && ! done_once pyspark; then
+        mkdir -p "$ROOT/spark-site" && xz -dc -T0 "$SRC/spark/pyspark.tar.xz" | tar -x -C "$ROOT/spark-site"; mark pyspark
+    fi
+    if [[ -d $SRC/spark/py ]] && ! done_once sparkpy; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$ROOT/spark-site" $SRC/spark/py/*.whl
+        mark sparkpy
+    fi
     [[ -f $MODEL_DIR/tokenizer.json ]] || python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3.5-9b "$MODEL_DIR"
     cat >"$ROOT/gpu-env.sh" <<ENV
 export VLLM_PY="env PYTHONPATH=$SITE python3"
-export FLEET_PY="env PYTHONPATH=$FLEET_SITE:$PWD/src:$SITE python3"
+export FLEET_PY="env PYTHONPATH=$FLEET_SITE:$PWD/src:$SITE:$ROOT/spark-site JAVA_HOME=$ROOT/jre/usr/lib/jvm/java-17-openjdk-amd64 python3"
+export SMOL_REAL=$ROOT/models/smollm2
 export MODEL=$MODEL_DIR NGINX=$ROOT/nginx/usr/sbin/nginx
 export SITE=$SITE FLEET_SITE=$FLEET_SITE SMG_SITE=$ROOT/smg-site SHORT_MODEL=$ROOT/models/qwen3-0.6b
 export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -17,18 +17,23 @@ each), one gateway fronts them, and real HTTP clients drive each scenario throug
            long streams running and new requests arriving at `--arrival-rate`: the time until the
            worker says NOT_SERVING (or is gone), failed streams (0), and every new request answered.
   fleet    both models listed by /v1/models, each worker's pool, and the GPU memory each took.
+  spark    a Spark job (`generate`, local mode, straight to the `--tools-model` workers over gRPC,
+           no gateway) answers `--spark-rows` rows twice: unbroken, then with one worker killed
+           (kill -9 of its tree) while it holds rows. Rows in = rows out, one per id, 0 row
+           errors, every answer `--spark-tokens` tokens long, rows moved to the survivor.
 
 Each scenario prints `[figure] ...` lines and `[check] name: ok|FAILED ...` lines; the exit
 status is the number of failed checks. The whole run's report goes to OUT/suite.json.
 
     python benchmarks/gpu/suite.py --fleet-file F --stream-model qwen3.5-9b --tools-model smol \\
-        --adapter DIR --out OUT [--word-tokens] [--scenarios kill,lora,tools,hang,fleet]
+        --adapter DIR --out OUT [--word-tokens] [--scenarios fleet,kill,tools,lora,spark,hang]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import random
@@ -216,13 +221,8 @@ async def scenario_kill(args, stack: Stack, http: aiohttp.ClientSession, victim_
     await _wait(lambda: all(e.is_set() for e in firsts) or any(t.done() for t in tasks), 300, "every first token")
     check("kill: streams running at the kill", not any(t.done() for t in tasks), "make --kill-tokens larger" if any(
         t.done() for t in tasks) else "")
-    victim = worker_process(victim_port)
-    tree = [victim, *victim.children(recursive=True)] if victim else []
     killed_at = time.monotonic()
-    for process in tree:
-        with _quiet():
-            process.send_signal(signal.SIGKILL)
-    figure("kill: processes killed (worker + engine)", len(tree))
+    figure("kill: processes killed (worker + engine)", kill_tree(victim_port))
     results = await asyncio.gather(*tasks)
     failed = [r for r in results if not (r.status == 200 and r.done and r.error is None and r.finish == "length")]
     counted = [r.completion_tokens for r in results]
@@ -357,6 +357,90 @@ async def scenario_tools(args, stack: Stack, http: aiohttp.ClientSession) -> Non
     check("tools: json_schema answer validates and ends by itself", ok, detail)
 
 
+def kill_tree(port: int) -> int:
+    """kill -9 the worker on `port` and its children (as a container dies); how many processes."""
+    victim = worker_process(port)
+    tree = [victim, *victim.children(recursive=True)] if victim else []
+    for process in tree:
+        with _quiet():
+            process.send_signal(signal.SIGKILL)
+    return len(tree)
+
+
+def spark_session(cores: int):
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master(f"local[{cores}]").config("spark.driver.memory", "4g")
+               .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+async def scenario_spark(args, stack: Stack, ports: list[int]) -> None:
+    try:
+        session = spark_session(args.spark_cores)
+    except Exception as exc:  # noqa: BLE001 - reported: no Java or no pyspark on this machine
+        check("spark: a Spark session starts", False, f"{type(exc).__name__}: {exc}"[:300])
+        return
+    from vllm_fleet.spark import generate
+
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    params = {"max_tokens": args.spark_tokens, "temperature": 0, "ignore_eos": True}
+    figure("spark: version, cores, rows", f"{session.version}, local[{args.spark_cores}], {args.spark_rows}")
+
+    def job(salt: str) -> tuple[float, list]:
+        rows = [(i, f"{salt} question {i}: name a colour, a fruit and a city.") for i in range(args.spark_rows)]
+        df = session.createDataFrame(rows, "id long, prompt string").repartition(args.spark_cores).cache()
+        df.count()
+        started = time.perf_counter()
+        out = generate(df, prompt_col="prompt", id_col="id", params=params, model=args.tools_model,
+                       workers=addresses, max_in_flight=args.spark_in_flight).collect()
+        return time.perf_counter() - started, out
+
+    def report(label: str, seconds: float, rows: list) -> bool:
+        ids = {r.id for r in rows}
+        errors = [r for r in rows if r.error is not None]
+        short = [r for r in rows if r.error is None and r.completion_tokens != args.spark_tokens]
+        figure(f"spark: {label} rows/s", round(len(rows) / seconds, 1))
+        figure(f"spark: {label} rows in / out / distinct ids / row errors",
+               f"{args.spark_rows} / {len(rows)} / {len(ids)} / {len(errors)}")
+        ok = len(rows) == args.spark_rows and ids == set(range(args.spark_rows)) and not errors and not short
+        check(f"spark: {label}: rows in = rows out, one per id, 0 row errors, every answer "
+              f"{args.spark_tokens} tokens", ok,
+              "; ".join(f"{r.id}: {r.error}" for r in errors[:3]) or (f"{len(short)} short answers" if short else ""))
+        return ok
+
+    await asyncio.to_thread(job, "warm-up")  # the JVM, Python workers and their Routers
+    seconds, rows = await asyncio.to_thread(job, "unbroken")
+    report("unbroken", seconds, rows)
+    running = asyncio.create_task(asyncio.to_thread(job, "killed"))
+    victim = addresses[0]
+    async with WorkerClient(victim) as client:
+        async def holds_rows() -> bool:
+            with _quiet():
+                load = await client.load(timeout=2)
+                return load.running > 0
+            return False
+        deadline = time.monotonic() + max(60.0, seconds * 3)
+        await asyncio.sleep(seconds * args.spark_kill_at)  # into the job, not a synchronisation
+        while not await holds_rows() and not running.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    mid_job = not running.done()
+    figure("spark: processes killed (worker + engine)", kill_tree(ports[0]))
+    check("spark: the kill landed mid-job", mid_job, "" if mid_job else "the job ended first: raise --spark-rows")
+    seconds, rows = await running
+    if report("worker killed", seconds, rows):
+        moved = sum(1 for r in rows if r.attempts > 1)
+        figure("spark: rows answered after moving to the survivor (attempts > 1)", moved)
+        figure("spark: rows per worker", dict(collections.Counter(r.worker for r in rows)))
+        check("spark: rows in flight on the killed worker moved to the survivor", moved > 0, str(moved))
+    session.stop()
+
+
 async def scenario_hang(args, stack: Stack, http: aiohttp.ClientSession, victim_port: int) -> None:
     rng = random.Random(1)
     address = f"127.0.0.1:{victim_port}"
@@ -471,6 +555,8 @@ async def main(args) -> int:
                 await scenario_tools(args, stack, http)
             if "lora" in scenarios:
                 await scenario_lora(args, stack, http)
+            if "spark" in scenarios:
+                await scenario_spark(args, stack, ports[args.tools_model])
             if "hang" in scenarios:
                 if "kill" in scenarios:  # the node restarts the killed worker; the hang needs both
                     back = time.monotonic()
@@ -519,6 +605,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--arrival-rate", type=float, default=10.0, help="new requests per second during the stall")
     parser.add_argument("--hang-limit-s", type=float, default=60.0)
     parser.add_argument("--start-timeout", type=float, default=600.0)
+    parser.add_argument("--spark-rows", type=int, default=4000)
+    parser.add_argument("--spark-tokens", type=int, default=32)
+    parser.add_argument("--spark-cores", type=int, default=8, help="Spark local[N]")
+    parser.add_argument("--spark-in-flight", type=int, default=64, help="rows in flight per Spark task")
+    parser.add_argument("--spark-kill-at", type=float, default=0.3, help="fraction of the unbroken job's time")
     return parser.parse_args()
 
 
