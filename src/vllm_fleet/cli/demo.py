@@ -16,10 +16,13 @@ from vllm_fleet.errors import ProcessStartError
 from vllm_fleet.fleet.worker_process import WorkerProcess
 from vllm_fleet.protocol import ChatMessage, GenerateInput, SamplingParams, build_request
 
+# Questions the packaged 135M model answers right in float32 on AVX2 and AMX alike. It was trained
+# on English: a Chinese question got a repeated phrase in every dtype (RESULTS, issue #27), so the
+# demo no longer asks one; non-ASCII streaming is tested on the real engine (tests/chaos).
 DEMO_PROMPTS = [
     "What is the capital of France?",
     "Give me three tips for writing clear code.",
-    "用中文简单介绍一下长城。",
+    "Explain in one sentence what a GPU is.",
 ]
 
 
