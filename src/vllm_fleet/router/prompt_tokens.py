@@ -43,9 +43,11 @@ from vllm_fleet.router.chat_render import Unrenderable
 
 logger = logging.getLogger(__name__)
 
-# The vLLM release whose rendering chat_render.py repeats (major.minor). Other releases decide
-# differently in places (the developer role, malformed tool-call arguments, content-part
-# fields), so a worker running another one gets no router-side ids.
+# The vLLM release whose chat rendering chat_render.py repeats (major.minor). Other releases
+# decide differently in places (the developer role, malformed tool-call arguments, content-part
+# fields), so chat requests to a worker running another one get no router-side ids; completions
+# do (text through the tokenizer with vLLM's add_special_tokens default, or ids as given: the
+# same in every release we support).
 MIRRORED_VLLM = "0.32"
 # The body fields that change the rendered prompt; the others only change sampling.
 _CHAT_FIELDS = ("tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
@@ -164,6 +166,7 @@ class TokenizerCache:
         self._ready: dict[str, PromptTokenizer] = {}
         self._fetching: dict[str, asyncio.Task[PromptTokenizer | None]] = {}
         self._failed_at: dict[str, float] = {}
+        self._completions_only: set[str] = set()   # models whose workers run another vLLM release
 
     def get(self, model: str) -> PromptTokenizer | None:
         return self._ready.get(model)
@@ -171,15 +174,14 @@ class TokenizerCache:
     def ensure(self, model: str, source: TokenizerSource, *,
                engine_version: str | None = None) -> asyncio.Task[PromptTokenizer | None] | None:
         """Start fetching `model`'s tokenizer from `source` if needed; the fetch task, or None
-        when there is nothing to do (ready, failed less than retry_after_s ago, or the worker's
-        `engine_version` (WorkerInfo) is a vLLM whose rendering this module does not repeat)."""
+        when there is nothing to do (ready, or failed less than retry_after_s ago). A worker
+        whose `engine_version` (WorkerInfo) is a vLLM whose chat rendering this module does not
+        repeat makes the model's chat requests route without ids (completions keep theirs)."""
+        if engine_version is not None and not _mirrored(engine_version) and model not in self._completions_only:
+            self._completions_only.add(model)
+            logger.warning("%s: workers run vLLM %s, the router renders chat as vLLM %s does; chat requests "
+                           "route without token ids, completions with them", model, engine_version, MIRRORED_VLLM)
         if model in self._ready:
-            return None
-        if engine_version is not None and not _mirrored(engine_version):
-            if model not in self._failed_at:
-                logger.warning("%s: workers run vLLM %s, the router renders as vLLM %s does; routing "
-                               "without token ids", model, engine_version, MIRRORED_VLLM)
-            self._failed_at[model] = float("inf")
             return None
         task = self._fetching.get(model)
         if task is not None:
@@ -212,7 +214,7 @@ class TokenizerCache:
         """The prompt's token ids as the model's workers will run them, or None: tokenizer not
         ready, or a request the router cannot render exactly (it routes without ids)."""
         tokenizer = self._ready.get(model)
-        if tokenizer is None:
+        if tokenizer is None or (messages is not None and model in self._completions_only):
             return None
         try:
             return tokenizer.request_ids(body, messages=messages, prompt=prompt)
