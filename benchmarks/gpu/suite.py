@@ -17,6 +17,10 @@ each), one gateway fronts them, and real HTTP clients drive each scenario throug
            long streams running and new requests arriving at `--arrival-rate`: the time until the
            worker says NOT_SERVING (or is gone), failed streams (0), and every new request answered.
   fleet    both models listed by /v1/models, each worker's pool, and the GPU memory each took.
+  surface  the rest of `vllm serve`'s surface through the gateway on this vLLM release (#27):
+           Responses (plain, streamed, a required tool call), Messages (plain, streamed,
+           count_tokens), /tokenize + /detokenize, the chat render route, /version, and a
+           completion with echo + logprobs; each answers in its API's shape.
   spark    a Spark job (`generate`, local mode, straight to the `--tools-model` workers over gRPC,
            no gateway) answers `--spark-rows` rows twice: unbroken, then with one worker killed
            (kill -9 of its tree) while it holds rows. Rows in = rows out, one per id, 0 row
@@ -26,7 +30,7 @@ Each scenario prints `[figure] ...` lines and `[check] name: ok|FAILED ...` line
 status is the number of failed checks. The whole run's report goes to OUT/suite.json.
 
     python benchmarks/gpu/suite.py --fleet-file F --stream-model qwen3.5-9b --tools-model smol \\
-        --adapter DIR --out OUT [--word-tokens] [--scenarios fleet,kill,tools,lora,spark,hang]
+        --adapter DIR --out OUT [--word-tokens] [--scenarios fleet,kill,tools,lora,surface,spark,hang]
 """
 
 from __future__ import annotations
@@ -357,6 +361,100 @@ async def scenario_tools(args, stack: Stack, http: aiohttp.ClientSession) -> Non
     check("tools: json_schema answer validates and ends by itself", ok, detail)
 
 
+async def scenario_surface(args, stack: Stack, http: aiohttp.ClientSession) -> None:
+    model, url = args.tools_model, stack.url
+
+    async def post(path: str, body: dict) -> tuple[int, dict | str]:
+        async with http.post(url + path, json=body) as reply:
+            text = await reply.text()
+            try:
+                return reply.status, json.loads(text)
+            except ValueError:
+                return reply.status, text
+
+    async def events(path: str, body: dict) -> tuple[int, list[str], str]:
+        """SSE: (status, each data event's `type`, the whole text)."""
+        async with http.post(url + path, json=body) as reply:
+            text = await reply.text()
+        names = []
+        for line in text.splitlines():
+            if line.startswith("data: ") and line[6:].strip() not in ("[DONE]", ""):
+                with _quiet():
+                    names.append(json.loads(line[6:]).get("type", ""))
+        return reply.status, names, text
+
+    question = "What is the capital of France?"
+    status, answer = await post("/v1/responses", {"model": model, "input": question, "max_output_tokens": 24})
+    text = ""
+    if status == 200:
+        text = "".join(part.get("text", "") for item in answer.get("output", []) if item.get("type") == "message"
+                       for part in item.get("content", []))
+    figure("surface: responses text", text[:120] or str(answer)[:200])
+    check("surface: /v1/responses answers a response with output text",
+          status == 200 and answer.get("object") == "response" and bool(text.strip()), str(status))
+    status, names, raw = await events("/v1/responses", {"model": model, "input": question, "max_output_tokens": 24,
+                                                          "stream": True})
+    check("surface: /v1/responses streamed: created, text deltas, completed",
+          status == 200 and names[:1] == ["response.created"] and "response.output_text.delta" in names
+          and names[-1] == "response.completed", f"{status} {names[:3]}...{names[-2:]}")
+    status, answer = await post("/v1/responses", {
+        "model": model, "input": "What will the weather be in Paris for the next 3 days?", "max_output_tokens": 200,
+        "tools": [{"type": "function", "name": "get_weather", "description": "Weather forecast for a city",
+                   "parameters": WEATHER, "strict": True}], "tool_choice": "required"})
+    calls = [item for item in (answer.get("output", []) if status == 200 else []) if item.get("type") == "function_call"]
+    ok, detail = bool(calls), str(answer)[:200]
+    for call in calls:
+        try:
+            import jsonschema
+
+            jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+            detail = f"{call['name']}({call['arguments']})"
+        except Exception as exc:  # noqa: BLE001 - reported
+            ok, detail = False, f"{type(exc).__name__}: {exc}"[:200]
+    check("surface: /v1/responses tool_choice required gives a valid function_call", ok, detail)
+
+    status, answer = await post("/v1/messages", {"model": model, "max_tokens": 24,
+                                                 "messages": [{"role": "user", "content": question}]})
+    text = "".join(b.get("text", "") for b in answer.get("content", [])) if status == 200 else ""
+    figure("surface: messages text", text[:120] or str(answer)[:200])
+    check("surface: /v1/messages answers a message", status == 200 and answer.get("type") == "message"
+          and bool(text.strip()) and answer.get("usage", {}).get("output_tokens", 0) > 0, str(status))
+    status, names, _ = await events("/v1/messages", {"model": model, "max_tokens": 24, "stream": True,
+                                                      "messages": [{"role": "user", "content": question}]})
+    check("surface: /v1/messages streamed: message_start, deltas, message_stop",
+          status == 200 and names[:1] == ["message_start"] and "content_block_delta" in names
+          and names[-1] == "message_stop", f"{status} {names[:2]}...{names[-2:]}")
+    status, counted = await post("/v1/messages/count_tokens", {"model": model,
+                                                               "messages": [{"role": "user", "content": question}]})
+    check("surface: /v1/messages/count_tokens counts", status == 200 and counted.get("input_tokens", 0) > 0,
+          str(counted)[:120])
+
+    status, tokens = await post("/tokenize", {"model": model, "prompt": "Hello, world"})
+    ids = tokens.get("tokens", []) if status == 200 else []
+    status2, text = await post("/detokenize", {"model": model, "tokens": ids})
+    check("surface: /tokenize then /detokenize gives the text back",
+          status == 200 and status2 == 200 and bool(ids) and "Hello, world" in text.get("prompt", ""),
+          f"{ids} -> {text}"[:200])
+    status, rendered = await post("/v1/chat/completions/render",
+                                  {"model": model, "messages": [{"role": "user", "content": question}]})
+    check("surface: /v1/chat/completions/render answers", status == 200, str(rendered)[:160])
+    async with http.get(url + "/version") as reply:
+        version = reply.status, await reply.text()
+    figure("surface: /version", version[1][:120])
+    check("surface: /version answers", version[0] == 200, str(version)[:120])
+    prompt = "The capital of France is"
+    status, answer = await post("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 4,
+                                                    "echo": True, "logprobs": 1, "temperature": 0})
+    ok = status == 200
+    if ok:
+        choice = answer["choices"][0]
+        usage = answer.get("usage", {})
+        ok = (choice["text"].startswith(prompt) and
+              len(choice["logprobs"]["tokens"]) == usage.get("prompt_tokens", -1) + usage.get("completion_tokens", -1))
+    check("surface: a completion with echo + logprobs: the prompt's tokens lead, one logprob entry per token", ok,
+          str(answer)[:200])
+
+
 def kill_tree(port: int) -> int:
     """kill -9 the worker on `port` and its children (as a container dies); how many processes."""
     victim = worker_process(port)
@@ -555,6 +653,8 @@ async def main(args) -> int:
                 await scenario_tools(args, stack, http)
             if "lora" in scenarios:
                 await scenario_lora(args, stack, http)
+            if "surface" in scenarios:
+                await scenario_surface(args, stack, http)
             if "spark" in scenarios:
                 await scenario_spark(args, stack, ports[args.tools_model])
             if "hang" in scenarios:
