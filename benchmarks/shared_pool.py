@@ -216,7 +216,10 @@ def worker_process(kind: str, cores: str, args) -> WorkerProcess:
 
 
 async def main(args: argparse.Namespace) -> None:
-    async with worker_pair(lambda cores: worker_process(args.workers, cores, args)) as (addresses, info):
+    # Two engines on one GPU start in turn (worker_pair's docstring says why).
+    sharing_a_gpu = bool(args.cuda_devices) and len(set(args.cuda_devices)) == 1
+    async with worker_pair(lambda cores: worker_process(args.workers, cores, args),
+                           one_after_another=sharing_a_gpu) as (addresses, info):
         placement = f"CUDA_VISIBLE_DEVICES {','.join(args.cuda_devices)}" if args.cuda_devices else "cores 0,1"
         print(f"workers: {args.workers} {addresses} ({placement}) model={info.model} "
               f"max_num_seqs={info.settings.get('max_num_seqs')} scheduling={info.settings.get('scheduling_policy', 'fcfs')}"
