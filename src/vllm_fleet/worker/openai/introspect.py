@@ -14,12 +14,15 @@ tool settings are the ones its generation uses, so /tokenize counts what a chat 
 vLLM names used: vllm.entrypoints.serve.tokenize.{serving.ServingTokenization, protocol.*},
 vllm.entrypoints.scale_out.render.serving.ServingRender, vllm.renderers.online_renderer.OnlineRenderer,
 vllm.entrypoints.openai.models.{serving.OpenAIServingModels, protocol.BaseModelPath}. They are
-vLLM 0.32's; where they cannot be imported (vLLM 0.26 keeps them elsewhere) every endpoint here
-is refused with a message saying so, and generation is unaffected.
+vLLM 0.32's, and present in 0.26 too (whose render methods take no HTTP request: call_serving);
+where they cannot be imported every endpoint here is refused with a message saying so, and
+generation is unaffected. On the H200 with vLLM 0.26 (2026-12-03) /tokenize and /detokenize
+answered; the render route failed on that signature before call_serving.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -53,13 +56,13 @@ class VllmIntrospection:
         request = _parse(endpoint, body)
         try:
             if endpoint == "tokenize":
-                result = await self._tokenization.create_tokenize(request, None)
+                result = await call_serving(self._tokenization.create_tokenize, request)
             elif endpoint == "detokenize":
-                result = await self._tokenization.create_detokenize(request, None)
+                result = await call_serving(self._tokenization.create_detokenize, request)
             elif endpoint == "render_chat":
-                result = await self._render.render_chat_request(request, None)
+                result = await call_serving(self._render.render_chat_request, request)
             else:
-                result = await self._render.render_completion_request(request, None)
+                result = await call_serving(self._render.render_completion_request, request)
         except vllm_error_types() as exc:
             raise invalid_request(exc, "messages" if "messages" in body else "prompt") from None
         _raise_error_response(result)
@@ -89,6 +92,14 @@ class VllmIntrospection:
         self._tokenization = ServingTokenization(models, renderer, chat_template=None,
                                                  chat_template_content_format=CHAT_TEMPLATE_CONTENT_FORMAT)
         self._render = ServingRender(models, renderer)
+
+
+async def call_serving(method: Any, request: Any) -> Any:
+    """`method(request, raw_request=None)` where it takes the HTTP request too (vLLM 0.32, and
+    0.26's tokenization), `method(request)` where it does not (0.26's render methods)."""
+    if len(inspect.signature(method).parameters) >= 2:
+        return await method(request, None)
+    return await method(request)
 
 
 def _parse(endpoint: str, body: dict[str, Any]) -> Any:
