@@ -36,7 +36,8 @@ from vllm_fleet.worker.server import EXIT_ENGINE_STALLED
 # Failed once (2026-12-02): arrivals the router sent to the victim before the worker's verdict
 # (~9 s) were given up by the router's 5 s stall timeout and retried on the same still-SERVING
 # victim. Passed on 2026-12-03 after the half-open breaker fix (bbbf3d5) and the join-window fix
-# (c87f173): detection 4.4 s, 0 failed, 2 min 14 s (benchmarks/results/stall-arrivals-2026-12-03/).
+# (c87f173), twice: detection 4.4 s and 5.7 s, 0 failed, 2 min 14 s and 1 min 32 s
+# (benchmarks/results/stall-arrivals-2026-12-03/).
 # Still marked slow: two real workers for over two minutes on the 2-core CI machine.
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
 
