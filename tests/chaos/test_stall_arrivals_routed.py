@@ -38,7 +38,7 @@ from vllm_fleet.worker.server import EXIT_ENGINE_STALLED
 # victim. Passed on 2026-12-03 after the half-open breaker fix (bbbf3d5) and the join-window fix
 # (c87f173), twice: detection 4.4 s and 5.7 s, 0 failed, 2 min 14 s and 1 min 32 s
 # (benchmarks/results/stall-arrivals-2026-12-03/).
-# Still marked slow: two real workers for over two minutes on the 2-core CI machine.
+# Still marked slow: two passes are not yet a record, and it holds two real workers for 1.5-2.2 min.
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
 
 DETECTION_BOUND_S = 15.0   # the code's ceiling 10.5 s + polling and late ticks; 19.3 s before the fix
