@@ -23,9 +23,11 @@ async def client(module_mock_workers):
     await client.close()
 
 
-async def cached_tokens(client: WorkerClient, request_id: str, token_ids: list[int]) -> int:
+async def cached_tokens(client: WorkerClient, request_id: str, token_ids: list[int], *,
+                        cache_salt: str | None = None) -> int:
+    extra = {"cache_salt": cache_salt} if cache_salt is not None else None
     chunks = [c async for c in client.generate(build_request(request_id, [GenerateInput(token_ids=token_ids)],
-                                                             PARAMS), timeout=60)]
+                                                             PARAMS, extra_body=extra), timeout=60)]
     return next(c.usage.cached_tokens for c in chunks if c.finish_reason)
 
 
@@ -74,3 +76,13 @@ async def test_a_mock_without_a_prefix_cache_refuses_kv_events(mock_worker_facto
         assert not (await client.info()).kv_events
         with pytest.raises(KvEventsUnsupportedError, match="mock-kv-blocks"):
             await anext(client.kv_events())
+
+
+async def test_a_cache_salt_reaches_the_engine_and_keeps_its_blocks_apart(client):
+    # vLLM's cache_salt: blocks are shared only between requests of the same salt. The worker
+    # used to validate the field and then drop it, so salted tenants shared each other's cache.
+    prompt = [4 + (i * 7) % 40 for i in range(40)]  # two full blocks, unlike the other tests' prompts
+    assert await cached_tokens(client, "salt-a1", prompt, cache_salt="tenant-a") == 0
+    assert await cached_tokens(client, "salt-b1", prompt, cache_salt="tenant-b") == 0
+    assert await cached_tokens(client, "unsalted", prompt) == 0
+    assert await cached_tokens(client, "salt-a2", prompt, cache_salt="tenant-a") == 2 * BS

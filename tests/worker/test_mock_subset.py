@@ -78,3 +78,9 @@ async def test_a_value_of_the_wrong_type_is_refused_by_name(without_vllm, engine
         await prepare.prepare_input(engine, 0, build_request("r", [GenerateInput(text="a")],
                                                              extra_body={"seed": "seven"}), max_logprobs=5)
     assert refused.value.param == "seed"
+
+
+async def test_a_cache_salt_is_carried_to_the_engine_without_vllm(without_vllm, engine):
+    item = await prepare.prepare_input(engine, 0, build_request("r", [GenerateInput(text="a")],
+                                                                extra_body={"cache_salt": "tenant-a"}), max_logprobs=5)
+    assert item.cache_salt == "tenant-a"

@@ -73,6 +73,7 @@ class PreparedInput:
     parser_cls: type | None = None
     tokenizer: Any = None
     stop_resume: StopResume | None = None  # resumed with held-back text or stop strings (resume/stops.py)
+    cache_salt: str | None = None  # vLLM's request field: the engine shares prefix-cache blocks only within a salt
 
 
 @functools.cache
@@ -144,7 +145,7 @@ async def _with_vllm(engine: Engine, request: GenerateRequest, item: GenerateInp
         echo_text = prompt.text if prompt.text is not None else engine.decode(prompt.token_ids)
     return PreparedInput(prompt_token_ids=prompt.token_ids, engine_params=params, prompt_len=len(prompt.token_ids),
                          vllm_request=vllm_request, echo_text=echo_text, parser_cls=engine.parser_cls,
-                         tokenizer=engine.tokenizer)
+                         tokenizer=engine.tokenizer, cache_salt=getattr(vllm_request, "cache_salt", None))
 
 
 def _refuse_request_template(vllm_request: Any) -> None:

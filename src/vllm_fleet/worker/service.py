@@ -255,8 +255,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """Relay one engine request's output as events; cancelling the task aborts the request."""
         self.watch.submitted(engine_id, len(item.prompt_token_ids))
         try:
+            # cache_salt only when the request has one: engines written before it need not take it
+            salt = {"cache_salt": item.cache_salt} if item.cache_salt is not None else {}
             async for deltas in self.engine.generate(engine_id, item.prompt_token_ids, item.engine_params,
-                                                     priority=priority, adapter=adapter):
+                                                     priority=priority, adapter=adapter, **salt):
                 self.watch.produced(engine_id)
                 events.put_nowait(Deltas(index, deltas))
             events.put_nowait(Ended(index, aborted=False))

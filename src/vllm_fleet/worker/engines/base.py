@@ -106,11 +106,13 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def generate(
         self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0,
-        adapter: Any = None,
+        adapter: Any = None, cache_salt: str | None = None,
     ) -> AsyncIterator[list[SampleDelta]]:
         """Stream deltas. `params` is vLLM's SamplingParams (output kind DELTA) as prepare.py made
         them (the mock also takes the documented subset of mock_subset.py where vLLM is missing);
-        `adapter` a HeldAdapter (adapters.py) to generate with, None for the base model.
+        `adapter` a HeldAdapter (adapters.py) to generate with, None for the base model;
+        `cache_salt` the request's (vLLM's meaning: its prefix-cache blocks are shared only with
+        requests of the same salt).
         Cancelling the consumer must abort the request in the engine."""
 
     # What the served model does (vLLM's supported tasks), and the pooling endpoints it serves

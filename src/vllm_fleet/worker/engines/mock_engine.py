@@ -229,7 +229,7 @@ class MockEngine(Engine):
 
     async def generate(
         self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0,
-        adapter: HeldAdapter | None = None,
+        adapter: HeldAdapter | None = None, cache_salt: str | None = None,
     ) -> AsyncIterator[list[SampleDelta]]:
         """`params`: vLLM's SamplingParams as prepare.py made them (or mock_subset.py's, without vLLM)."""
         self._verify(params)
@@ -245,7 +245,8 @@ class MockEngine(Engine):
         try:
             cached = 0
             if self._prefix_cache is not None:
-                cached = self._prefix_cache.admit(prompt_token_ids, adapter.name if adapter is not None else "")
+                cached = self._prefix_cache.admit(prompt_token_ids, adapter.name if adapter is not None else "",
+                                                  cache_salt or "")
             computed = len(prompt_token_ids) - cached  # cached tokens cost no prefill, as in vLLM
             delay = self.config.mock_ttft_ms / 1000 + computed * self.config.mock_prefill_ms_per_1k / 1e6
             await asyncio.sleep(delay)

@@ -2,7 +2,7 @@
 benchmarks (--mock-kv-blocks N). Never a model of vLLM's memory, only of what a router sees.
 
 As vLLM does, it caches a prompt in full blocks of `block_size` tokens, each block's hash chained
-to its parent's (and salted by the LoRA adapter), counts the leading blocks already held as cached
+to its parent's (and salted by the LoRA adapter and the request's cache salt), counts the leading blocks already held as cached
 tokens (at most all but the last prompt token, which vLLM always computes), and holds at most
 `capacity` blocks, evicting the least recently used. Unlike vLLM it stores a prompt's blocks when
 the request starts, not as prefill computes them, and frees nothing when a request ends.
@@ -30,19 +30,19 @@ class MockPrefixCache:
         self.hits = 0     # of which were cached
         self._blocks: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # LRU first
 
-    def block_hashes(self, token_ids: list[int], lora_name: str = "") -> list[bytes]:
+    def block_hashes(self, token_ids: list[int], lora_name: str = "", cache_salt: str = "") -> list[bytes]:
         """The chained hashes of the prompt's full blocks."""
         hashes: list[bytes] = []
-        parent = lora_name.encode()
+        parent = lora_name.encode() + (b"\0" + cache_salt.encode() if cache_salt else b"")
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
             block = array("i", token_ids[start:start + self.block_size]).tobytes()
             parent = hashlib.blake2b(parent + block, digest_size=8).digest()
             hashes.append(parent)
         return hashes
 
-    def admit(self, token_ids: list[int], lora_name: str = "") -> int:
+    def admit(self, token_ids: list[int], lora_name: str = "", cache_salt: str = "") -> int:
         """Look the prompt up and store its blocks; the number of its tokens already cached."""
-        hashes = self.block_hashes(token_ids, lora_name)[:self.capacity]
+        hashes = self.block_hashes(token_ids, lora_name, cache_salt)[:self.capacity]
         cacheable = (len(token_ids) - 1) // self.block_size
         cached = 0
         while cached < min(cacheable, len(hashes)) and hashes[cached] in self._blocks:

