@@ -4,6 +4,13 @@ after the online rate steps up.
 
     flock /tmp/vllm-fleet-heavy.lock python benchmarks/shared_pool.py --workers vllm
 
+On a GPU host (vLLM 0.26), both workers on GPU 0 with dummy weights of a bigger model:
+
+    python benchmarks/shared_pool.py --workers vllm --model Qwen/Qwen3.5-9B --cuda-devices 0,0 \
+        --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
+        --worker-arg=--gpu-memory-utilization --worker-arg=0.4 \
+        --worker-arg=--engine-arg --worker-arg=language_model_only=true
+
 Phases, each on the same two workers (real vLLM engines on cores 0 and 1, or `--workers mock`
 to rehearse the sequence), each with its own texts so no phase hits another's prefix cache:
 
@@ -27,6 +34,7 @@ import argparse
 import asyncio
 import json
 import random
+import sys
 import time
 
 from vllm_fleet.bench import percentile
@@ -189,19 +197,30 @@ def recovery(stats: Online, step_at: float, target_s: float, started_at) -> floa
 
 
 def worker_process(kind: str, cores: str, args) -> WorkerProcess:
-    env = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}
+    """Worker `cores` ("0" or "1", from worker_pair): pinned to that CPU core, or with
+    `--cuda-devices` given, on that entry's GPU (CUDA_VISIBLE_DEVICES) and not pinned."""
+    env = {"VLLM_FLEET_LOG_LEVEL": "WARNING", **dict(item.split("=", 1) for item in args.env)}
+    pin: str | None = cores
+    tag = f"core{cores}"
+    if args.cuda_devices:
+        env["CUDA_VISIBLE_DEVICES"] = args.cuda_devices[int(cores)]
+        pin, tag = None, f"gpu{cores}-{args.cuda_devices[int(cores)]}"
     if kind == "vllm":
-        return WorkerProcess([*small_vllm_args(max_model_len=2048), "--max-num-seqs", str(args.max_num_seqs)], env,
-                             cores=cores, log_path=f"/tmp/shared-pool-worker-{cores}.log")
+        model = ["--model", args.model] if args.model else []
+        return WorkerProcess([*small_vllm_args(max_model_len=args.max_model_len), *model,
+                              "--max-num-seqs", str(args.max_num_seqs), *args.worker_arg], env,
+                             cores=pin, python=args.python, log_path=f"/tmp/shared-pool-worker-{tag}.log")
     return WorkerProcess(["--engine", "mock", "--max-num-seqs", str(args.max_num_seqs), "--mock-tokens-per-s", "40",
-                          "--mock-ttft-ms", "20", "--mock-prefill-ms-per-1k", "200"], env, cores=cores,
-                         log_path=f"/tmp/shared-pool-mock-{cores}.log")
+                          "--mock-ttft-ms", "20", "--mock-prefill-ms-per-1k", "200", *args.worker_arg], env, cores=pin,
+                         python=args.python, log_path=f"/tmp/shared-pool-mock-{tag}.log")
 
 
 async def main(args: argparse.Namespace) -> None:
     async with worker_pair(lambda cores: worker_process(args.workers, cores, args)) as (addresses, info):
-        print(f"workers: {args.workers} {addresses} model={info.model} max_num_seqs={info.settings.get('max_num_seqs')} "
-              f"scheduling={info.settings.get('scheduling_policy', 'fcfs')}")
+        placement = f"CUDA_VISIBLE_DEVICES {','.join(args.cuda_devices)}" if args.cuda_devices else "cores 0,1"
+        print(f"workers: {args.workers} {addresses} ({placement}) model={info.model} "
+              f"max_num_seqs={info.settings.get('max_num_seqs')} scheduling={info.settings.get('scheduling_policy', 'fcfs')}"
+              + (f" worker args: {' '.join(args.worker_arg)}" if args.worker_arg else ""))
         print(f"online: Poisson {args.rate}/s, {args.online_words} words, max_tokens {args.online_max_tokens}; "
               f"batch: {args.batch_in_flight} in flight, {args.batch_words} words, max_tokens {args.batch_max_tokens}; "
               f"{args.seconds:.0f} s per phase")
@@ -253,7 +272,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--itl-target-ms", type=float, default=200.0,
                         help="Online gap between tokens that steers batch (--interactive-itl-target-ms)")
     parser.add_argument("--seed", type=int, default=11)
-    return parser.parse_args()
+    gpu = parser.add_argument_group("worker command line (defaults: the CPU run, the packaged model)")
+    gpu.add_argument("--model", default=None, help="Worker --model (HF id or folder); default: the packaged model")
+    gpu.add_argument("--max-model-len", type=int, default=2048, help="Worker --max-model-len")
+    gpu.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                     help="Passed through to each worker's command line, in order; repeatable, e.g. "
+                          "--worker-arg=--load-format --worker-arg=dummy --worker-arg=--engine-arg=language_model_only=true")
+    gpu.add_argument("--cuda-devices", type=lambda s: s.split(","), default=None, metavar="D0,D1",
+                     help="One CUDA_VISIBLE_DEVICES value per worker (e.g. 0,0: both on GPU 0) instead of CPU core pinning")
+    gpu.add_argument("--python", default=sys.executable, help="Interpreter that runs the workers (default: this one)")
+    gpu.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                     help="Added to each worker's environment; repeatable")
+    args = parser.parse_args()
+    if args.cuda_devices is not None and len(args.cuda_devices) != 2:
+        parser.error("--cuda-devices takes one value per worker: two, e.g. 0,0 or 0,1")
+    if any("=" not in item for item in args.env):
+        parser.error("--env takes KEY=VALUE")
+    return args
 
 
 if __name__ == "__main__":
