@@ -205,7 +205,7 @@ def test_interactive_work_pauses_running_batch_only_when_every_slot_is_taken():
     view = WorkerView("w", in_flight=3, max_num_seqs=8, batch_in_flight=3, load=WorkerLoad(running=3, waiting=1))
     assert gate.interactive_arrives(view) == 0 and not paused
     full = WorkerView("w", in_flight=3, max_num_seqs=8, batch_in_flight=3, load=WorkerLoad(running=8))
-    assert gate.interactive_arrives(full) == 1 and len(paused) == 1 and gate.paused == 1
+    assert gate.interactive_arrives(full) == 1 and len(paused) == 1 and gate.paused == gate.arrival_pauses == 1
 
 
 def test_a_cap_of_zero_leaves_no_slack_on_that_worker():

@@ -178,6 +178,7 @@ class BatchGate:
         self._changed = asyncio.Event()
         self.withdrawn = 0
         self.paused = 0
+        self.arrival_pauses = 0  # of `paused`, those for an interactive arrival (the rest: the controller's cuts)
         self.cuts = 0
         # address -> (cap, when it was set, the level that missed); absent: the full share
         self._caps: dict[str, tuple[float, float, float]] = {}
@@ -264,7 +265,10 @@ class BatchGate:
         if not self.config.withdraw_batch or not view.batch_in_flight or has_room(view):
             return 0
         full = busy(view) >= slots(view)
-        return self.step_aside(view.address, 1, pause=full and self.config.preempt_batch)
+        paused = self.paused
+        done = self.step_aside(view.address, 1, pause=full and self.config.preempt_batch)
+        self.arrival_pauses += self.paused - paused
+        return done
 
     @property
     def total(self) -> int:
