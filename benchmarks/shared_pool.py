@@ -165,12 +165,15 @@ async def phase(name: str, addresses: list[str], args, *, online: bool, batch_cl
         wall = time.perf_counter() - started
         stop.set()
         batch_done = await batch if batch else None
+        gate = router._pool.batch  # the controller's own counts: cuts, and pauses for an arrival
+        cuts, arrival_pauses = gate.cuts, gate.arrival_pauses
     finally:
         await router.close()
     result = {"phase": name, "wall_s": wall, **(summary(stats) if online else {})}
     if batch_done:
         result.update(batch_output_tok_s=batch_done["output_tokens"] / wall, batch_requests=batch_done["requests"],
-                      batch_errors=batch_done["errors"], batch_withdrawn=batch_done["withdrawn"], batch_paused=batch_done["paused"])
+                      batch_errors=batch_done["errors"], batch_withdrawn=batch_done["withdrawn"], batch_paused=batch_done["paused"],
+                      batch_cuts=cuts, batch_paused_on_arrival=arrival_pauses)
     if online:
         result["online_output_tok_s"] = stats.output_tokens / wall
         if step_at is not None:

@@ -137,7 +137,7 @@ class Clock:
         return self.now
 
 
-def test_interactive_latency_halves_a_workers_batch_cap_and_it_grows_back_one_a_second():
+def test_interactive_latency_halves_a_workers_batch_cap_and_quiet_windows_double_it_back():
     clock = Clock()
     gate = BatchGate(ServiceClassConfig(interactive_ttft_target_ms=500, interactive_itl_target_ms=100,
                                         batch_raise_every_s=1.0), clock)
@@ -146,7 +146,7 @@ def test_interactive_latency_halves_a_workers_batch_cap_and_it_grows_back_one_a_
     gate.observe("w", ttft_s=0.4, share=share)                 # on target: nothing
     gate.observe("w", itl_s=0.05, share=share)
     assert gate.cap("w", 12) == 12
-    gate.observe("w", itl_s=0.3, share=share)                  # a slow gap between tokens
+    gate.observe("w", itl_s=0.3, share=share)                  # half the last second's gaps slow
     assert gate.cap("w", 12) == 6
     gate.observe("w", ttft_s=2.0, share=share)                 # the same slow step, seen again at once
     assert gate.cap("w", 12) == 6
@@ -154,10 +154,58 @@ def test_interactive_latency_halves_a_workers_batch_cap_and_it_grows_back_one_a_
     gate.observe("w", ttft_s=2.0, share=share)                 # still slow later: halve again
     assert gate.cap("w", 12) == 3
     assert gate.cap("other", 12) == 12                         # other workers keep theirs
-    clock.now += 4.0
-    assert gate.cap("w", 12) == 7                              # additive increase, one a second
-    clock.now += 60
-    assert gate.cap("w", 12) == 12                             # up to the share, no further
+    clock.now += 1.0
+    assert gate.cap("w", 12) == 6                              # one quiet window: doubled
+    clock.now += 1.0
+    assert gate.cap("w", 12) == 12                             # back at the level where the misses began
+    clock.now += 1.0
+    assert gate.cap("w", 20) == 13 and gate.cap("w", 12) == 12  # past it one a window, up to the share
+
+
+def test_after_a_step_down_clean_signals_bring_the_cap_back_to_full_within_a_few_windows():
+    clock = Clock()
+    gate = BatchGate(ServiceClassConfig(interactive_ttft_target_ms=500, batch_raise_every_s=1.0), clock)
+    share = lambda: 16  # noqa: E731
+    for _ in range(4):  # online steps up: four misses in a row take the cap to 1
+        gate.observe("w", ttft_s=2.0, share=share)
+        clock.now += gate.CUT_EVERY_S
+    assert gate.cap("w", 16) == 1 and gate.cuts == 4
+    clock.now -= gate.CUT_EVERY_S
+    caps = []
+    for _ in range(5):  # then latency is back on target: one decision per quiet window
+        clock.now += 1.0
+        caps.append(gate.cap("w", 16))
+    assert caps == [2, 4, 8, 16, 16]  # doubling: full in 4 windows (adding one a second took 15)
+
+
+def test_one_slow_gap_among_many_is_not_a_miss_but_a_slow_second_is():
+    clock = Clock()
+    gate = BatchGate(ServiceClassConfig(interactive_itl_target_ms=100), clock)
+    share = lambda: 8  # noqa: E731
+    for _ in range(20):  # a second of gaps on target, then one slow: the P97, not the P90
+        clock.now += 0.05
+        gate.observe("w", itl_s=0.05, share=share)
+    assert not gate.observe("w", itl_s=0.5, share=share) and gate.cuts == 0
+    for _ in range(2):   # 3 of 21 in the last second: over 10% of the gaps are slow
+        gate.observe("w", itl_s=0.5, share=share)
+    assert gate.cuts == 1 and gate.cap("w", 8) == 4
+    clock.now += 5.0     # old gaps leave the window: the worker's report is a P90 already
+    gate.reported("w", ttft_ms=0, itl_ms=150, share=share)
+    assert gate.cuts == 2
+
+
+def test_interactive_work_pauses_running_batch_only_when_every_slot_is_taken():
+    gate = BatchGate(ServiceClassConfig())
+    paused: list[int] = []
+    for token in range(3):  # three batch attempts streaming on "w"
+        gate.started("w", token, lambda: None)
+        gate.first_token("w", token, pause=lambda t=token: paused.append(t))
+    # A request waits in the engine but slots are free: vLLM's priority order runs the
+    # interactive request first anyway; a pause would only cost the batch request a prefill.
+    view = WorkerView("w", in_flight=3, max_num_seqs=8, batch_in_flight=3, load=WorkerLoad(running=3, waiting=1))
+    assert gate.interactive_arrives(view) == 0 and not paused
+    full = WorkerView("w", in_flight=3, max_num_seqs=8, batch_in_flight=3, load=WorkerLoad(running=8))
+    assert gate.interactive_arrives(full) == 1 and len(paused) == 1 and gate.paused == gate.arrival_pauses == 1
 
 
 def test_a_cap_of_zero_leaves_no_slack_on_that_worker():
@@ -189,14 +237,24 @@ def test_a_latency_miss_pauses_running_batch_down_to_the_new_cap():
         if token >= 2:
             gate.first_token("w", token, pause=lambda t=token: stepped.append(f"pause {t}"))
     gate.first_token("w", 6)  # a constrained one (no pause callable) is never paused
-    gate.observe("w", itl_s=0.5, share=lambda: 8)  # cap 8 → 4: 6 running, 2 withdrawn, 0 over
-    assert sorted(stepped) == ["withdraw 0", "withdraw 1"] and gate.paused == 0
-    for token in (0, 1):
+    gate.observe("w", itl_s=0.5, share=lambda: 8)  # 6 run: cap 3; the excess of 3 steps aside
+    assert sorted(stepped) == ["pause 5", "withdraw 0", "withdraw 1"] and gate.paused == 1
+    for token in (0, 1, 5):
         gate.ended("w", token)
-    clock.now += 1.0
-    gate.observe("w", itl_s=0.5, share=lambda: 8)  # cap 4 (+1 grown) → 2: 4 running, 2 over → pause 2
-    assert gate.paused == 2 and len([s for s in stepped if s.startswith("pause")]) == 2
+    clock.now += 0.6
+    gate.observe("w", itl_s=0.5, share=lambda: 8)  # 3 run: cap 1, 2 over → the newest 2 pause
+    assert gate.paused == 3 and sorted(s for s in stepped if s.startswith("pause")) == ["pause 3", "pause 4", "pause 5"]
     assert ServiceClassConfig(preempt_batch=False).preempt_batch is False
+
+
+def test_a_miss_withdraws_only_the_excess_over_the_cap():
+    gate = BatchGate(ServiceClassConfig(interactive_ttft_target_ms=500))
+    stepped: list[int] = []
+    for token in range(4):  # four on "w", none with a first token yet
+        gate.started("w", token, lambda t=token: stepped.append(t))
+    gate.observe("w", ttft_s=2.0, share=lambda: 12)  # 4 run: cap 2; two step aside, two keep going
+    assert len(stepped) == 2 and gate.withdrawn == 2 and gate.paused == 0
+    assert gate.cap("w", 12) == 2
 
 
 async def test_a_running_batch_request_pauses_for_interactive_work_and_resumes_exactly(mock_worker_factory):

@@ -14,13 +14,16 @@ class is batch). The classes differ in three places:
   (requests waiting in its engine, or full), this router withdraws a batch request on that
   worker that has not produced its first token yet: its attempt is cancelled (the engine
   request aborted) and it waits for slack again. Nothing is lost and nothing was delivered, so
-  the caller sees only a later first token. With none such, it pauses a running one
-  (`preempt_batch`): the attempt is cancelled the same way, and when slack returns it resumes
-  after the tokens its caller already has, exactly as a migration does (stream.py), so the
-  caller sees a gap in its stream, never a lost or repeated token. A grammar-constrained batch
-  request is never paused (it cannot resume, as it cannot migrate). Neither costs retry budget
-  or a breaker verdict. The latency controller below uses the same two steps to bring a
-  worker's batch down to its cap at once, not as its requests happen to end.
+  the caller sees only a later first token. With none such, and only when the worker's slots
+  are all taken (the interactive request would wait for a batch answer to end), it pauses a
+  running one (`preempt_batch`): the attempt is cancelled the same way, and when slack returns
+  it resumes after the tokens its caller already has, exactly as a migration does (stream.py),
+  so the caller sees a gap in its stream, never a lost or repeated token. A pause is not free
+  (the resumed request prefills its prompt and tokens again, less what the prefix cache still
+  holds), so nothing pauses for a request the engine would schedule first anyway. A
+  grammar-constrained batch request is never paused (it cannot resume, as it cannot migrate).
+  Neither costs retry budget or a breaker verdict. The latency controller below uses the same
+  two steps to bring a worker's batch down to its cap at once, and only down to it.
 * **In the engine.** On a worker that schedules by priority (vLLM's `--scheduling-policy
   priority`, the worker's default), a batch request runs with `batch_priority` added to its
   vLLM priority (lower runs first), so under KV pressure vLLM preempts batch first. A request's
@@ -33,6 +36,7 @@ least one request), slack or not, so a fleet that is never idle still finishes i
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import math
 from collections.abc import Callable, Iterable
@@ -78,8 +82,8 @@ class ServiceClassConfig(FleetModel):
         200.0, gt=0, description="Batch backs off a worker where an interactive stream's gap between tokens passed "
         "this (null: ITL does not steer batch); set both to your SLO")
     batch_raise_every_s: float = Field(
-        1.0, gt=0, description="While interactive latency stays on target, each worker's batch cap grows by one "
-        "request this often (additive increase); a miss halves it (multiplicative decrease)")
+        1.0, gt=0, description="A latency miss halves a worker's batch cap (what batch holds there); each quiet "
+        "window this long doubles it back up to the level that missed, then adds one request per window")
 
 
 def slots(view: WorkerView) -> int:
@@ -126,20 +130,40 @@ class BatchGate:
     have no first token yet (and can be withdrawn), a wake-up for batch waiting for slack, and
     the latency controller.
 
-    The controller (AIMD, as TCP's congestion window): each worker has a cap on this router's
-    batch requests. An interactive request on that worker whose first token took longer than
-    `interactive_ttft_target_ms`, or whose tokens came further apart than
-    `interactive_itl_target_ms`, halves the worker's cap (at most once per half second: one
-    slow step should not count many times); while none does, the cap grows by one every
-    `batch_raise_every_s`, up to the worker's batch share. Why this one: interference between
-    co-running requests is mostly step time (every sequence in the engine's batch slows every
-    step), which slot counts do not show and differs by engine, model and hardware; the
-    interactive streams' own latency measures it directly, and AIMD backs off within one
-    observation and probes back slowly, so batch settles just under the latency target.
+    The controller: each worker has a cap on this router's batch requests there.
+
+    * **A miss** is an interactive request on that worker whose first token took longer than
+      `interactive_ttft_target_ms`, or a second (`ITL_WINDOW_S`) of its interactive streams in
+      which more than `ITL_MISS_SHARE` of the gaps between tokens passed
+      `interactive_itl_target_ms` (their P90 over target: one slow gap among thirty is the
+      P97, which interactive traffic alone shows on a busy engine, and must not halve batch).
+      The worker's own report (its Load's P90s) counts the same way.
+    * **Decrease** (at most once per `CUT_EVERY_S`: one slow step must not count many times): the
+      cap becomes half of what batch holds there (the cap, or the running count when fewer run:
+      halving a cap above what runs would change nothing, as TCP halves its flight size, not an
+      unused window). Only the excess over the new cap steps aside, the attempts without a first
+      token first (nothing to redo), then, with `preempt_batch`, the newest running ones (paused:
+      they resume later after the tokens they have). A miss never takes batch below its cap.
+    * **Increase**: each quiet window of `batch_raise_every_s` with no miss doubles the cap
+      (from 0: one) until it is back at the level that missed (where the episode of cuts began:
+      cuts in a row, with no quiet window between, keep the first one's level), then adds one
+      per window up to the worker's batch share. So paused work comes back within a few windows once the signals
+      are clean, and the level that interfered is probed again one request at a time.
+
+    Why this one: interference between co-running requests is mostly step time (every sequence
+    in the engine's batch slows every step), which slot counts do not show and which differs by
+    engine, model and hardware; the interactive streams' own latency measures it directly. The
+    first version (halve on any single slow sample, withdraw every unstarted request, grow by one
+    a second) churned on a CPU engine: 54 pauses in 45 s, each resume prefilling again, and 23 s
+    to come back up after a step. Halving what runs backs off within one observation; stepping
+    aside only the excess and recovering multiplicatively (as TCP's slow start returns to its
+    threshold, then probes additively) keeps batch near the level that meets the targets.
     """
 
     CUT_EVERY_S = 0.5
     REPORTED_EVERY_S = 2.0  # the worker's latency window (worker/latency_window.py)
+    ITL_WINDOW_S = 1.0      # the router's own token gaps are judged over this window...
+    ITL_MISS_SHARE = 0.1    # ...and miss when more than this share of them is over target (P90)
 
     def __init__(self, config: ServiceClassConfig | None = None, clock: Callable[[], float] | None = None) -> None:
         import time
@@ -154,41 +178,69 @@ class BatchGate:
         self._changed = asyncio.Event()
         self.withdrawn = 0
         self.paused = 0
+        self.arrival_pauses = 0  # of `paused`, those for an interactive arrival (the rest: the controller's cuts)
         self.cuts = 0
-        self._caps: dict[str, tuple[float, float]] = {}  # address -> (cap, when it was set)
+        # address -> (cap, when it was set, the level that missed); absent: the full share
+        self._caps: dict[str, tuple[float, float, float]] = {}
         self._reported_at: dict[str, float] = {}         # address -> when a worker's report last cut
+        self._gaps: dict[str, collections.deque[tuple[float, bool]]] = {}  # address -> (when, over target)
 
     def cap(self, address: str, share: int) -> float:
         """The controller's cap on batch requests at `address` now (at most `share`)."""
-        cap, since = self._caps.get(address, (float(share), 0.0))
-        grown = cap + (self._clock() - since) / self.config.batch_raise_every_s
-        return min(float(share), grown)
+        state = self._caps.get(address)
+        if state is None:
+            return float(share)
+        cap, since, ceiling = state
+        windows = int((self._clock() - since) // self.config.batch_raise_every_s)
+        while windows > 0 and cap < share:
+            cap = max(1.0, min(cap * 2, ceiling)) if cap < ceiling else cap + 1
+            windows -= 1
+        return min(float(share), cap)
+
+    def _itl_miss(self, address: str, itl_s: float) -> bool:
+        """Whether the router's token gaps on `address` over the last window are over target."""
+        target = self.config.interactive_itl_target_ms
+        if target is None:
+            return False
+        now = self._clock()
+        gaps = self._gaps.setdefault(address, collections.deque())
+        gaps.append((now, itl_s * 1000 > target))
+        while gaps and gaps[0][0] < now - self.ITL_WINDOW_S:
+            gaps.popleft()
+        over = sum(1 for _, slow in gaps if slow)
+        return over > 0 and over > self.ITL_MISS_SHARE * len(gaps)
 
     def observe(self, address: str, *, ttft_s: float | None = None, itl_s: float | None = None,
-                share: Callable[[], int]) -> bool:
-        """An interactive request's latency on `address`: a miss halves its batch cap. Whether it did."""
+                share: Callable[[], int], itl_judged: bool = False) -> bool:
+        """An interactive request's latency on `address` (`itl_judged`: `itl_s` is already a
+        window's P90, as a worker's report is): a miss cuts its batch cap. Whether it did."""
         config = self.config
         ttft_miss = ttft_s is not None and config.interactive_ttft_target_ms is not None and \
             ttft_s * 1000 > config.interactive_ttft_target_ms
-        itl_miss = itl_s is not None and config.interactive_itl_target_ms is not None and \
-            itl_s * 1000 > config.interactive_itl_target_ms
+        itl_miss = False
+        if itl_s is not None and config.interactive_itl_target_ms is not None:
+            itl_miss = itl_s * 1000 > config.interactive_itl_target_ms if itl_judged else self._itl_miss(address, itl_s)
         if not (ttft_miss or itl_miss):
             return False
         now = self._clock()
         previous = self._caps.get(address)
         if previous is not None and now - previous[1] < self.CUT_EVERY_S:
             return False
-        cap = math.floor(self.cap(address, share()) / 2)
-        self._caps[address] = (cap, now)
-        self.cuts += 1
         running = self.running.get(address, 0)
+        level = self.cap(address, share())
         if running:
-            # Those not started yet step aside now; running ones above the new cap pause, so the
-            # interactive streams feel the cut at their next step, not when batch answers end.
-            unstarted = self._step_aside(self._withdrawable, address, running)
-            self.withdrawn += unstarted
-            if self.config.preempt_batch and running - unstarted > cap:
-                self.paused += self._step_aside(self._pausable, address, running - unstarted - cap)
+            level = min(level, running)
+        cap = math.floor(level / 2)
+        # The level that missed is the one the episode started from: a cut before any quiet
+        # window (the last cut has not reached the engine's steps yet) keeps the earlier one.
+        ceiling = previous[2] if previous is not None and now - previous[1] < self.config.batch_raise_every_s \
+            else max(level, 1)
+        self._caps[address] = (cap, now, ceiling)
+        self.cuts += 1
+        if running > cap:
+            # The excess over the new cap steps aside now, so the interactive streams feel the cut
+            # at their next step, not when batch answers end; the rest keeps running.
+            self.step_aside(address, running - cap, pause=config.preempt_batch)
         return True
 
     def reported(self, address: str, *, ttft_ms: float, itl_ms: float, share: Callable[[], int]) -> None:
@@ -196,13 +248,27 @@ class BatchGate:
         they steer this router's batch there even when it carries no interactive traffic itself,
         as a Spark executor's router does not. A report covers the worker's last few seconds, so
         one miss is taken at most once per `REPORTED_EVERY_S`: the same slow seconds must not
-        halve the cap again with every Load."""
+        cut the cap again with every Load."""
         last = self._reported_at.get(address)
         if last is not None and self._clock() - last < self.REPORTED_EVERY_S:
             return
         if self.observe(address, ttft_s=ttft_ms / 1000 if ttft_ms else None,
-                        itl_s=itl_ms / 1000 if itl_ms else None, share=share):
+                        itl_s=itl_ms / 1000 if itl_ms else None, share=share, itl_judged=True):
             self._reported_at[address] = self._clock()
+
+    def interactive_arrives(self, view: WorkerView) -> int:
+        """An interactive request is going to `view`'s worker: make room if it would wait. With
+        requests waiting in the engine, one batch attempt there without a first token is withdrawn
+        (cheap: nothing to redo; with free slots, the engine's priority order already puts the
+        interactive request first). A running one is paused only when every slot is taken, so the
+        interactive request would wait for a batch answer to end. How many stepped aside."""
+        if not self.config.withdraw_batch or not view.batch_in_flight or has_room(view):
+            return 0
+        full = busy(view) >= slots(view)
+        paused = self.paused
+        done = self.step_aside(view.address, 1, pause=full and self.config.preempt_batch)
+        self.arrival_pauses += self.paused - paused
+        return done
 
     @property
     def total(self) -> int:
@@ -243,12 +309,12 @@ class BatchGate:
             self.running.pop(address, None)
         self.notify()
 
-    def withdraw(self, address: str, count: int = 1) -> int:
+    def step_aside(self, address: str, count: int, *, pause: bool) -> int:
         """Make up to `count` batch attempts on `address` step aside: those without a first token
-        first, then (preempt_batch) running ones, which pause; how many."""
+        first, then (`pause`) running ones, which pause; how many."""
         done = self._step_aside(self._withdrawable, address, count)
         self.withdrawn += done
-        if done < count and self.config.preempt_batch:
+        if done < count and pause:
             paused = self._step_aside(self._pausable, address, count - done)
             self.paused += paused
             done += paused

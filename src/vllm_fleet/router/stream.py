@@ -50,7 +50,7 @@ from vllm_fleet.errors import (
 )
 from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
 from vllm_fleet.router.admission import Ticket
-from vllm_fleet.router.classes import BATCH, INTERACTIVE, batch_share, guaranteed_batch, has_room, has_slack
+from vllm_fleet.router.classes import BATCH, INTERACTIVE, batch_share, guaranteed_batch, has_slack
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pool import Lease
@@ -273,10 +273,10 @@ class RoutedStream:
         for address in [a for a in ranked if a not in tried] + [a for a in ranked if a in tried]:
             lease = ctx.pool.try_acquire(address, self._remaining_cost(address))
             if lease is not None:
-                if ctx.config.classes.withdraw_batch and self.features.service_class == INTERACTIVE:
+                if self.features.service_class == INTERACTIVE:
                     view = snapshot.get(address)
-                    if view is not None and view.batch_in_flight and not has_room(view):
-                        ctx.pool.batch.withdraw(address, 1)
+                    if view is not None:
+                        ctx.pool.batch.interactive_arrives(view)  # batch makes room if it must (classes.py)
                 return address, lease
         ctx.metrics.rejections.labels("no_worker").inc()
         model = f" for model {self.features.model!r}" if self.features.model else ""
