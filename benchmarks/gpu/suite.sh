@@ -16,7 +16,7 @@
 # ships: $SMOL_REAL), loaded with its weights, and the fleet file holds only that model (two
 # workers x 0.12): for the scenarios that need a model that means what it says (tools,
 # structured output, LoRA changing the answer) and the Spark job, SUITE_ARGS="--scenarios
-# fleet,tools,lora,spark".
+# fleet,tools,lora,surface,spark" (surface: Responses, Messages, the token routes on this vLLM).
 # The issue asks for one worker per H200 on two H200s; only the one-GPU machine was lent, so the
 # two workers of each model share GPU 0 here.
 set -uo pipefail
