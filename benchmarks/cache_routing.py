@@ -210,14 +210,20 @@ def report(results: list[dict]) -> None:
         print(f"| {r['policy']} | {r['requests']} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | "
               f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {r['cached_share']:.1%} | "
               f"{r['best_cached_share']:.1%} | {r['retried']} |")
-    base = next((r for r in results if r["policy"] == "round_robin"), None)
-    if base:
-        for r in results:
-            print(f"{r['policy']}: P90 TTFT {r['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}x round robin, "
-                  f"output tok/s {r['output_tok_s'] / base['output_tok_s']:.2f}x, cached share "
-                  f"{r['cached_share'] / max(1e-9, r['best_cached_share']):.2f}x of possible; "
-                  f"output tokens {r['output_tokens']}")
+    print_ratios(results, cached_of_possible=lambda r: r["cached_share"] / max(1e-9, r["best_cached_share"]),
+                 output_tokens=lambda r: r["output_tokens"])
     print(flush=True)
+
+
+def print_ratios(results: list[dict], *, cached_of_possible, output_tokens) -> None:
+    """Each policy against round robin (when it ran): P90 TTFT, output tok/s, and cached share of possible."""
+    base = next((r for r in results if r["policy"] == "round_robin"), None)
+    if base is None:
+        return
+    for r in results:
+        print(f"{r['policy']}: P90 TTFT {r['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}x round robin, "
+              f"output tok/s {r['output_tok_s'] / base['output_tok_s']:.2f}x, cached share "
+              f"{cached_of_possible(r):.2f}x of possible; output tokens {output_tokens(r)}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cache_routing import worker_process
+from cache_routing import print_ratios, worker_process
 from worker_pair import worker_pair
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.models import resolve_model
@@ -156,12 +156,8 @@ def report(results: list[dict], args) -> None:
     for r in results:
         print(f"| {r['policy']} | {r['completed']} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | "
               f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {r['engine_cached_share']:.1%} | {best:.1%} |")
-    base = next((r for r in results if r["policy"] == "round_robin"), None)
-    if base:
-        for r in results:
-            print(f"{r['policy']}: P90 TTFT {r['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}x round robin, output tok/s "
-                  f"{r['output_tok_s'] / base['output_tok_s']:.2f}x, cached share "
-                  f"{r['engine_cached_share'] / best:.2f}x of possible; output tokens {r['total_output_tokens']}")
+    print_ratios(results, cached_of_possible=lambda r: r["engine_cached_share"] / best,
+                 output_tokens=lambda r: r["total_output_tokens"])
     print(f"same work in every run (requests, output tokens, 0 failed): {same} {work}", flush=True)
     if not same:
         raise SystemExit("policies did different work: the ratios compare nothing")
