@@ -97,6 +97,14 @@ async def _start_router(config: SparkGenerateConfig) -> Router:
         # The driver saw workers a moment ago; rows will retry and, failing that, carry the error.
         logger.warning("executor: %s; rows will wait for workers and may fail", exc)
     await _wait_until_every_worker_answered(router, timeout=min(10.0, config.connect_timeout_s))
+    try:
+        # cache_aware: a task's first rows would otherwise go out before this router has the
+        # model's tokenizer and the workers' blocks (a second or two), routed by load alone, and
+        # a short job can end in that window. Rows are batch work: a bounded wait costs nothing
+        # an online request would feel, and online routers never wait for this.
+        await router.wait_cache_ready(min(10.0, config.connect_timeout_s))
+    except NoWorkerError as exc:
+        logger.warning("executor: %s; rows route by load until it is", exc)
     return router
 
 
