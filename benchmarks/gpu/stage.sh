@@ -95,10 +95,13 @@ _convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]))" "$SRC/smol.gguf" "$ROOT/mod
         mark sparkpy
     fi
     [[ -f $MODEL_DIR/tokenizer.json ]] || python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3.5-9b "$MODEL_DIR"
+    # A plain-attention 8B shape for cache routing (its prefill costs what a real 8B's does; the
+    # 9B's linear-attention layers change how vLLM caches prefixes).
+    [[ -f $ROOT/models/qwen3-8b/tokenizer.json ]] || python3 benchmarks/gpu/make_model.py benchmarks/gpu/configs/qwen3-8b "$ROOT/models/qwen3-8b"
     cat >"$ROOT/gpu-env.sh" <<ENV
 export VLLM_PY="env PYTHONPATH=$SITE python3"
 export FLEET_PY="env PYTHONPATH=$FLEET_SITE:$PWD/src:$SITE:$ROOT/spark-site JAVA_HOME=$ROOT/jre/usr/lib/jvm/java-17-openjdk-amd64 python3"
-export SMOL_REAL=$ROOT/models/smollm2
+export SMOL_REAL=$ROOT/models/smollm2 QWEN3_8B=$ROOT/models/qwen3-8b
 export MODEL=$MODEL_DIR NGINX=$ROOT/nginx/usr/sbin/nginx
 export SITE=$SITE FLEET_SITE=$FLEET_SITE SMG_SITE=$ROOT/smg-site SHORT_MODEL=$ROOT/models/qwen3-0.6b
 export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

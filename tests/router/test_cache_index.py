@@ -92,6 +92,15 @@ def test_lora_blocks_match_only_prompts_for_that_adapter(index):
     assert matched(index, lora="sql") == {W1: 8}
 
 
+def test_salted_blocks_match_only_prompts_with_that_salt(index):
+    # The salt rides on the prompt's first block only (as vLLM hashes it); the chain carries it on.
+    feed = Feed(index, W1)
+    feed.snapshot(stored(1, 2, PROMPT[:8], cache_salt="tenant-a"))
+    feed.send(stored(3, 1, PROMPT[8:12], parent=2))
+    assert matched(index, salt="tenant-a") == {W1: 12}
+    assert matched(index) == {} and matched(index, salt="tenant-b") == {}
+
+
 def test_all_cleared_and_snapshot_replace_what_a_worker_held(index):
     feed = Feed(index, W1)
     feed.snapshot(stored(1, 4, PROMPT[:16]))
@@ -261,3 +270,16 @@ def test_routing_a_prefix_again_keeps_it_from_eviction():
         feed.send(stored(round_ * 10 + 1, 4, [round_ * 1000 + t for t in range(16)]))
     assert index.counters.evictions > 0
     assert matched(index, PROMPT[:16]) == {W1: 16}
+
+
+def test_the_router_keys_a_request_with_its_cache_salt():
+    # The engine keys a salted prompt's blocks by the salt (and its events say so): the router's
+    # keys for the request must carry it too, or salted prompts would never match their blocks.
+    from vllm_fleet.protocol import GenerateInput, SamplingParams
+    from vllm_fleet.protocol.sampling import build_request
+    from vllm_fleet.router.cache_routing import cache_salt
+
+    salted = build_request("r1", [GenerateInput(token_ids=PROMPT)], SamplingParams(max_tokens=1),
+                           extra_body={"cache_salt": "tenant-a"})
+    plain = build_request("r2", [GenerateInput(token_ids=PROMPT)], SamplingParams(max_tokens=1))
+    assert cache_salt(salted) == "tenant-a" and cache_salt(plain) == ""

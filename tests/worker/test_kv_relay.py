@@ -88,6 +88,16 @@ def test_the_mirror_follows_removals_and_clears_and_orders_parents_first():
     assert relay.snapshot().events == () and relay.blocks_held == 0
 
 
+def test_a_snapshot_and_the_wire_keep_a_prompts_cache_salt():
+    from vllm_fleet.protocol.kv_events import batch_from_pb, batch_to_pb
+
+    relay = KvRelay(BS, 100)
+    relay.publish([BlocksStored((b"s1", b"s2"), None, tuple(range(2 * BS)), BS, cache_salt="tenant-a")])
+    snapshot = relay.snapshot()
+    assert [e.cache_salt for e in snapshot.events] == ["tenant-a"]
+    assert [e.cache_salt for e in batch_from_pb(batch_to_pb(snapshot)).events] == ["tenant-a"]
+
+
 def test_the_mirror_never_exceeds_the_engine_block_count():
     relay = KvRelay(BS, 3)
     relay.publish([stored([bytes([i]) for i in range(5)])])

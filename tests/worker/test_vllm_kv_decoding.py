@@ -27,6 +27,24 @@ def test_this_releases_batches_decode_with_vllms_classes():
     assert decoder.other_media == 1 and decoder.malformed == 0
 
 
+def test_cache_salt_is_read_from_a_prompts_first_block():
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+
+    # vLLM's untagged extra keys: the LoRA name, (mm id, offset) pairs, the salt, embeds digests.
+    batch = KVEventBatch(ts=1.0, events=[
+        BlockStored(block_hashes=[b"a", b"b"], parent_block_hash=None, token_ids=[1, 2, 3, 4], block_size=2,
+                    lora_id=None, medium="GPU", lora_name=None, extra_keys=[("tenant-a",), None]),
+        BlockStored(block_hashes=[b"c"], parent_block_hash=None, token_ids=[1, 2], block_size=2, lora_id=1,
+                    medium="GPU", lora_name="sql", extra_keys=[("sql", ("img", 0), "tenant-b", b"\x00")]),
+        BlockStored(block_hashes=[b"d"], parent_block_hash=None, token_ids=[1, 2], block_size=2, lora_id=1,
+                    medium="GPU", lora_name="sql", extra_keys=[("sql",)]),
+        BlockStored(block_hashes=[b"e"], parent_block_hash=b"a", token_ids=[5, 6], block_size=2, lora_id=None,
+                    medium="GPU", lora_name=None, extra_keys=None),
+    ])
+    _, events = EventDecoder().decode(msgspec.msgpack.encode(batch))
+    assert [e.cache_salt for e in events] == ["tenant-a", "tenant-b", "", ""]
+
+
 def test_array_form_events_of_older_releases_and_malformed_ones():
     payload = msgspec.msgpack.encode([3.0, [
         ["BlockStored", [11, 12], 10, [1, 2, 3, 4], 2, None, None],  # no lora_name field yet

@@ -26,6 +26,9 @@ class BlocksStored:
     block_size: int
     lora_name: str = ""
     medium: str = ""
+    # The request's cache salt, on an event whose first block is a prompt's first (no parent):
+    # vLLM puts the salt in that block's hash only, and the chain carries it to the rest.
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,7 @@ def event_to_pb(event: KvEvent) -> pb.KvEvent:
         return pb.KvEvent(stored=pb.KvBlocksStored(
             block_hashes=list(event.block_hashes), parent_block_hash=event.parent_block_hash or b"",
             token_ids=list(event.token_ids), block_size=event.block_size, lora_name=event.lora_name,
-            medium=event.medium))
+            medium=event.medium, cache_salt=event.cache_salt))
     if isinstance(event, BlocksRemoved):
         return pb.KvEvent(removed=pb.KvBlocksRemoved(block_hashes=list(event.block_hashes), medium=event.medium))
     return pb.KvEvent(cleared=pb.KvAllCleared())
@@ -76,7 +79,7 @@ def event_from_pb(message: pb.KvEvent) -> KvEvent | None:
     if kind == "stored":
         s = message.stored
         return BlocksStored(tuple(s.block_hashes), s.parent_block_hash or None, tuple(s.token_ids),
-                            s.block_size, s.lora_name, s.medium)
+                            s.block_size, s.lora_name, s.medium, s.cache_salt)
     if kind == "removed":
         return BlocksRemoved(tuple(message.removed.block_hashes), message.removed.medium)
     if kind == "cleared":

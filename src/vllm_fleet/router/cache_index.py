@@ -32,8 +32,9 @@ Rules:
 - A snapshot batch or AllCleared drops the worker's entries before applying what follows.
 - A stored block whose parent is an engine hash this worker's entries do not know cannot be
   keyed (our key chains through the parent's); it is counted in `events_unresolved`, skipped.
-- Events carry no cache salt, so stored blocks are keyed with salt "": a salted prompt matches
-  only its own speculative entries. Only GPU blocks are indexed (medium "" or "GPU"); blocks
+- A prompt's first stored block carries the request's cache salt (vLLM's extra keys), which
+  seeds the chain as it seeds ours: a salted prompt matches only blocks stored with its salt,
+  on the engine as in the index. Only GPU blocks are indexed (medium "" or "GPU"); blocks
   offloaded to other media are counted in `events_other_medium` and skipped.
 - One block size per model (the fleet launches a model's workers alike); a stored event with
   another block size is malformed.
@@ -367,7 +368,7 @@ class CacheIndex:
             self.counters.events_malformed += 1
             return
         if event.parent_block_hash is None:
-            previous = _seed(event.lora_name, "")
+            previous = _seed(event.lora_name, event.cache_salt)
         else:
             parent = state.by_engine.get(event.parent_block_hash)
             if parent is None:

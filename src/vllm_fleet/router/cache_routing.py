@@ -30,6 +30,15 @@ from vllm_fleet.router.kv_follow import KvFollower
 
 logger = logging.getLogger(__name__)
 
+
+def cache_salt(request: GenerateRequest) -> str:
+    """The request's `cache_salt` (vLLM's field): the engine shares cached blocks only within a
+    salt, so the index must key the prompt with it. The body is parsed only when it has one."""
+    if b'"cache_salt"' not in request.body.body_json:
+        return ""
+    salt = json.loads(request.body.body_json).get("cache_salt")
+    return salt if isinstance(salt, str) else ""
+
 class CacheRouting:
     def __init__(self, config: RouterConfig, connect: Callable[[str], object], metrics, *, tokenizers=None,
                  on_change: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -145,7 +154,7 @@ class CacheRouting:
         if ids is None:
             self.unknown_ids += 1
             return features
-        keys = block_keys(ids, block_size, lora=request.adapter)
+        keys = block_keys(ids, block_size, lora=request.adapter, salt=cache_salt(request))
         held = self.index.matched_tokens(model, keys) if keys else {}
         prompt_tokens = features.prompt_tokens
         if len(request.inputs) == 1:  # exact now, for one input (the others stay estimates)

@@ -44,6 +44,7 @@ class _Block:
     token_ids: array
     lora_name: str
     medium: str
+    cache_salt: str = ""  # a prompt's first block's (no parent)
 
 
 class _Subscriber:
@@ -156,7 +157,8 @@ class KvRelay:
                     while len(self._blocks) >= self.max_blocks:
                         del self._blocks[next(iter(self._blocks))]
                         self.mirror_overflows += 1
-                    self._blocks[block_hash] = _Block(parent, tokens, event.lora_name, event.medium)
+                    salt = event.cache_salt if parent is None else ""
+                    self._blocks[block_hash] = _Block(parent, tokens, event.lora_name, event.medium, salt)
                 parent = block_hash
         elif isinstance(event, BlocksRemoved):
             for block_hash in event.block_hashes:
@@ -197,4 +199,5 @@ class KvRelay:
         tokens: list[int] = []
         for block_hash in run:
             tokens.extend(self._blocks[block_hash].token_ids)
-        return BlocksStored(tuple(run), first.parent, tuple(tokens), self.block_size, first.lora_name, first.medium)
+        return BlocksStored(tuple(run), first.parent, tuple(tokens), self.block_size, first.lora_name, first.medium,
+                            first.cache_salt)

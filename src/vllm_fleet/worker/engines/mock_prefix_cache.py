@@ -67,6 +67,6 @@ class MockPrefixCache:
             events.append(BlocksStored(
                 tuple(new), hashes[new_from - 1] if new_from else None,
                 tuple(token_ids[new_from * self.block_size:len(hashes) * self.block_size]), self.block_size,
-                lora_name))
+                lora_name, cache_salt="" if new_from else cache_salt))
             self.relay.publish(events)
         return cached * self.block_size

@@ -39,7 +39,7 @@ _POLL_MS = 200  # how often the reader looks at its stop flag
 # vLLM's field order of each event in its array form (omitted trailing defaults read as None).
 _FIELDS = {
     "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                    "lora_name"),
+                    "lora_name", "extra_keys"),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
@@ -153,8 +153,29 @@ def _plain(kind: str, get: Callable[[str], Any]) -> KvEvent | None:
     if block_size < 1 or len(token_ids) != len(hashes) * block_size:
         return None
     parent = get("parent_block_hash")
+    lora_name = get("lora_name") or ""
+    salt = first_block_salt(get("extra_keys"), lora_name) if parent is None else ""
     return BlocksStored(hashes, None if parent is None else engine_hash_bytes(parent), token_ids, block_size,
-                        get("lora_name") or "", medium or "")
+                        lora_name, medium or "", salt)
+
+
+def first_block_salt(extra_keys: Any, lora_name: str) -> str:
+    """The cache salt in a prompt's first block's extra keys, "" when none.
+
+    vLLM publishes each block's hash extras untagged, in the order it hashes them: the LoRA name
+    (when the request has one), multimodal (identifier, offset) pairs, the cache salt (first
+    block only), prompt-embedding digests (bytes). So the salt is the one string left after the
+    LoRA name. A router that ignored it would key a salted prompt's blocks as unsalted ones and
+    send another tenant's identical prompt to blocks it cannot use."""
+    if not isinstance(extra_keys, (list, tuple)) or not extra_keys:
+        return ""
+    first = extra_keys[0]
+    if not isinstance(first, (list, tuple)):
+        return ""
+    strings = [key for key in first if isinstance(key, str)]
+    if lora_name and strings and strings[0] == lora_name:
+        strings = strings[1:]
+    return strings[0] if strings else ""
 
 
 class KvEventReader:

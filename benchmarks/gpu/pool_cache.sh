@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issues #26 and #29 on the GPU machine, after stage.sh install (core and spark bundles):
+#
+#   source /tmp/gpu-env.sh && OUT=DIR bash benchmarks/gpu/pool_cache.sh cache|jobs
+#
+# cache  workload (a) of #26: vLLM's bench client (prefix_repetition) through our gateway per
+#        policy, on two workers of the Qwen3-8B shape (random weights, word-level stand-in
+#        tokenizer) sharing GPU 0, each with a KV cache of KV_BLOCKS blocks (16 tokens each), so
+#        that one worker holds about half of the prefixes and the pair holds them all.
+# jobs   #29: online chat through the gateway beside a real Spark job and a Batch API job, on two
+#        workers of the real SmolLM2-135M sharing GPU 0 (chat needs a chat template: the stand-in
+#        tokenizers have none).
+# The issue asks for one worker per H200; only the one-GPU machine is lent, so both share GPU 0.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT to the results folder}
+mkdir -p "$OUT"
+{ date -u +%FT%TZ; nvidia-smi -L; git -C .. log --oneline -1 2>/dev/null; } >"$OUT/machine-$1.txt" 2>&1
+case ${1:?cache or jobs} in
+cache)
+    $FLEET_PY cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model "$QWEN3_8B" --tokenizer "$QWEN3_8B" \
+        --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
+        --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
+        --num-prefixes ${PREFIXES:-24} --prefix-len ${PREFIX_LEN:-2048} --suffix-len 128 --output-len 32 \
+        --num-prompts ${PROMPTS:-400} --request-rate ${RATE:-8} \
+        --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} 2>&1 | tee "$OUT/cache-routing.txt" ;;
+jobs)
+    $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
+        --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 \
+        --seconds 30 --rate ${RATE:-8} --rows ${ROWS:-3000} --max-tokens 64 --batch-words 200 \
+        --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 \
+        --gateway-arg=--interactive-ttft-target-ms --gateway-arg=200 \
+        --gateway-arg=--interactive-itl-target-ms --gateway-arg=50 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
+esac

@@ -1,0 +1,286 @@
+"""Online chat through the gateway beside a real Spark job and an OpenAI Batch API job, on the
+same two workers: the user-facing half of issue #29 (`shared_pool.py` measures the router's
+controller in-process; this one runs the paths a user runs).
+
+    flock /tmp/vllm-fleet-heavy.lock python benchmarks/shared_pool_jobs.py --workers vllm
+    python benchmarks/shared_pool_jobs.py --workers mock --rows 200          # rehearse the sequence
+
+On a GPU host add shared_pool.py's worker options (`--model`, `--cuda-devices 0,0`,
+`--worker-arg ...`, `--python`, `--env`); Spark needs Java (JAVA_HOME) and pyspark.
+
+One worker pair, one `vllm-fleet gateway` in front of it (least outstanding, the Batch API on, the
+controller's targets from `--gateway-arg`), and these phases, each with its own texts so none hits
+another's prefix cache:
+
+1. online alone: streamed chat requests through the gateway, Poisson `--rate` per second, for
+   `--seconds`.
+2. Spark alone: `vllm_fleet.spark.generate` over `--rows` rows (local[`--spark-cores`], straight to
+   the workers over gRPC, class batch); its output tokens/s is the Spark job's capacity C.
+3. online + Spark, classes: phase 1's arrivals for as long as a phase-2-sized job runs.
+4. online + Spark, no classes: the same with the job's rows sent as interactive.
+5. Batch API alone: the same rows as a JSONL file, `/v1/files` + `/v1/batches` on the gateway
+   (the batch class), polled to completion; its capacity C'.
+6. online + Batch API: phase 1's arrivals while a phase-5-sized batch runs.
+
+Figures: online TTFT P50/P99 and ITL P99 (gaps between a stream's content chunks) per phase and
+as ratios to phase 1; each job's rows/s, output tokens/s and share of what the idle capacity
+allows, C x (1 - U), U = online output tokens/s in phase 1 / C (as shared_pool.py computes it).
+Every job must answer every row with exactly `--max-tokens` tokens (checked: same work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from vllm_fleet.bench import percentile
+from shared_pool import WORDS, add_worker_options, worker_process
+from worker_pair import worker_pair
+from vllm_fleet.processes import GatewayProcess
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+class Online:
+    def __init__(self) -> None:
+        self.ttft: list[float] = []
+        self.itl: list[float] = []
+        self.output_tokens = 0
+        self.errors: list[str] = []
+
+
+async def chat(http: httpx.AsyncClient, model: str, text: str, args, stats: Online) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": args.online_max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    last = None
+    try:
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                stats.errors.append(f"{response.status_code}: {(await response.aread())[:200]!r}")
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    stats.output_tokens += chunk["usage"]["completion_tokens"]
+                if not any(choice.get("delta", {}).get("content") for choice in chunk.get("choices", [])):
+                    continue
+                now = time.perf_counter()
+                if last is None:
+                    stats.ttft.append(now - started)
+                else:
+                    stats.itl.append(now - last)
+                last = now
+    except httpx.HTTPError as exc:
+        stats.errors.append(type(exc).__name__)
+
+
+async def online_traffic(http: httpx.AsyncClient, model: str, args, salt: str, until) -> Online:
+    """Poisson arrivals at --rate until `until()` is true (and at least one request)."""
+    stats, rng, arrivals = Online(), random.Random(f"online-{salt}"), random.Random(args.seed)
+    tasks = []
+    while not tasks or not until():
+        tasks.append(asyncio.create_task(chat(http, model, f"{salt} {words(rng, args.online_words)}", args, stats)))
+        await asyncio.sleep(arrivals.expovariate(args.rate))
+    await asyncio.gather(*tasks)
+    return stats
+
+
+def job_prompts(args, salt: str) -> list[str]:
+    rng = random.Random(f"job-{salt}")
+    return [f"{salt} row {i}: {words(rng, args.batch_words)}" for i in range(args.rows)]
+
+
+def spark_job(session, addresses: list[str], args, salt: str, service_class: str, rows: int) -> dict:
+    from vllm_fleet.spark import generate
+
+    df = session.createDataFrame(list(enumerate(job_prompts(args, salt)[:rows])), "id long, prompt string") \
+        .repartition(args.spark_cores).cache()
+    df.count()
+    started = time.perf_counter()
+    rows = generate(df, prompt_col="prompt", id_col="id", workers=addresses, service_class=service_class,
+                    params={"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True},
+                    max_in_flight=args.spark_in_flight).select("id", "error", "completion_tokens").collect()
+    wall = time.perf_counter() - started
+    df.unpersist()
+    errors = [r.error for r in rows if r.error]
+    return {"rows": len(rows), "distinct_ids": len({r.id for r in rows}), "row_errors": len(errors),
+            "first_errors": errors[:3], "short": sum(1 for r in rows if not r.error and r.completion_tokens != args.max_tokens),
+            "output_tokens": sum(r.completion_tokens or 0 for r in rows), "wall_s": wall}
+
+
+async def batch_api_job(http: httpx.AsyncClient, model: str, args, salt: str) -> dict:
+    lines = "".join(json.dumps({"custom_id": f"{salt}-{i}", "method": "POST", "url": "/v1/completions",
+                                "body": {"model": model, "prompt": prompt, "max_tokens": args.max_tokens,
+                                         "temperature": 0, "ignore_eos": True}}) + "\n"
+                    for i, prompt in enumerate(job_prompts(args, salt)))
+    started = time.perf_counter()
+    uploaded = (await http.post("/v1/files", files={"file": ("rows.jsonl", lines.encode())},
+                                data={"purpose": "batch"})).raise_for_status().json()
+    batch = (await http.post("/v1/batches", json={"input_file_id": uploaded["id"], "endpoint": "/v1/completions",
+                                                  "completion_window": "24h"})).raise_for_status().json()
+    deadline = time.monotonic() + args.job_timeout_s
+    while batch["status"] not in ("completed", "failed", "cancelled", "expired"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"batch {batch['id']} still {batch['status']} after {args.job_timeout_s:.0f} s")
+        await asyncio.sleep(0.5)  # polling the API, as a client does; not a synchronisation
+        batch = (await http.get(f"/v1/batches/{batch['id']}")).raise_for_status().json()
+    wall = time.perf_counter() - started
+    output = []
+    if batch.get("output_file_id"):
+        content = (await http.get(f"/v1/files/{batch['output_file_id']}/content")).raise_for_status().text
+        output = [json.loads(line) for line in content.splitlines()]
+    tokens = [line["response"]["body"]["usage"]["completion_tokens"] for line in output if line.get("response")]
+    return {"status": batch["status"], "rows": len(output), "distinct_ids": len({line["custom_id"] for line in output}),
+            "row_errors": batch["request_counts"]["failed"], "short": sum(1 for t in tokens if t != args.max_tokens),
+            "output_tokens": sum(tokens), "wall_s": wall}
+
+
+def online_summary(stats: Online, wall: float) -> dict:
+    return {"online_requests": len(stats.ttft), "online_errors": len(stats.errors), "first_online_errors": stats.errors[:3],
+            "ttft_p50_ms": percentile(stats.ttft, 50) * 1000, "ttft_p99_ms": percentile(stats.ttft, 99) * 1000,
+            "itl_p99_ms": percentile(stats.itl, 99) * 1000, "online_output_tok_s": stats.output_tokens / wall}
+
+
+async def with_online(http, model: str, args, salt: str, job) -> dict:
+    """Run `job` (a coroutine) with online traffic arriving for as long as it runs."""
+    task = asyncio.create_task(job)
+    started = time.perf_counter()
+    stats = await online_traffic(http, model, args, salt, task.done)
+    done = await task
+    return {**online_summary(stats, time.perf_counter() - started), **{f"job_{k}": v for k, v in done.items()}}
+
+
+async def run(args: argparse.Namespace) -> list[dict]:
+    sharing_a_gpu = bool(args.cuda_devices) and len(set(args.cuda_devices)) == 1
+    session = spark_session(args.spark_cores)
+    async with worker_pair(lambda cores: worker_process(args.workers, cores, args),
+                           one_after_another=sharing_a_gpu) as (addresses, info):
+        print(f"workers: {args.workers} {addresses} model={info.model} max_num_seqs={info.settings.get('max_num_seqs')} "
+              f"scheduling={info.settings.get('scheduling_policy', 'fcfs')}; spark {session.version} "
+              f"local[{args.spark_cores}]", flush=True)
+        with tempfile.TemporaryDirectory() as batch_dir:
+            gateway = GatewayProcess(["--workers", ",".join(addresses), "--no-access-log", "--batch-dir", batch_dir,
+                                      "--batch-concurrency", str(args.batch_api_concurrency), *args.gateway_arg],
+                                     {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, log_path="/tmp/shared-pool-jobs-gateway.log")
+            async with gateway, httpx.AsyncClient(base_url=gateway.url, timeout=args.job_timeout_s) as http:
+                await gateway.wait_ready(120)
+                model = info.model
+                results = []
+
+                def record(name: str, result: dict) -> None:
+                    results.append({"phase": name, **result})
+                    print(json.dumps(results[-1]), flush=True)
+
+                start = time.perf_counter()
+                stats = await online_traffic(http, model, args, "alone", lambda: time.perf_counter() - start > args.seconds)
+                record("online alone", online_summary(stats, time.perf_counter() - start))
+                spark = lambda salt, service_class, rows=args.rows: asyncio.to_thread(  # noqa: E731
+                    spark_job, session, addresses, args, salt, service_class, rows)
+                # Warm-up: Spark's Python workers start and build their routers once; C is the steady rate.
+                await spark("warm-up", "batch", 4 * args.spark_cores)
+                record("Spark alone", {f"job_{k}": v for k, v in (await spark("spark-alone", "batch")).items()})
+                record("online + Spark, classes", await with_online(http, model, args, "spark-cls", spark("spark-cls", "batch")))
+                record("online + Spark, no classes",
+                       await with_online(http, model, args, "spark-old", spark("spark-old", "interactive")))
+                record("Batch API alone", {f"job_{k}": v for k, v in (await batch_api_job(http, model, args, "api-alone")).items()})
+                record("online + Batch API, classes",
+                       await with_online(http, model, args, "api-cls", batch_api_job(http, model, args, "api-cls")))
+    session.stop()
+    return results
+
+
+def spark_session(cores: int):
+    from pyspark.sql import SparkSession
+
+    # Spark's Python workers run this interpreter (ours has the fleet's dependencies), not python3.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYTHONPATH", os.pathsep.join(sys.path))
+
+    session = (SparkSession.builder.master(f"local[{cores}]").config("spark.driver.memory", "4g")
+               .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def report(results: list[dict], args) -> None:
+    by = {r["phase"]: r for r in results}
+    alone = by["online alone"]
+    print("\n| phase | online requests | TTFT P50 | TTFT P99 | ITL P99 | job rows/s | job output tok/s | job rows in/out/errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        job = f"{r['job_rows'] / r['job_wall_s']:.1f} | {r['job_output_tokens'] / r['job_wall_s']:.0f} | " \
+              f"{args.rows}/{r['job_distinct_ids']}/{r['job_row_errors']}" if "job_rows" in r else "- | - | -"
+        online = f"{r['online_requests']} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p99_ms']:.0f} ms | {r['itl_p99_ms']:.0f} ms" \
+            if "ttft_p99_ms" in r else "- | - | - | -"
+        print(f"| {r['phase']} | {online} | {job} |")
+    print()
+    for name in ("online + Spark, classes", "online + Spark, no classes", "online + Batch API, classes"):
+        r = by[name]
+        print(f"{name}: online TTFT P99 {r['ttft_p99_ms'] / alone['ttft_p99_ms']:.2f}x alone, ITL P99 "
+              f"{r['itl_p99_ms'] / alone['itl_p99_ms']:.2f}x alone (target <= 1.1x)")
+    for job, mixed in (("Spark alone", "online + Spark, classes"), ("Batch API alone", "online + Batch API, classes")):
+        capacity = by[job]["job_output_tokens"] / by[job]["job_wall_s"]
+        used = alone["online_output_tok_s"] / capacity if capacity else 0.0
+        allowed = capacity * max(0.0, 1 - used)
+        reached = by[mixed]["job_output_tokens"] / by[mixed]["job_wall_s"]
+        print(f"{mixed}: job capacity C = {capacity:.0f} tok/s, online used U = {used:.1%}, idle capacity allows "
+              f"{allowed:.0f} tok/s; the job reached {reached:.0f} = {reached / allowed if allowed else 0:.0%} (target >= 70%)")
+    jobs = [r for r in results if "job_rows" in r]
+    same = all(r["job_rows"] == args.rows == r["job_distinct_ids"] and r["job_row_errors"] == 0 and r["job_short"] == 0
+               for r in jobs) and all(not r.get("online_errors") for r in results)
+    print(f"same work (every job: {args.rows} rows in = out, one per id, 0 row errors, every answer "
+          f"{args.max_tokens} tokens; 0 online errors): {same}", flush=True)
+    if not same:
+        raise SystemExit("a job or the online traffic did not do the same work: the ratios compare nothing")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", choices=("vllm", "mock"), default="vllm")
+    parser.add_argument("--seconds", type=float, default=45.0, help="Length of the online-alone phase")
+    parser.add_argument("--rate", type=float, default=1.0, help="Online requests per second (Poisson)")
+    parser.add_argument("--online-words", type=int, default=60)
+    parser.add_argument("--online-max-tokens", type=int, default=32)
+    parser.add_argument("--rows", type=int, default=300, help="Rows of each job (Spark and Batch API)")
+    parser.add_argument("--batch-words", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=64, help="Tokens per job row (ignore_eos)")
+    parser.add_argument("--spark-cores", type=int, default=2)
+    parser.add_argument("--spark-in-flight", type=int, default=8, help="Rows in flight per Spark task")
+    parser.add_argument("--batch-api-concurrency", type=int, default=16, help="The gateway's --batch-concurrency")
+    parser.add_argument("--job-timeout-s", type=float, default=1800.0)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
+                        help="Passed to the gateway, e.g. --gateway-arg=--interactive-ttft-target-ms --gateway-arg=500")
+    parser.add_argument("--seed", type=int, default=11)
+    add_worker_options(parser)
+    args = parser.parse_args()
+    if args.cuda_devices is not None and len(args.cuda_devices) != 2:
+        parser.error("--cuda-devices takes one value per worker: two, e.g. 0,0 or 0,1")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    print(f"online: Poisson {args.rate}/s, {args.online_words} words, max_tokens {args.online_max_tokens}; jobs: "
+          f"{args.rows} rows of {args.batch_words} words, max_tokens {args.max_tokens}; gateway args: "
+          f"{' '.join(args.gateway_arg) or '(defaults)'}", flush=True)
+    report(asyncio.run(run(args)), args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
