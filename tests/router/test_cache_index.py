@@ -158,20 +158,78 @@ def test_unknown_parent_is_counted_and_skipped(index):
 def test_speculative_entries_count_until_their_ttl(index):
     keys = block_keys(PROMPT, BS)
     Feed(index, W1).snapshot()                           # the model's block size comes with events
-    index.note_routed(W2, "m", keys, ttl_s=2.0, now=10.0)
+    hold = index.note_routed(W2, "m", keys, ttl_s=2.0, now=10.0)
+    hold.first_token(now=10.0)
     assert index.matched_tokens("m", keys, now=11.0) == {W2: 24}
     assert index.matched_tokens("m", keys, now=12.5) == {} and len(index) == 0
     assert index.counters.speculative_expired == 6
+
+
+def test_speculative_entries_stay_while_the_request_prefills(index):
+    keys = block_keys(PROMPT, BS)
+    Feed(index, W1).snapshot()
+    hold = index.note_routed(W2, "m", keys, ttl_s=2.0, now=10.0)
+    # A long prefill (or a queue in the engine): nothing is stored yet, however long it takes.
+    assert index.matched_tokens("m", keys, now=100.0) == {W2: 24}
+    hold.first_token(now=100.0)                          # from here, only the events' delay is left
+    assert index.matched_tokens("m", keys, now=101.9) == {W2: 24}
+    assert index.matched_tokens("m", keys, now=102.1) == {} and len(index) == 0
+    hold.release(now=102.1)                              # the attempt's end changes nothing now
+    assert index.counters.speculative_expired == 6 and index.counters.speculative_dropped == 0
+
+
+def test_an_attempt_ended_before_its_first_token_drops_its_entries(index):
+    keys = block_keys(PROMPT, BS)
+    Feed(index, W1).snapshot()
+    hold = index.note_routed(W2, "m", keys, ttl_s=2.0, now=10.0)
+    hold.release(now=10.5)                               # failed or withdrawn: the engine stored nothing
+    assert index.matched_tokens("m", keys, now=10.5) == {} and len(index) == 0
+    assert index.counters.speculative_dropped == 6
+    hold.first_token(now=10.5)                           # too late: the hold is closed
+    assert len(index) == 0
+
+
+def test_entries_shared_by_requests_stay_for_the_one_still_prefilling(index):
+    keys = block_keys(PROMPT, BS)
+    Feed(index, W1).snapshot()
+    first = index.note_routed(W2, "m", keys, ttl_s=2.0, now=0.0)
+    second = index.note_routed(W2, "m", keys[:3], ttl_s=2.0, now=1.0)
+    assert len(index) == 6                               # one entry per block, however many requests
+    first.first_token(now=5.0)
+    assert index.matched_tokens("m", keys, now=30.0) == {W2: 12}   # the second still prefills its 3 blocks
+    second.release(now=30.0)                             # ...and fails: nothing of it was stored
+    assert index.matched_tokens("m", keys, now=30.0) == {} and len(index) == 0
+
+    first = index.note_routed(W2, "m", keys, ttl_s=2.0, now=40.0)
+    second = index.note_routed(W2, "m", keys, ttl_s=2.0, now=40.0)
+    first.first_token(now=41.0)
+    second.release(now=42.0)                             # the first's blocks are stored: kept to its expiry
+    assert index.matched_tokens("m", keys, now=42.5) == {W2: 24}
+    assert index.matched_tokens("m", keys, now=43.5) == {}
 
 
 def test_confirmed_speculative_entry_outlives_the_ttl(index):
     keys = block_keys(PROMPT, BS)
     feed = Feed(index, W1)
     feed.snapshot()
-    index.note_routed(W1, "m", keys[:2], ttl_s=2.0, now=0.0)
+    hold = index.note_routed(W1, "m", keys[:2], ttl_s=2.0, now=0.0)
     feed.send(stored(1, 2, PROMPT[:8]))                  # the engine's events confirm both blocks
     assert len(index) == 2                               # one entry each, not two
+    hold.release(now=0.0)                                # confirmed: the attempt's end does not drop them
     assert index.matched_tokens("m", keys, now=100.0) == {W1: 8}
+
+
+def test_a_cleared_worker_ignores_its_old_holds(index):
+    keys = block_keys(PROMPT, BS)
+    feed = Feed(index, W1)
+    feed.snapshot()
+    old = index.note_routed(W1, "m", keys, ttl_s=2.0, now=0.0)
+    feed.snapshot()                                      # a snapshot replaces what it held
+    new = index.note_routed(W1, "m", keys, ttl_s=2.0, now=0.0)
+    old.release(now=0.0)                                 # not the new request's entries
+    assert index.matched_tokens("m", keys, now=50.0) == {W1: 24}
+    new.release(now=50.0)
+    assert len(index) == 0 and sum(index.entries_per_worker().values()) == 0
 
 
 @pytest.mark.parametrize("max_entries", [1, 7, 50])

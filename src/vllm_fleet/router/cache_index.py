@@ -17,7 +17,9 @@ and asks it once per request, before ranking:
     keys = block_keys(prompt_token_ids, index.block_size("m"), lora=adapter, salt=cache_salt)
     held = index.matched_tokens("m", keys)          # {worker: leading tokens it holds}; absent = 0
     ... rank with held as RequestFeatures.cached_tokens, dispatch to `worker` ...
-    index.note_routed(worker, "m", keys)            # counted as held for ttl_s (the event delay)
+    hold = index.note_routed(worker, "m", keys)     # counted as held while its prefill runs...
+    hold.first_token()                              # ...and for ttl_s after it (the event delay)
+    hold.release()                                  # the attempt ended: before its first token, they go
 
     index.synced(worker), index.last_applied_at(worker)   # to decide WorkerView.kv_events_fresh
     index.counters, index.entries_per_worker()            # for metrics
@@ -36,8 +38,13 @@ Rules:
   offloaded to other media are counted in `events_other_medium` and skipped.
 - One block size per model (the fleet launches a model's workers alike); a stored event with
   another block size is malformed.
-- Speculative entries (`note_routed`) expire in the order noted, checked at each lookup and
-  note; a stored event for the same block makes the entry a real one.
+- Speculative entries (`note_routed`) stay while their request is in flight without its first
+  token: a long prefill, or a request queued in the engine, has stored nothing yet, so no time
+  from routing can cover it. At the first token the engine holds the prompt's blocks, and only
+  the event delay is left: the entries expire `ttl_s` later, in the order their requests got
+  their first tokens, checked at each lookup and note. An attempt that ends before its first
+  token (failed, cancelled, withdrawn) drops its entries at once, unless another request in
+  flight or started holds them too. A stored event for the same block makes the entry a real one.
 
 Memory bound: at most `max_entries` (worker, block) entries, speculative ones included. Past
 it, the index evicts from the worker holding the most entries its least recently stored or
@@ -111,11 +118,12 @@ class CacheIndexCounters:
     evictions: int = 0              # (worker, block) entries evicted for the memory bound
     resyncs_needed: int = 0         # batches answered NEEDS_RESYNC
     speculative_expired: int = 0
+    speculative_dropped: int = 0    # entries of attempts that ended before their first token
 
 
 class _Worker:
     __slots__ = ("address", "bit", "model", "epoch", "sequence", "synced", "applied_at", "held", "by_engine",
-                 "speculative")
+                 "speculative", "pending")
 
     def __init__(self, address: str, bit: int, model: str) -> None:
         self.address = address
@@ -127,11 +135,41 @@ class _Worker:
         self.applied_at = float("-inf")
         self.held: dict[int, bytes] = {}          # our key -> engine hash, least recently stored/routed first
         self.by_engine: dict[bytes, int] = {}     # engine hash -> our key
-        self.speculative: dict[int, float] = {}   # our key -> expiry, in the order noted
+        self.speculative: dict[int, float] = {}   # our key -> expiry, in the order their ttl started
+        # our key -> [requests holding it that have no first token yet, expiry once they are done]:
+        # a key is in at most one of held, speculative and pending.
+        self.pending: dict[int, list] = {}
 
     @property
     def entries(self) -> int:
-        return len(self.held) + len(self.speculative)
+        return len(self.held) + len(self.speculative) + len(self.pending)
+
+
+class RoutedHold:
+    """One routed attempt's speculative entries (`CacheIndex.note_routed`): held until
+    `first_token()` starts their ttl, or `release()` ends the attempt (before its first token:
+    they go). Both are idempotent; only the first of them counts."""
+
+    __slots__ = ("_index", "_entries", "_ttl_s", "_open")
+
+    def __init__(self, index: CacheIndex, entries: list[tuple[_Worker, int, list]], ttl_s: float) -> None:
+        self._index = index
+        self._entries = entries     # (worker, key, its pending entry): a cleared or evicted one is skipped
+        self._ttl_s = ttl_s
+        self._open = True
+
+    def first_token(self, *, now: float | None = None) -> None:
+        """The engine prefilled the prompt: it holds the blocks, and its events are on their way."""
+        self._end(started=True, now=now)
+
+    def release(self, *, now: float | None = None) -> None:
+        """The attempt ended. Before its first token nothing was stored: the entries go now."""
+        self._end(started=False, now=now)
+
+    def _end(self, *, started: bool, now: float | None) -> None:
+        if self._open:
+            self._open = False
+            self._index._end_pending(self._entries, started, self._ttl_s, now)
 
 
 class CacheIndex:
@@ -205,27 +243,60 @@ class CacheIndex:
     # --- what the router did -----------------------------------------------------------------
 
     def note_routed(self, worker: str, model: str, keys: Sequence[int], *, ttl_s: float = 2.0,
-                    now: float | None = None) -> None:
-        """The router just sent a prompt with these keys to `worker`: count them as held there for
-        `ttl_s` (the engine's events come later), and refresh the blocks it holds already."""
+                    now: float | None = None) -> RoutedHold:
+        """The router just sent a prompt with these keys to `worker`: count them as held there
+        until the returned hold's `first_token()` and `ttl_s` after it (the engine's events come
+        later), or until its `release()` before a first token; refresh the blocks it holds already."""
         now = self._clock() if now is None else now
         self._expire(now)
         state = self._worker(worker, model)
         bit = 1 << state.bit
-        expiry = now + ttl_s
+        pending = state.pending
+        mine: list[tuple[_Worker, int, list]] = []
         for key in keys:
             engine_hash = state.held.pop(key, None)
             if engine_hash is not None:
                 state.held[key] = engine_hash     # refreshed: the engine touches it too
                 continue
-            if state.speculative.pop(key, None) is None:
-                self._holders[key] = self._holders.get(key, 0) | bit
-                self._total += 1
-            state.speculative[key] = expiry
+            entry = pending.get(key)
+            if entry is not None:
+                entry[0] += 1
+            else:
+                # A key noted by a request that got its first token keeps that expiry at least.
+                expiry = state.speculative.pop(key, None)
+                if expiry is None:
+                    self._holders[key] = self._holders.get(key, 0) | bit
+                    self._total += 1
+                    expiry = float("-inf")
+                entry = pending[key] = [1, expiry]
+            mine.append((state, key, entry))
             if self._total > self.max_entries:
                 self._evict()
-        if state.speculative:
-            self._speculating.add(state)
+        return RoutedHold(self, mine, ttl_s)
+
+    def _end_pending(self, entries: list[tuple[_Worker, int, list]], started: bool, ttl_s: float,
+                     now: float | None) -> None:
+        """A hold's attempt got its first token (`started`) or ended without one."""
+        now = self._clock() if now is None else now
+        self._expire(now)
+        expiry = now + ttl_s if started else float("-inf")
+        for state, key, entry in entries:
+            if state.pending.get(key) is not entry:
+                continue                          # confirmed by an event, evicted, or the worker cleared
+            entry[0] -= 1
+            entry[1] = max(entry[1], expiry)
+            if entry[0]:
+                continue                          # another request holding it has no first token yet
+            del state.pending[key]
+            if entry[1] > now:
+                # Appended: the ttl is the same for every request, so the order stays the expiry
+                # order, but for a key an ended attempt hands back with an earlier request's expiry,
+                # which may then outlive it by less than one ttl.
+                state.speculative[key] = entry[1]
+                self._speculating.add(state)
+            else:
+                self._unhold(key, 1 << state.bit)
+                self.counters.speculative_dropped += 1
 
     def _expire(self, now: float) -> None:
         for state in list(self._speculating):
@@ -321,7 +392,7 @@ class CacheIndex:
         if old_hash is not None:
             if old_hash != engine_hash:
                 state.by_engine.pop(old_hash, None)
-        elif state.speculative.pop(key, None) is None:
+        elif state.speculative.pop(key, None) is None and state.pending.pop(key, None) is None:
             self._holders[key] = self._holders.get(key, 0) | bit
             self._total += 1
         state.held[key] = engine_hash
@@ -355,13 +426,14 @@ class CacheIndex:
 
     def _clear(self, state: _Worker) -> None:
         bit = 1 << state.bit
-        for key in itertools.chain(state.held, state.speculative):
+        for key in itertools.chain(state.held, state.speculative, state.pending):
             self._unhold(key, bit)
-        state.held, state.by_engine, state.speculative = {}, {}, {}
+        state.held, state.by_engine, state.speculative, state.pending = {}, {}, {}, {}
         self._speculating.discard(state)
 
     def _evict(self) -> None:
-        """Down to 1/64 below the bound, from the workers holding the most, oldest first."""
+        """Down to 1/64 below the bound, from the workers holding the most, oldest first: timed
+        speculative entries, then stored blocks, then those of requests still prefilling."""
         target = self.max_entries - max(1, self.max_entries // 64)
         while self._total > target:
             state = max(self._workers.values(), key=lambda w: w.entries)
@@ -370,6 +442,10 @@ class CacheIndex:
             for key in spec:
                 del state.speculative[key]
                 self._unhold(key, 1 << state.bit)
-            for key in list(itertools.islice(state.held, count - len(spec))):
+            held = list(itertools.islice(state.held, count - len(spec)))
+            for key in held:
                 self._drop_held(state, key)
+            for key in list(itertools.islice(state.pending, count - len(spec) - len(held))):
+                del state.pending[key]
+                self._unhold(key, 1 << state.bit)
             self.counters.evictions += count

@@ -6,8 +6,9 @@ of every worker that streams them (router/kv_follow.py) into its own bounded ind
 own ids, or the router's rendering with the served model's tokenizer files: router/prompt_tokens.py),
 their block keys, and how many leading tokens each worker holds. Every router (each gateway
 process, each gateway of a fleet, each Spark executor) keeps its own from the same event
-streams, so they agree on where a prefix lives; a routing decision is noted in the index for a
-short time (the event delay), so a burst of one prefix follows the first request.
+streams, so they agree on where a prefix lives; a routing decision is noted in the index while
+the request prefills and for a short time after its first token (the event delay), so a burst of
+one prefix follows the first request however long its prefill or queue takes.
 
 Nothing here waits: a request whose ids are not known yet (the tokenizer still loading) is
 routed by load alone, and a worker whose events are stale counts as holding nothing.
@@ -18,10 +19,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Callable
 
 from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
-from vllm_fleet.router.cache_index import CacheIndex, block_keys
+from vllm_fleet.router.cache_index import CacheIndex, RoutedHold, block_keys
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.kv_follow import KvFollower
@@ -39,9 +41,9 @@ def cache_salt(request: GenerateRequest) -> str:
 
 class CacheRouting:
     def __init__(self, config: RouterConfig, connect: Callable[[str], object], metrics, *, tokenizers=None,
-                 on_change: Callable[[], None] = lambda: None) -> None:
+                 on_change: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
-        self.index = CacheIndex(max_entries=config.cache_index_max_entries)
+        self.index = CacheIndex(max_entries=config.cache_index_max_entries, clock=clock)
         self.tokenizers = tokenizers     # PromptTokenizers (router/prompt_tokens.py) or None: ids only from inputs
         self._connect = connect
         self._metrics = metrics
@@ -160,15 +162,19 @@ class CacheRouting:
         return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
                                    prompt_ids_len=len(ids))
 
-    def routed(self, address: str, features: RequestFeatures) -> None:
-        """A request went to `address`: count its prefix as held there until events confirm."""
+    def routed(self, address: str, features: RequestFeatures) -> RoutedHold | None:
+        """A request went to `address`: count its prefix as held there until events confirm. The
+        caller calls the hold's `first_token()` at the attempt's first token and `release()` when
+        the attempt ends (None: the prompt's blocks are not known, nothing to hold)."""
         if not features.block_keys:
-            return
+            return None
         model = features.model or ""
-        self.index.note_routed(address, model, list(features.block_keys), ttl_s=self.config.cache_speculative_ttl_s)
+        hold = self.index.note_routed(address, model, list(features.block_keys),
+                                      ttl_s=self.config.cache_speculative_ttl_s)
         predicted = features.cached_tokens.get(address, 0) if self.fresh(address) else 0
         self._metrics.predicted_cached_tokens.labels(address).inc(predicted)
         self._metrics.routed_prompt_tokens.labels(address).inc(features.prompt_tokens)
         totals = self._predicted.setdefault(address, [0, 0])
         totals[0] += predicted
         totals[1] += features.prompt_tokens
+        return hold

@@ -151,8 +151,8 @@ class RouterConfig(FleetModel):
         "of the worker holding most"
     )
     cache_speculative_ttl_s: float = Field(
-        2.0, gt=0, description="Cache-aware routing: a prompt just routed counts as cached on its worker for this "
-        "long, until the worker's KV events confirm it"
+        2.0, gt=0, description="Cache-aware routing: a prompt routed to a worker counts as cached there while "
+        "it prefills, and for this long after its first token, until the worker's KV events confirm it"
     )
     default_max_tokens: int = Field(
         256, ge=1, description="Output tokens assumed for load and budgets when a request sets no max_tokens"

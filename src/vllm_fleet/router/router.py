@@ -82,7 +82,7 @@ class Router:
             self._tokenizer_dir = tempfile.mkdtemp(prefix="vllm-fleet-tokenizers-")
             tokenizers = TokenizerCache(self._tokenizer_dir)
         # cache_aware keeps an index of every worker's KV-cache blocks, from their event streams.
-        self._cache = (CacheRouting(self.config, self.clients.get, self._metrics, tokenizers=tokenizers)
+        self._cache = (CacheRouting(self.config, self.clients.get, self._metrics, tokenizers=tokenizers, clock=clock)
                        if self.config.policy == "cache_aware" else None)
         self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock, cache=self._cache)
         self.adapters = AdapterPlacement(self._pool.snapshot, self.clients.get,

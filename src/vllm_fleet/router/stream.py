@@ -50,6 +50,7 @@ from vllm_fleet.errors import (
 )
 from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
 from vllm_fleet.router.admission import Ticket
+from vllm_fleet.router.cache_index import RoutedHold
 from vllm_fleet.router.classes import BATCH, INTERACTIVE, batch_share, guaranteed_batch, has_slack
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
@@ -186,15 +187,16 @@ class RoutedStream:
                 self.attempts += 1
                 self.worker = address
                 tried.add(address)
-                if ctx.cache is not None:
-                    ctx.cache.routed(address, self.features)
+                # The prompt counts as cached there until the attempt's first token, then for the
+                # event delay; an attempt that ends before it stored nothing (released below).
+                hold = ctx.cache.routed(address, self.features) if ctx.cache is not None else None
                 verdict: bool | None = None
                 token = id(self)
                 if self._batch:
                     self._step_aside_requested = False
                     ctx.pool.batch.started(address, token, self._step_aside)
                 try:
-                    async with contextlib.aclosing(self._attempt(address, lease)) as chunks:
+                    async with contextlib.aclosing(self._attempt(address, lease, hold)) as chunks:
                         async for chunk in chunks:
                             yield chunk
                     verdict = True
@@ -234,6 +236,8 @@ class RoutedStream:
                     self._before_retry(exc, address)
                 finally:
                     lease.release()
+                    if hold is not None:
+                        hold.release()
                     ctx.pool.report(address, verdict, credited=lease.credited)
                     if self._batch:
                         ctx.pool.batch.ended(address, token)
@@ -351,8 +355,9 @@ class RoutedStream:
             ctx.metrics.failovers.inc()
         ctx.metrics.retries.labels(type(exc).__name__).inc()
 
-    async def _attempt(self, address: str, lease: Lease) -> AsyncIterator[Chunk]:
-        """Stream one attempt's chunks, mapped to the caller's (index, sample)."""
+    async def _attempt(self, address: str, lease: Lease, hold: RoutedHold | None) -> AsyncIterator[Chunk]:
+        """Stream one attempt's chunks, mapped to the caller's (index, sample). `hold`: the
+        prompt's speculative cache entries on `address`, whose ttl starts at the first token."""
         ctx = self._context
         request, mapping = self._attempt_request()
         if self._batch:
@@ -386,6 +391,8 @@ class RoutedStream:
                                      share=lambda: self._batch_share(address))
                     if first:
                         first = False
+                        if hold is not None:
+                            hold.first_token()
                         if self._batch:  # from here on it can only pause, and only if it can resume
                             ctx.pool.batch.first_token(
                                 address, id(self), pause=None if self.request.constrained else self._step_aside)
