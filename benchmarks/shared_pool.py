@@ -148,7 +148,8 @@ def summary(stats: Online) -> dict:
 async def phase(name: str, addresses: list[str], args, *, online: bool, batch_class: str | None,
                 step_at: float | None = None) -> dict:
     classes = ServiceClassConfig(interactive_ttft_target_ms=args.ttft_target_ms,
-                                 interactive_itl_target_ms=args.itl_target_ms)
+                                 interactive_itl_target_ms=args.itl_target_ms,
+                                 interactive_targets=args.targets, interactive_slowdown_target=args.slowdown_target)
     router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy="least_outstanding", classes=classes))
     await router.start()
     salt = f"{name}-{time.time_ns() % 100000}"
@@ -277,6 +278,9 @@ def parse_args() -> argparse.Namespace:
                         help="Online TTFT target: steers batch (--interactive-ttft-target-ms) and judges the step-up")
     parser.add_argument("--itl-target-ms", type=float, default=200.0,
                         help="Online gap between tokens that steers batch (--interactive-itl-target-ms)")
+    parser.add_argument("--targets", choices=("relative", "absolute"), default="relative",
+                        help="--interactive-targets: relative (the ms targets stand in until a baseline is learnt)")
+    parser.add_argument("--slowdown-target", type=float, default=1.1, help="--interactive-slowdown-target")
     parser.add_argument("--seed", type=int, default=11)
     gpu = parser.add_argument_group("worker command line (defaults: the CPU run, the packaged model)")
     gpu.add_argument("--model", default=None, help="Worker --model (HF id or folder); default: the packaged model")
