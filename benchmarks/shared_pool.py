@@ -148,7 +148,8 @@ def summary(stats: Online) -> dict:
 async def phase(name: str, addresses: list[str], args, *, online: bool, batch_class: str | None,
                 step_at: float | None = None) -> dict:
     classes = ServiceClassConfig(interactive_ttft_target_ms=args.ttft_target_ms,
-                                 interactive_itl_target_ms=args.itl_target_ms)
+                                 interactive_itl_target_ms=args.itl_target_ms,
+                                 interactive_targets=args.targets, interactive_slowdown_target=args.slowdown_target)
     router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy="least_outstanding", classes=classes))
     await router.start()
     salt = f"{name}-{time.time_ns() % 100000}"
@@ -292,6 +293,9 @@ def parse_args() -> argparse.Namespace:
                         help="Online TTFT target: steers batch (--interactive-ttft-target-ms) and judges the step-up")
     parser.add_argument("--itl-target-ms", type=float, default=200.0,
                         help="Online gap between tokens that steers batch (--interactive-itl-target-ms)")
+    parser.add_argument("--targets", choices=("relative", "absolute"), default="relative",
+                        help="--interactive-targets: relative (the ms targets stand in until a baseline is learnt)")
+    parser.add_argument("--slowdown-target", type=float, default=1.1, help="--interactive-slowdown-target")
     parser.add_argument("--seed", type=int, default=11)
     add_worker_options(parser)
     args = parser.parse_args()

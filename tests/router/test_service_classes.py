@@ -139,8 +139,8 @@ class Clock:
 
 def test_interactive_latency_halves_a_workers_batch_cap_and_quiet_windows_double_it_back():
     clock = Clock()
-    gate = BatchGate(ServiceClassConfig(interactive_ttft_target_ms=500, interactive_itl_target_ms=100,
-                                        batch_raise_every_s=1.0), clock)
+    gate = BatchGate(ServiceClassConfig(interactive_targets="absolute", interactive_ttft_target_ms=500,
+                                        interactive_itl_target_ms=100, batch_raise_every_s=1.0), clock)
     share = lambda: 12  # noqa: E731
     assert gate.cap("w", 12) == 12                             # no miss yet: the whole batch share
     gate.observe("w", ttft_s=0.4, share=share)                 # on target: nothing
@@ -155,16 +155,17 @@ def test_interactive_latency_halves_a_workers_batch_cap_and_quiet_windows_double
     assert gate.cap("w", 12) == 3
     assert gate.cap("other", 12) == 12                         # other workers keep theirs
     clock.now += 1.0
-    assert gate.cap("w", 12) == 6                              # one quiet window: doubled
+    assert gate.cap("w", 12) == 6       # one quiet window: doubled, to half the level where the misses began
     clock.now += 1.0
-    assert gate.cap("w", 12) == 12                             # back at the level where the misses began
+    assert gate.cap("w", 12) == 7       # from there one a window (doubling again would return to 12, which missed)
     clock.now += 1.0
-    assert gate.cap("w", 20) == 13 and gate.cap("w", 12) == 12  # past it one a window, up to the share
+    assert gate.cap("w", 12) == 8 and gate.cap("w", 7) == 7    # up to the share
 
 
-def test_after_a_step_down_clean_signals_bring_the_cap_back_to_full_within_a_few_windows():
+def test_after_a_step_down_the_cap_doubles_back_to_half_the_level_that_missed_then_adds_one():
     clock = Clock()
-    gate = BatchGate(ServiceClassConfig(interactive_ttft_target_ms=500, batch_raise_every_s=1.0), clock)
+    gate = BatchGate(ServiceClassConfig(interactive_targets="absolute", interactive_ttft_target_ms=500,
+                                        batch_raise_every_s=1.0), clock)
     share = lambda: 16  # noqa: E731
     for _ in range(4):  # online steps up: four misses in a row take the cap to 1
         gate.observe("w", ttft_s=2.0, share=share)
@@ -175,12 +176,14 @@ def test_after_a_step_down_clean_signals_bring_the_cap_back_to_full_within_a_few
     for _ in range(5):  # then latency is back on target: one decision per quiet window
         clock.now += 1.0
         caps.append(gate.cap("w", 16))
-    assert caps == [2, 4, 8, 16, 16]  # doubling: full in 4 windows (adding one a second took 15)
+    # Doubling to 8, half of the 16 that missed, in 3 windows (adding one a second took 7), then
+    # one a window: doubling on to 16 returned to the level that missed, to be cut again.
+    assert caps == [2, 4, 8, 9, 10]
 
 
 def test_one_slow_gap_among_many_is_not_a_miss_but_a_slow_second_is():
     clock = Clock()
-    gate = BatchGate(ServiceClassConfig(interactive_itl_target_ms=100), clock)
+    gate = BatchGate(ServiceClassConfig(interactive_targets="absolute", interactive_itl_target_ms=100), clock)
     share = lambda: 8  # noqa: E731
     for _ in range(20):  # a second of gaps on target, then one slow: the P97, not the P90
         clock.now += 0.05
@@ -296,7 +299,10 @@ async def test_a_router_with_only_batch_backs_off_when_the_worker_reports_slow_i
     # stream on the same worker gets a token every 50 ms (the mock's 20 tokens/s) against a 10 ms
     # target: the worker's Load says so, and the executor's router halves its batch cap there.
     worker = await mock_worker_factory.start(max_num_seqs=8, mock_tokens_per_s=20, mock_ttft_ms=1)
-    async with routed(worker.address, interactive_itl_target_ms=10) as executor, routed(worker.address) as gateway:
+    # Absolute targets: with relative ones, the seconds after "row" without batch would teach the
+    # executor's router the worker's latency instead (tests/router/test_relative_targets.py).
+    async with routed(worker.address, interactive_targets="absolute", interactive_itl_target_ms=10) as executor, \
+            routed(worker.address) as gateway:
         text, _ = await answer(executor, "row", "batch", max_tokens=20)  # batch alone is not reported
         async with WorkerClient(worker.address) as client:
             load = await client.load()

@@ -40,10 +40,12 @@ import collections
 import contextlib
 import math
 from collections.abc import Callable, Iterable
+from typing import Literal
 
 from pydantic import Field
 
 from vllm_fleet.config import FleetModel
+from vllm_fleet.router.latency_baseline import LatencyBaseline
 from vllm_fleet.router.snapshot import WorkerView
 
 INTERACTIVE, BATCH = "interactive", "batch"
@@ -75,15 +77,25 @@ class ServiceClassConfig(FleetModel):
         True, description="Also pause running batch requests (their tokens kept; each resumes where it stopped, "
         "as a migration does) when interactive work finds no room or its latency misses the targets; "
         "grammar-constrained batch is never paused")
+    interactive_targets: Literal["relative", "absolute"] = Field(
+        "relative", description="relative: batch backs off a worker where interactive latency passes "
+        "interactive_slowdown_target x what it is there without this router's batch (learnt per worker; until "
+        "then, and for a target set to null, the _ms targets below apply); absolute: where it passes the _ms "
+        "targets themselves")
+    interactive_slowdown_target: float = Field(
+        1.1, gt=1, description="With relative targets: how much slower (P90 against P90) interactive first "
+        "tokens and token gaps on a worker may get with batch there than without before batch backs off")
     interactive_ttft_target_ms: float | None = Field(
         1000.0, gt=0, description="Batch backs off a worker where an interactive request waited longer than this "
-        "for its first token (null: TTFT does not steer batch)")
+        "for its first token (null: TTFT does not steer batch); with relative targets, only until the worker's "
+        "latency without batch is known")
     interactive_itl_target_ms: float | None = Field(
-        200.0, gt=0, description="Batch backs off a worker where an interactive stream's gap between tokens passed "
-        "this (null: ITL does not steer batch); set both to your SLO")
+        200.0, gt=0, description="Batch backs off a worker where over 10% of the last second's gaps between an "
+        "interactive stream's tokens passed this (null: ITL does not steer batch); with relative targets, only "
+        "until the worker's latency without batch is known")
     batch_raise_every_s: float = Field(
         1.0, gt=0, description="A latency miss halves a worker's batch cap (what batch holds there); each quiet "
-        "window this long doubles it back up to the level that missed, then adds one request per window")
+        "window this long doubles it back up to half the level that missed, then adds one request per window")
 
 
 def slots(view: WorkerView) -> int:
@@ -133,11 +145,23 @@ class BatchGate:
     The controller: each worker has a cap on this router's batch requests there.
 
     * **A miss** is an interactive request on that worker whose first token took longer than
-      `interactive_ttft_target_ms`, or a second (`ITL_WINDOW_S`) of its interactive streams in
-      which more than `ITL_MISS_SHARE` of the gaps between tokens passed
-      `interactive_itl_target_ms` (their P90 over target: one slow gap among thirty is the
-      P97, which interactive traffic alone shows on a busy engine, and must not halve batch).
-      The worker's own report (its Load's P90s) counts the same way.
+      the TTFT target, or a second (`ITL_WINDOW_S`) of its interactive streams in which more
+      than `ITL_MISS_SHARE` of the gaps between tokens passed the ITL target (their P90 over
+      target: one slow gap among thirty is the P97, which interactive traffic alone shows on a
+      busy engine, and must not halve batch). The worker's own report (its Load's P90s) counts
+      the same way.
+    * **The targets**, with `interactive_targets: absolute`, are `interactive_ttft_target_ms` and
+      `interactive_itl_target_ms`. With `relative` (the default) they are
+      `interactive_slowdown_target` times the worker's baseline: the P90 of that latency while
+      no batch of this router runs there (latency_baseline.py; learnt from this router's own
+      samples and the worker's reports, in the spells without batch, a cut to cap 0 among them).
+      Such samples only teach the baseline and never cut: batch is not there to blame. Until a
+      worker has a baseline, the absolute targets stand in for it. A null absolute target turns
+      that signal off in both modes. Why: an absolute target below what the engine does without
+      batch (a slow machine, a big model) holds batch near 0 for slowness it did not cause (the
+      GPU run with 60/20 ms targets: batch at 10% of the idle capacity), and one above it lets
+      batch slow interactive work up to the target; "with batch no more than 1.1x slower than
+      without" is the promise a user can check.
     * **Decrease** (at most once per `CUT_EVERY_S`: one slow step must not count many times): the
       cap becomes half of what batch holds there (the cap, or the running count when fewer run:
       halving a cap above what runs would change nothing, as TCP halves its flight size, not an
@@ -145,10 +169,13 @@ class BatchGate:
       token first (nothing to redo), then, with `preempt_batch`, the newest running ones (paused:
       they resume later after the tokens they have). A miss never takes batch below its cap.
     * **Increase**: each quiet window of `batch_raise_every_s` with no miss doubles the cap
-      (from 0: one) until it is back at the level that missed (where the episode of cuts began:
-      cuts in a row, with no quiet window between, keep the first one's level), then adds one
-      per window up to the worker's batch share. So paused work comes back within a few windows once the signals
-      are clean, and the level that interfered is probed again one request at a time.
+      (from 0: one) up to half the level that missed (TCP's slow-start threshold; the level is
+      where the episode of cuts began: cuts in a row, with no quiet window between, keep the
+      first one's), then adds one per window up to the worker's batch share. So paused work
+      comes back within a few windows once the signals are clean, and the level that
+      interfered is approached one request at a time. Doubling straight back to the level that
+      missed (the controller before) returned to it within ~2 s, to be cut again: 27 cuts and
+      58 pauses in 45 s on the CPU run of 2026-12-03.
 
     Why this one: interference between co-running requests is mostly step time (every sequence
     in the engine's batch slows every step), which slot counts do not show and which differs by
@@ -161,6 +188,8 @@ class BatchGate:
     """
 
     CUT_EVERY_S = 0.5
+    BASELINE_TTFTS = 10     # a baseline window: this many first tokens without batch...
+    BASELINE_GAPS = 30      # ...or token gaps (about one interactive answer's)
     REPORTED_EVERY_S = 2.0  # the worker's latency window (worker/latency_window.py)
     ITL_WINDOW_S = 1.0      # the router's own token gaps are judged over this window...
     ITL_MISS_SHARE = 0.1    # ...and miss when more than this share of them is over target (P90)
@@ -180,10 +209,14 @@ class BatchGate:
         self.paused = 0
         self.arrival_pauses = 0  # of `paused`, those for an interactive arrival (the rest: the controller's cuts)
         self.cuts = 0
-        # address -> (cap, when it was set, the level that missed); absent: the full share
+        # address -> (cap, when it was set, where doubling stops); absent: the full share
         self._caps: dict[str, tuple[float, float, float]] = {}
         self._reported_at: dict[str, float] = {}         # address -> when a worker's report last cut
-        self._gaps: dict[str, collections.deque[tuple[float, bool]]] = {}  # address -> (when, over target)
+        self._gaps: dict[str, collections.deque[tuple[float, float]]] = {}  # address -> (when, gap s)
+        # address -> since when no batch of this router runs there (absent: none ever ran)
+        self._batch_free_since: dict[str, float] = {}
+        # address -> baselines of (TTFT, ITL) without this router's batch there (relative targets)
+        self._baselines: dict[str, tuple[LatencyBaseline, LatencyBaseline]] = {}
 
     def cap(self, address: str, share: int) -> float:
         """The controller's cap on batch requests at `address` now (at most `share`)."""
@@ -197,29 +230,69 @@ class BatchGate:
             windows -= 1
         return min(float(share), cap)
 
-    def _itl_miss(self, address: str, itl_s: float) -> bool:
+    def targets(self, address: str) -> tuple[float | None, float | None]:
+        """The (TTFT, ITL) targets on `address` now, in seconds; None: that signal is off."""
+        config = self.config
+        ttft = config.interactive_ttft_target_ms / 1000 if config.interactive_ttft_target_ms is not None else None
+        itl = config.interactive_itl_target_ms / 1000 if config.interactive_itl_target_ms is not None else None
+        baselines = self._baselines.get(address)
+        if config.interactive_targets == "relative" and baselines is not None:
+            factor = config.interactive_slowdown_target
+            ttft_base, itl_base = baselines[0].value, baselines[1].value
+            if ttft is not None and ttft_base is not None:
+                ttft = factor * ttft_base
+            if itl is not None and itl_base is not None:
+                itl = factor * itl_base
+        return ttft, itl
+
+    def baseline(self, address: str) -> tuple[float | None, float | None]:
+        """The (TTFT, ITL) P90s learnt on `address` without this router's batch, in seconds."""
+        baselines = self._baselines.get(address)
+        return (None, None) if baselines is None else (baselines[0].value, baselines[1].value)
+
+    def _batch_free_for(self, address: str) -> float:
+        """How long no batch of this router has run on `address` (0: some runs now)."""
+        if self.running.get(address):
+            return 0.0
+        since = self._batch_free_since.get(address)
+        return math.inf if since is None else self._clock() - since
+
+    def _learn(self, address: str, ttft_s: float | None, itl_s: float | None, judged: bool) -> None:
+        baselines = self._baselines.get(address)
+        if baselines is None:
+            baselines = self._baselines[address] = (LatencyBaseline(self.BASELINE_TTFTS),
+                                                    LatencyBaseline(self.BASELINE_GAPS))
+        for baseline, sample in zip(baselines, (ttft_s, itl_s)):
+            if sample is not None:
+                (baseline.fold if judged else baseline.add)(sample)
+
+    def _itl_miss(self, address: str, itl_s: float, target_s: float) -> bool:
         """Whether the router's token gaps on `address` over the last window are over target."""
-        target = self.config.interactive_itl_target_ms
-        if target is None:
-            return False
         now = self._clock()
         gaps = self._gaps.setdefault(address, collections.deque())
-        gaps.append((now, itl_s * 1000 > target))
+        gaps.append((now, itl_s))
         while gaps and gaps[0][0] < now - self.ITL_WINDOW_S:
             gaps.popleft()
-        over = sum(1 for _, slow in gaps if slow)
+        over = sum(1 for _, gap in gaps if gap > target_s)
         return over > 0 and over > self.ITL_MISS_SHARE * len(gaps)
 
     def observe(self, address: str, *, ttft_s: float | None = None, itl_s: float | None = None,
                 share: Callable[[], int], itl_judged: bool = False) -> bool:
-        """An interactive request's latency on `address` (`itl_judged`: `itl_s` is already a
-        window's P90, as a worker's report is): a miss cuts its batch cap. Whether it did."""
+        """An interactive request's latency on `address` (`itl_judged`: `ttft_s` and `itl_s` are
+        already a window's P90s, as a worker's report is): a miss cuts its batch cap. Whether it
+        did. With relative targets, a sample taken while no batch of this router ran there (for
+        as long as it covers) teaches that worker's baseline instead."""
         config = self.config
-        ttft_miss = ttft_s is not None and config.interactive_ttft_target_ms is not None and \
-            ttft_s * 1000 > config.interactive_ttft_target_ms
+        if config.interactive_targets == "relative":
+            covers = self.REPORTED_EVERY_S if itl_judged else max(ttft_s or 0.0, itl_s or 0.0)
+            if self._batch_free_for(address) >= covers:
+                self._learn(address, ttft_s, itl_s, itl_judged)
+                return False
+        ttft_target, itl_target = self.targets(address)
+        ttft_miss = ttft_s is not None and ttft_target is not None and ttft_s > ttft_target
         itl_miss = False
-        if itl_s is not None and config.interactive_itl_target_ms is not None:
-            itl_miss = itl_s * 1000 > config.interactive_itl_target_ms if itl_judged else self._itl_miss(address, itl_s)
+        if itl_s is not None and itl_target is not None:
+            itl_miss = itl_s > itl_target if itl_judged else self._itl_miss(address, itl_s, itl_target)
         if not (ttft_miss or itl_miss):
             return False
         now = self._clock()
@@ -231,10 +304,11 @@ class BatchGate:
         if running:
             level = min(level, running)
         cap = math.floor(level / 2)
-        # The level that missed is the one the episode started from: a cut before any quiet
-        # window (the last cut has not reached the engine's steps yet) keeps the earlier one.
+        # Doubling stops at half the level that missed, the one the episode started from: a cut
+        # before any quiet window (the last cut has not reached the engine's steps yet) keeps
+        # the earlier one's.
         ceiling = previous[2] if previous is not None and now - previous[1] < self.config.batch_raise_every_s \
-            else max(level, 1)
+            else max(cap, 1)
         self._caps[address] = (cap, now, ceiling)
         self.cuts += 1
         if running > cap:
@@ -252,9 +326,18 @@ class BatchGate:
         last = self._reported_at.get(address)
         if last is not None and self._clock() - last < self.REPORTED_EVERY_S:
             return
+        # A report taught the baseline, too, only once per window: a Load comes more often.
+        learns = self.config.interactive_targets == "relative" and \
+            self._batch_free_for(address) >= self.REPORTED_EVERY_S
         if self.observe(address, ttft_s=ttft_ms / 1000 if ttft_ms else None,
-                        itl_s=itl_ms / 1000 if itl_ms else None, share=share, itl_judged=True):
+                        itl_s=itl_ms / 1000 if itl_ms else None, share=share, itl_judged=True) or learns:
             self._reported_at[address] = self._clock()
+
+    @property
+    def listening(self) -> bool:
+        """Whether interactive latency is worth observing: batch of this router runs somewhere,
+        or relative targets learn what latency is without it."""
+        return bool(self.running) or self.config.interactive_targets == "relative"
 
     def interactive_arrives(self, view: WorkerView) -> int:
         """An interactive request is going to `view`'s worker: make room if it would wait. With
@@ -290,6 +373,7 @@ class BatchGate:
 
     def started(self, address: str, token: int, withdraw: Callable[[], None]) -> None:
         self.running[address] = self.running.get(address, 0) + 1
+        self._batch_free_since.pop(address, None)
         self._withdrawable.setdefault(address, {})[token] = withdraw
 
     def first_token(self, address: str, token: int, pause: Callable[[], None] | None = None) -> None:
@@ -307,6 +391,7 @@ class BatchGate:
             self.running[address] = left
         else:
             self.running.pop(address, None)
+            self._batch_free_since[address] = self._clock()
         self.notify()
 
     def step_aside(self, address: str, count: int, *, pause: bool) -> int:

@@ -371,7 +371,7 @@ class RoutedStream:
         watchdog = StallWatchdog(lambda: ctx.pool.progressing(address))
         first = True
         gate = ctx.pool.batch
-        steer = not self._batch and bool(gate.running)  # interactive latency steers batch (classes.py)
+        steer = not self._batch and gate.listening  # interactive latency steers batch (classes.py)
         loop = asyncio.get_running_loop()
         last_at = loop.time()
         try:
