@@ -113,7 +113,7 @@ def spark_job(session, addresses: list[str], args, salt: str, service_class: str
     started = time.perf_counter()
     rows = generate(df, prompt_col="prompt", id_col="id", workers=addresses, service_class=service_class,
                     params={"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True},
-                    max_in_flight=args.spark_in_flight).select("id", "error", "completion_tokens").collect()
+                    max_in_flight=args.spark_in_flight, router={"classes": controller_targets(args)}).select("id", "error", "completion_tokens").collect()
     wall = time.perf_counter() - started
     df.unpersist()
     errors = [r.error for r in rows if r.error]
@@ -149,6 +149,17 @@ async def batch_api_job(http: httpx.AsyncClient, model: str, args, salt: str) ->
             "output_tokens": sum(tokens), "wall_s": wall}
 
 
+def controller_targets(args) -> dict:
+    """The latency controller's targets, the same for the gateway and the Spark job's routers."""
+    return {"interactive_targets": args.targets, "interactive_ttft_target_ms": args.ttft_target_ms,
+            "interactive_itl_target_ms": args.itl_target_ms}
+
+
+def gateway_target_args(args) -> list[str]:
+    return ["--interactive-targets", args.targets, "--interactive-ttft-target-ms", str(args.ttft_target_ms),
+            "--interactive-itl-target-ms", str(args.itl_target_ms)]
+
+
 def online_summary(stats: Online, wall: float) -> dict:
     return {"online_requests": len(stats.ttft), "online_errors": len(stats.errors), "first_online_errors": stats.errors[:3],
             "ttft_p50_ms": percentile(stats.ttft, 50) * 1000, "ttft_p99_ms": percentile(stats.ttft, 99) * 1000,
@@ -174,7 +185,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
               f"local[{args.spark_cores}]", flush=True)
         with tempfile.TemporaryDirectory() as batch_dir:
             gateway = GatewayProcess(["--workers", ",".join(addresses), "--no-access-log", "--batch-dir", batch_dir,
-                                      "--batch-concurrency", str(args.batch_api_concurrency), *args.gateway_arg],
+                                      "--batch-concurrency", str(args.batch_api_concurrency),
+                                      *gateway_target_args(args), *args.gateway_arg],
                                      {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, log_path="/tmp/shared-pool-jobs-gateway.log")
             async with gateway, httpx.AsyncClient(base_url=gateway.url, timeout=args.job_timeout_s) as http:
                 await gateway.wait_ready(120)
@@ -264,8 +276,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-api-concurrency", type=int, default=16, help="The gateway's --batch-concurrency")
     parser.add_argument("--job-timeout-s", type=float, default=1800.0)
     parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--targets", choices=("relative", "absolute"), default="relative",
+                        help="The controller's --interactive-targets, for the gateway and the Spark job")
+    parser.add_argument("--ttft-target-ms", type=float, default=1000.0,
+                        help="--interactive-ttft-target-ms, for the gateway and the Spark job")
+    parser.add_argument("--itl-target-ms", type=float, default=200.0,
+                        help="--interactive-itl-target-ms, for the gateway and the Spark job")
     parser.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
-                        help="Passed to the gateway, e.g. --gateway-arg=--interactive-ttft-target-ms --gateway-arg=500")
+                        help="Passed to the gateway, e.g. --gateway-arg=--batch-max-kv-usage --gateway-arg=0.8")
     parser.add_argument("--seed", type=int, default=11)
     add_worker_options(parser)
     args = parser.parse_args()
@@ -277,8 +295,9 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     print(f"online: Poisson {args.rate}/s, {args.online_words} words, max_tokens {args.online_max_tokens}; jobs: "
-          f"{args.rows} rows of {args.batch_words} words, max_tokens {args.max_tokens}; gateway args: "
-          f"{' '.join(args.gateway_arg) or '(defaults)'}", flush=True)
+          f"{args.rows} rows of {args.batch_words} words, max_tokens {args.max_tokens}; controller {args.targets}, "
+          f"TTFT {args.ttft_target_ms:g} ms, ITL {args.itl_target_ms:g} ms; gateway args: "
+          f"{' '.join(args.gateway_arg) or '(none)'}", flush=True)
     report(asyncio.run(run(args)), args)
 
 

@@ -29,6 +29,5 @@ jobs)
         --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 \
         --seconds 30 --rate ${RATE:-8} --rows ${ROWS:-3000} --max-tokens 64 --batch-words 200 \
         --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 \
-        --gateway-arg=--interactive-ttft-target-ms --gateway-arg=200 \
-        --gateway-arg=--interactive-itl-target-ms --gateway-arg=50 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
+        --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-50} 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
 esac
