@@ -7,7 +7,7 @@ import argparse
 from fakes import addresses, snapshot, view
 from vllm_fleet.router import add_router_options, router_config_from_args
 from vllm_fleet.router.features import RequestFeatures
-from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy
+from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy, ring_order
 
 A, B, C = addresses(3)
 
@@ -74,14 +74,44 @@ def test_ties_rotate_by_ticket():
     assert firsts == {A, B, C}
 
 
+def test_a_prefix_held_nowhere_goes_to_its_home_whatever_the_ticket():
+    # Equal loads, nobody holds the prompt: every ticket sends it to one worker, its frontier's
+    # home on the ring, so the next request of that prefix finds it there (not a copy on each).
+    pool = snapshot(fresh(A), fresh(B), fresh(C))
+    homes = {}
+    for frontier in ("101", "202", "303", "404", "505", "606"):
+        firsts = {make_policy("cache_aware").rank(features({}, ticket=t, frontier_key=frontier), pool)[0]
+                  for t in range(6)}
+        assert firsts == {ring_order(frontier, [A, B, C])[0]}
+        homes[frontier] = firsts.pop()
+    assert len(set(homes.values())) > 1   # different prefixes, different homes: the caches split them
+    # Without a home (0 tokens) the ticket's rotation decides, as before.
+    no_home = CacheAware(CacheCosts(home_tokens=0))
+    assert {no_home.rank(features({}, ticket=t, frontier_key="101"), pool)[0] for t in range(3)} == {A, B, C}
+
+
+def test_the_home_yields_to_a_cache_hit_and_to_a_real_load_difference():
+    home = ring_order("101", [A, B])[0]
+    other = B if home == A else A
+    pool = snapshot(fresh(A), fresh(B))
+    # The other worker holds 1,024 tokens of the prompt: saved prefill beats the home.
+    assert make_policy("cache_aware").rank(features({other: 1024}, frontier_key="101"), pool)[0] == other
+    # The home has 2,000 more tokens of work ahead: the other takes the miss.
+    busy_home = snapshot(fresh(home, outstanding=2000), fresh(other))
+    assert make_policy("cache_aware").rank(features({}, frontier_key="101"), busy_home)[0] == other
+    # ... but 300 more only: the home keeps it.
+    near = snapshot(fresh(home, outstanding=300), fresh(other))
+    assert make_policy("cache_aware").rank(features({}, frontier_key="101"), near)[0] == home
+
+
 def test_weights_and_bound_are_router_options():
     parser = argparse.ArgumentParser()
     add_router_options(parser)
     config = router_config_from_args(parser.parse_args([
         "--policy", "cache_aware", "--cache-prefill-weight", "2", "--cache-load-weight", "0.5",
         "--cache-queued-tokens", "64", "--cache-load-bound", "1.5", "--cache-index-max-entries", "1000",
-        "--cache-speculative-ttl-s", "1"]))
+        "--cache-speculative-ttl-s", "1", "--cache-home-tokens", "128"]))
     assert config.policy == "cache_aware"
     assert (config.cache_prefill_weight, config.cache_load_weight, config.cache_queued_tokens) == (2.0, 0.5, 64)
     assert config.cache_load_bound == 1.5 and config.cache_index_max_entries == 1000
-    assert config.cache_speculative_ttl_s == 1.0
+    assert config.cache_speculative_ttl_s == 1.0 and config.cache_home_tokens == 128

@@ -283,3 +283,30 @@ def test_the_router_keys_a_request_with_its_cache_salt():
                            extra_body={"cache_salt": "tenant-a"})
     plain = build_request("r2", [GenerateInput(token_ids=PROMPT)], SamplingParams(max_tokens=1))
     assert cache_salt(salted) == "tenant-a" and cache_salt(plain) == ""
+
+
+def test_a_requests_frontier_is_its_first_block_no_worker_holds(index):
+    # The frontier names a miss's home (CacheAware): past what any worker holds, so prompts that
+    # share a long start but differ after it get different homes.
+    from vllm_fleet.protocol import GenerateInput, SamplingParams
+    from vllm_fleet.protocol.sampling import build_request
+    from vllm_fleet.router import RouterConfig
+    from vllm_fleet.router.cache_routing import CacheRouting
+    from vllm_fleet.router.features import RequestFeatures
+
+    routing = CacheRouting(RouterConfig(policy="cache_aware"), connect=lambda address: None, metrics=None)
+    routing.index = index
+    routing._block_sizes["m"] = BS
+    keys = block_keys(PROMPT, BS)
+
+    def frontier(tokens: list[int]) -> str:
+        request = build_request("r", [GenerateInput(token_ids=tokens)], SamplingParams(max_tokens=1))
+        return routing.with_cache(request, RequestFeatures(model="m")).frontier_key
+
+    assert frontier(PROMPT) == str(keys[0])                     # held nowhere: its first block
+    Feed(index, W1).snapshot(stored(1, 2, PROMPT[:8]))          # W1 holds the first two blocks
+    assert frontier(PROMPT) == str(keys[2])
+    other = PROMPT[:8] + [900 + i for i in range(16)]          # same start, then its own text
+    assert frontier(other) == str(block_keys(other, BS)[2]) != frontier(PROMPT)
+    Feed(index, W2).snapshot(stored(11, 6, PROMPT))             # all of it held: its last block
+    assert frontier(PROMPT) == str(keys[-1])

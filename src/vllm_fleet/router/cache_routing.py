@@ -159,8 +159,9 @@ class CacheRouting:
         prompt_tokens = features.prompt_tokens
         if len(request.inputs) == 1:  # exact now, for one input (the others stay estimates)
             prompt_tokens = len(ids)
+        frontier = str(keys[min(max(held.values(), default=0) // block_size, len(keys) - 1)]) if keys else ""
         return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
-                                   prompt_ids_len=len(ids))
+                                   prompt_ids_len=len(ids), frontier_key=frontier)
 
     def routed(self, address: str, features: RequestFeatures) -> RoutedHold | None:
         """A request went to `address`: count its prefix as held there until events confirm. The

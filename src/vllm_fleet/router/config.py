@@ -145,6 +145,11 @@ class RouterConfig(FleetModel):
         "(this request included) goes after all others, whatever it holds, so a hot prefix cannot pile onto "
         "one worker; null: no bound"
     )
+    cache_home_tokens: int = Field(
+        512, ge=0, description="Cache-aware routing: tokens of cost added on every worker but a prompt's home "
+        "(the worker its first block held nowhere hashes to), so a prefix no worker holds goes to one place "
+        "and the workers' caches split the prefixes instead of copying them; 0: the least loaded takes a miss"
+    )
     cache_index_max_entries: int = Field(
         10_000_000, ge=1, description="Cache-aware routing: most (worker, KV block) entries the router's cache "
         "index keeps (about 210 bytes each); past it, it forgets the blocks least recently stored or routed "

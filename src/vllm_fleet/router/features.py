@@ -43,6 +43,9 @@ class RequestFeatures:
     cached_tokens: Mapping[str, int] = field(default_factory=dict, hash=False)
     block_keys: tuple[int, ...] = field(default=(), hash=False)  # the prompt's blocks (cache-aware routing)
     prompt_ids_len: int = 0        # the router's token count of input 0 (cache_aware); 0 = not tokenized
+    # cache_aware: the key of the prompt's first block that no worker holds (its last block when
+    # every block is held somewhere); its point on the hash ring is where a miss goes ("" = none)
+    frontier_key: str = ""
 
     @property
     def cost_tokens(self) -> int:
