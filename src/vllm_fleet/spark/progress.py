@@ -66,8 +66,11 @@ class ProgressReporter:
         self.totals = Totals()
         self._clock = clock
         self._waiting_of = waiting
-        # The last status read; replaced whole (never changed), since send() may run on another thread.
+        # The heartbeat runs on the router's loop, close() on Spark's thread: the last status read
+        # and the socket change under this lock, so nothing stale follows the final report.
+        self._lock = threading.Lock()
         self._waiting = BatchWaitStatus()
+        self._closing = False
         self._sent_at = float("-inf")
         self._target: tuple[str, int] | None = None
         self._socket: socket.socket | None = None
@@ -89,31 +92,37 @@ class ProgressReporter:
         wait finish nothing, so row_done() alone would go quiet just when there is news."""
         while True:
             await asyncio.sleep(SEND_EVERY_S)
-            if self._waiting_of is not None:
-                self._waiting = self._waiting_of()
+            status = self._waiting_of() if self._waiting_of is not None else BatchWaitStatus()
+            with self._lock:
+                if self._closing:
+                    return
+                self._waiting = status
             self.send()
 
     def send(self) -> None:
-        sock = self._socket  # close() may run on another thread than a heartbeat's send
-        if sock is None or self._target is None:
-            return
-        self._sent_at = self._clock()
-        waiting = self._waiting
-        message = json.dumps({"task": self.task_key, "rows": self.totals.rows, "errors": self.totals.errors,
-                              "tokens": self.totals.tokens, "waiting": waiting.waiting,
-                              "waited_s": round(waiting.waited_s, 1),
-                              "reason": waiting.reason[:_MAX_REASON_CHARS]}).encode()
-        try:
-            sock.sendto(message, self._target)
-        except OSError as exc:  # a full buffer or a gone driver: progress is advisory, rows go on
-            logger.debug("progress datagram to %s not sent: %s", self._target, exc)
+        with self._lock:
+            if self._socket is None or self._target is None:
+                return
+            self._sent_at = self._clock()
+            waiting = self._waiting
+            message = json.dumps({"task": self.task_key, "rows": self.totals.rows, "errors": self.totals.errors,
+                                  "tokens": self.totals.tokens, "waiting": waiting.waiting,
+                                  "waited_s": round(waiting.waited_s, 1),
+                                  "reason": waiting.reason[:_MAX_REASON_CHARS]}).encode()
+            try:
+                self._socket.sendto(message, self._target)
+            except OSError as exc:  # a full buffer or a gone driver: progress is advisory, rows go on
+                logger.debug("progress datagram to %s not sent: %s", self._target, exc)
 
     def close(self) -> None:
-        self._waiting = BatchWaitStatus()  # the task is over: none of its rows waits
+        with self._lock:
+            self._closing = True
+            self._waiting = BatchWaitStatus()  # the task is over: none of its rows waits
         self.send()
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+        with self._lock:
+            if self._socket is not None:
+                self._socket.close()
+                self._socket = None
 
 
 class ProgressListener:
