@@ -121,7 +121,8 @@ def why_no_slack(snapshot: PoolSnapshot, gate: BatchGate, model: str | None, poo
     """Why a batch request of `model` (in class pool `pool`) finds no worker with slack: one
     clause per worker of the model, in `has_slack`'s order of checks."""
     config = gate.config
-    workers = [w for w in snapshot if (model is None or w.model == model) and (not pool or not w.pool or w.pool == pool)]
+    workers = [w for w in snapshot
+               if (model is None or w.model == model) and (not pool or not w.pool or w.pool == pool)]
     of_model = f" of model {model!r}" if model else ""
     in_pool = f" in pool {pool!r}" if pool else ""
     if not workers:
@@ -165,7 +166,8 @@ def _why_not(view: WorkerView, gate: BatchGate, config: ServiceClassConfig) -> s
     if running >= share:
         slots = f"max_num_seqs {view.max_num_seqs}" if view.max_num_seqs else \
             f"max_num_seqs not reported, taken as {DEFAULT_SLOTS}"
-        return f"{name} running {running} >= batch cap {share} (interactive_reserve {config.interactive_reserve} of {slots})"
+        return (f"{name} running {running} >= batch cap {share} "
+                f"(interactive_reserve {config.interactive_reserve} of {slots})")
     if view.breaker == HALF_OPEN:
         return f"{name} circuit breaker half-open: its one probe request is running"
     return f"{name} has slack now (a batch request is starting there)"
