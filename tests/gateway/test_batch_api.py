@@ -10,12 +10,14 @@ import openai
 import pytest
 from support import wait_until
 
+from vllm_fleet.gateway.batch import runner as runner_module
 from vllm_fleet.gateway.batch.runner import BatchRunner
 from vllm_fleet.gateway.batch.store import FileRow, LineRow, Store
 from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.server import GatewayServer
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import RouterConfig
+from vllm_fleet.router.classes import ServiceClassConfig
 
 from gateway_support import MODEL_A
 
@@ -286,3 +288,42 @@ async def test_batch_lines_run_as_the_batch_class_and_online_requests_as_interac
     assert batch.request_counts.completed == 2 and seen == ["batch", "batch"]
     assert (await client.chat.completions.create(**chat_line("x")["body"])).choices
     assert seen[-1] == "interactive"
+
+
+async def test_lines_waiting_for_batch_capacity_show_why_on_the_batch_object(start_gateway, mock_worker_factory,
+                                                                            monkeypatch):
+    """A fleet with no batch slack: the line waits (never fails), the batch object says why in
+    its vendor field (which OpenAI's client keeps), and once slack returns the line runs and the
+    field clears."""
+    monkeypatch.setattr(runner_module, "SHOW_WAIT_AFTER_S", 0.0)
+    monkeypatch.setattr(runner_module, "WAIT_WATCH_EVERY_S", 0.05)
+    worker = await mock_worker_factory.start(served_model_name=MODEL_A, max_num_seqs=4, mock_tokens_per_s=20,
+                                             mock_ttft_ms=1)
+    # Every slot is kept for interactive work; the starvation guard's one batch request is all batch may run.
+    classes = ServiceClassConfig(interactive_reserve=0.9, batch_min_share=0.0, interactive_ttft_target_ms=None,
+                                 interactive_itl_target_ms=None)
+    server = await start_gateway([worker.address], router=RouterConfig(classes=classes))
+    await wait_until(lambda: MODEL_A in server.router.models(), timeout=20, message="model A")
+    client = client_of(server)
+    # A flex (batch-class) online request holds the guard's slot for 100 s of tokens.
+    flex = await client.chat.completions.create(**{**chat_line("flex")["body"], "max_tokens": 2000},
+                                                service_tier="flex", stream=True)
+    try:
+        await anext(aiter(flex))
+        batch = await run_batch(client, [chat_line("r0")], until=("in_progress",))
+
+        async def waiting() -> bool:
+            nonlocal batch
+            batch = await client.batches.retrieve(batch.id)
+            return bool((batch.model_extra or {}).get("vllm_fleet_waiting"))
+
+        await wait_until(waiting, timeout=30, message="the batch to say it waits")
+        shown = batch.model_extra["vllm_fleet_waiting"]
+        assert shown["lines"] == 1 and shown["since"] > 0
+        assert shown["reason"].startswith(f"no worker of model {MODEL_A!r} has batch slack: {worker.address} running ")
+        assert "interactive_reserve 0.9 of max_num_seqs 4" in shown["reason"]
+        assert batch.status == "in_progress" and batch.request_counts.completed == 0
+    finally:
+        await flex.close()  # its caller leaves: the guard's slot is free again
+    batch = await wait_status(client, batch.id, ("completed",))
+    assert batch.request_counts.completed == 1 and batch.model_extra["vllm_fleet_waiting"] is None

@@ -78,6 +78,15 @@ def test_the_dashboard_adds_up_request_totals_and_per_worker_counts():
     assert merged["processes"] == {"serving": 3, "answered": 2}
 
 
+def test_the_dashboard_adds_up_batch_waiting_for_slack_with_the_longest_waits_reason():
+    def state(waiting: int, waited_s: float, reason: str) -> dict:
+        return {"time": 0, "models": ["m"], "requests": {}, "workers": [],
+                "batch_waiting": {"waiting": waiting, "since": 1.0, "waited_s": waited_s, "reason": reason}}
+
+    merged = merge_states(state(2, 3.0, "w1 KV"), [state(1, 40.0, "w2 waiting"), state(0, 0.0, "")], processes=3)
+    assert merged["batch_waiting"] == {"waiting": 3, "since": 1.0, "waited_s": 40.0, "reason": "w2 waiting"}
+
+
 async def test_siblings_answer_each_other_and_one_that_is_gone_or_cut_short_is_left_out(tmp_path):
     first = Siblings(SiblingSlot(tmp_path, 0, 4), timeout_s=5)
     second = Siblings(SiblingSlot(tmp_path, 1, 4), timeout_s=5)

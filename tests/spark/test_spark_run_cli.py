@@ -83,3 +83,24 @@ async def test_spark_run_shows_rows_tokens_and_an_eta_while_one_partition_runs(m
                                                    done.stderr)]
     assert shown and shown[-1] == 24, done.stderr[-2000:]
     assert any(0 < rows < 24 for rows in shown), f"rows counted while the one task ran: {shown} {done.stderr[-3000:]!r}"
+
+
+async def test_spark_run_says_why_rows_wait_for_batch_capacity_and_the_wait_fails_no_row(mock_worker_factory,
+                                                                                       tmp_path):
+    # Every slot is kept for interactive work (90% of 4 is all of them): the starvation guard's
+    # one request is all batch may run, so the second row waits ~10 s for the first (200 tokens
+    # at 20 tokens/s). Its 15 s request_timeout_s is less than its wait and its work together:
+    # the wait must not count against it.
+    worker = await mock_worker_factory.start(max_num_seqs=4, mock_tokens_per_s=20, mock_ttft_ms=1)
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"long question {i}"}) + "\n" for i in range(2)))
+    router = {"classes": {"interactive_reserve": 0.9, "batch_min_share": 0.0}}
+    done = await run_cli("--input", str(source), "--output", str(tmp_path / "out.parquet"), "--max-tokens", "200",
+                         "--max-in-flight", "2", "--request-timeout-s", "15", "--router", json.dumps(router),
+                         "--workers", worker.address)
+
+    assert done.returncode == 0, done.stderr[-2000:]  # both rows answered
+    assert "errors: 0" in done.stdout
+    assert re.search(r"waiting for batch capacity: no worker of model '[^']+' has batch slack: "
+                     + re.escape(f"{worker.address} running 1 >= batch cap 0 (interactive_reserve 0.9 of "
+                                 "max_num_seqs 4)") + r".* \(1 requests, \d+s\)", done.stderr), done.stderr[-3000:]

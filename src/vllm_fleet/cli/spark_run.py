@@ -3,7 +3,8 @@
     vllm-fleet spark-run --input prompts.jsonl --output out.parquet --workers 127.0.0.1:50051 --max-tokens 64
 
 Shows progress while the job runs (rows done of the input's, rows/s, output tokens/s, an ETA,
-reported live by the executors: spark/progress.py; and Spark's tasks), then a summary: rows,
+reported live by the executors: spark/progress.py; and Spark's tasks; and, while rows wait for
+batch capacity, "waiting for batch capacity: <reason>"), then a summary: rows,
 errors, output tokens and tokens/s. Exit status 0 when every row was answered, 1 when some
 rows carry an error (the output is written either way), 2 for configuration errors.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -25,6 +27,7 @@ from vllm_fleet.spark.progress import ProgressListener, progress_line
 
 READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 PROGRESS_INTERVAL_S = 0.5
+FULL_LINE_EVERY_S = 30.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -133,6 +136,7 @@ class Progress:
         self.total_rows = total_rows
         self.stream = stream
         self._started = time.monotonic()
+        self._full_at = float("-inf")  # when a line too long for the terminal was last shown whole
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -156,9 +160,19 @@ class Progress:
             info = self.tracker.getStageInfo(stage_id)
             if info is not None:
                 done, total = done + info.numCompletedTasks, total + info.numTasks
-        line = progress_line(self.listener.totals(), self.total_rows, time.monotonic() - self._started)
+        line = progress_line(self.listener.totals(), self.total_rows, time.monotonic() - self._started,
+                             self.listener.waiting())
         if total:
             line += f"  [{done}/{total} tasks]"
+        width = shutil.get_terminal_size().columns if self.stream.isatty() else 0
+        if width and len(line) >= width:
+            # A wrapped line would not be rewritten in place (\r goes back one row only): show it
+            # whole once in a while above the progress line, and the progress line cut to fit.
+            now = time.monotonic()
+            if now - self._full_at >= FULL_LINE_EVERY_S:
+                self._full_at = now
+                self.stream.write(f"\r{line}\x1b[K\n")
+            line = line[:width - 2] + "…"
         self.stream.write(f"\r{line}\x1b[K")  # \x1b[K: clear what a longer line left
         self.stream.flush()
 

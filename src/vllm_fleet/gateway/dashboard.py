@@ -6,7 +6,8 @@ key from the URL fragment (`/dashboard#key=...`, never sent to servers or logs) 
 and keeps it in sessionStorage.
 
 With `--processes N` the state answers for all N processes: request totals and each worker's
-in-flight requests and outstanding tokens add up over them; the rest (worker states, breakers,
+in-flight requests and outstanding tokens add up over them, and so do batch requests waiting
+for slack (with the reason of the one waiting longest); the rest (worker states, breakers,
 Load) is the answering process's view.
 """
 
@@ -60,7 +61,7 @@ class Dashboard:
             entry["device"] = record.device if record is not None and record.device else ""
             workers.append(entry)
         return {"time": time.time(), "models": self.router.models(), "workers": workers,
-                "requests": dict(self.totals)}
+                "requests": dict(self.totals), "batch_waiting": self.router.batch_wait_status().to_dict()}
 
     async def own_state_bytes(self) -> bytes:
         return json.dumps(self.own_state()).encode()
@@ -81,5 +82,10 @@ def merge_states(own: dict, others: list[dict], *, processes: int) -> dict:
             if mine is not None:
                 for name in _SUMMED_WORKER_FIELDS:
                     mine[name] = mine.get(name, 0) + worker.get(name, 0)
+    # Batch waiting for slack: every process's requests; the reason of the one waiting longest.
+    waits = [w for w in (own.get("batch_waiting"), *(o.get("batch_waiting") for o in others)) if w and w["waiting"]]
+    if waits:
+        longest = max(waits, key=lambda w: w["waited_s"])
+        merged["batch_waiting"] = {**longest, "waiting": sum(w["waiting"] for w in waits)}
     merged["processes"] = {"serving": processes, "answered": 1 + len(others)}
     return merged

@@ -28,6 +28,7 @@ SUMMED_GAUGES = frozenset({
     "vllm_fleet_router_in_flight",
     "vllm_fleet_router_outstanding_tokens",
     "vllm_fleet_router_queue_depth",
+    "vllm_fleet_router_batch_waiting",
     "vllm_fleet_gateway_batch_lines_in_flight",  # a batch runs in one process (its lease holder)
     "vllm_fleet_gateway_batches_running",
 })

@@ -10,6 +10,7 @@
     router.model_info(model)               # WorkerInfo (max_model_len, ...) or None
     router.snapshot()                      # PoolSnapshot: per worker state, breaker, load, in flight
     router.queue_depths()                  # requests waiting for a slot, per workload class
+    router.batch_wait_status()             # BatchWaitStatus: batch waiting for slack, since when, why
 
     stream = router.stream(request, model="m", key="api-key", deadline=loop.time() + 30)
     await stream.admit()                   # optional: raise RateLimitedError before committing to a reply
@@ -37,7 +38,8 @@ OpenAI `user` there when no session is given).
 Modules: config (settings + CLI options), snapshot (immutable pool view), features (request
 estimates), policies (pure ranking functions), cache_index (which worker holds which KV blocks, from
 the engines' KV events; bounded), breaker, ejection (outliers), budget (retries),
-admission (buckets, queues), pool (membership and polling), stream (failover and migration),
+admission (buckets, queues), batch_wait (why batch waits for slack), pool (membership and
+polling), stream (failover and migration),
 context (the frozen bundle a stream gets instead of the router), watchdog (stall detection),
 metrics (Prometheus), router (the facade).
 
@@ -57,6 +59,7 @@ from vllm_fleet.router.config import (
     add_router_options,
     router_config_from_args,
 )
+from vllm_fleet.router.batch_wait import BatchWaitStatus
 from vllm_fleet.router.router import Router
 from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
 from vllm_fleet.errors import DeadlineExceededError  # re-exported: the stream raises it
@@ -64,6 +67,7 @@ from vllm_fleet.router.stream import RoutedStream
 
 __all__ = [
     "AdmissionConfig",
+    "BatchWaitStatus",
     "DeadlineExceededError",
     "KeyLimits",
     "PoolSnapshot",

@@ -51,6 +51,9 @@ class RouterMetrics:
                                         "(lifetime, from its Load)", ["worker"], **common)
         self.engine_prefix_queries = Gauge("engine_prefix_cache_queries", "The engine's own prefix-cache queried "
                                            "tokens (lifetime, from its Load)", ["worker"], **common)
+        # Counted up and down (not read at scrape): two routers sharing a registry add up.
+        self.batch_waiting = Gauge("batch_waiting", "Batch requests waiting for a worker with slack (why: the "
+                                   "router's log, Router.batch_wait_status())", **common)
         self.queue_depth = Gauge("queue_depth", "Requests waiting for a slot, by workload class", ["workload_class"],
                                  **common)
 

@@ -35,6 +35,7 @@ from vllm_fleet.client.loads import late_after
 from vllm_fleet.errors import FleetError, NoWorkerError
 from vllm_fleet.protocol.types import REQUEST_FORM, WorkerInfo, WorkerLoad
 from vllm_fleet.registry import Registry, WorkerRecord
+from vllm_fleet.router.batch_wait import BatchWaits, why_no_slack
 from vllm_fleet.router.breaker import CircuitBreaker
 from vllm_fleet.router.cache_routing import CacheRouting
 from vllm_fleet.router.classes import BatchGate, batch_share
@@ -164,6 +165,9 @@ class Pool:
         self._changed = asyncio.Event()
         self.cache = cache        # cache_aware: follows each worker's KV-cache events
         self.batch = BatchGate(config.classes, clock)  # batch per worker; its latency controller
+        # batch requests waiting for slack, and why (batch_wait.py)
+        self.batch_waits = BatchWaits(lambda model, pool: why_no_slack(self.snapshot(), self.batch, model, pool),
+                                      metrics.batch_waiting, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: Callable[[], None] | None = None
 

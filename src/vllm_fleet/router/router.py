@@ -16,7 +16,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from prometheus_client import CollectorRegistry
 
@@ -26,6 +26,7 @@ from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.registry import Registry
 from vllm_fleet.router.adapters import AdapterPlacement
 from vllm_fleet.router.admission import Admission
+from vllm_fleet.router.batch_wait import BatchWaitStatus
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.config import KeyLimits, RouterConfig
 from vllm_fleet.router.context import Connect, StreamContext
@@ -188,6 +189,13 @@ class Router:
     def queue_depths(self) -> dict[str, int]:
         """Requests waiting for a slot now, per workload class."""
         return {name: queue.depth for name, queue in self._admission.queues.items()}
+
+    def batch_wait_status(self, *, model: str | None = None,
+                          request_ids: Collection[str] | None = None) -> BatchWaitStatus:
+        """Batch requests waiting for a worker with slack now (of `model`; with ids in
+        `request_ids`): how many, since when, and why, per worker (router/batch_wait.py). Cheap:
+        the reason is built on this call."""
+        return self._pool.batch_waits.status(model=model, request_ids=request_ids)
 
     # --- limits -------------------------------------------------------------------------
 

@@ -288,33 +288,44 @@ class RoutedStream:
 
     async def _pick_batch(self, tried: set[str]) -> tuple[str, Lease]:
         """A worker with slack for a batch request, waiting for one as long as the deadline allows
-        (router/classes.py); the starvation guard lets a few through regardless."""
+        (router/classes.py); the starvation guard lets a few through regardless. While it waits it
+        is on the pool's account of waiting batch (batch_wait.py), which says why."""
         ctx = self._context
         config = ctx.config.classes
-        while True:
-            snapshot = ctx.pool.snapshot()
-            ranked = ctx.policy.rank(self.features, snapshot)
-            if not ranked:
-                return self._pick(tried)  # no serving worker at all: NoWorkerError, as for interactive
-            if self.request.adapter and ctx.adapters is not None:
-                ranked = ctx.adapters.prefer_holders(self.request.adapter, ranked, snapshot)
-            views = {a: snapshot.get(a) for a in ranked}
-            gate = ctx.pool.batch
-            open_ = [a for a in ranked
-                     if has_slack(views[a], config, gate.cap(a, batch_share(views[a], config)))]
-            if not open_ and ctx.pool.batch.total < guaranteed_batch(views.values(), config):
-                open_ = ranked  # starvation guard
-            for address in [a for a in open_ if a not in tried] + [a for a in open_ if a in tried]:
-                lease = ctx.pool.try_acquire(address, self._remaining_cost(address))
-                if lease is not None:
-                    return address, lease
-            # Time spent waiting for slack does not count against a batch request's deadline: the
-            # deadline bounds its work, not its queue, so the wait never fails it.
-            loop = asyncio.get_running_loop()
-            waited_from = loop.time()
-            await ctx.pool.batch.wait(BATCH_RECHECK_S)
-            if self.deadline is not None:
-                self.deadline += loop.time() - waited_from
+        waits = ctx.pool.batch_waits
+        waiting: int | None = None
+        try:
+            while True:
+                snapshot = ctx.pool.snapshot()
+                ranked = ctx.policy.rank(self.features, snapshot)
+                if not ranked:
+                    return self._pick(tried)  # no serving worker at all: NoWorkerError, as for interactive
+                if self.request.adapter and ctx.adapters is not None:
+                    ranked = ctx.adapters.prefer_holders(self.request.adapter, ranked, snapshot)
+                views = {a: snapshot.get(a) for a in ranked}
+                gate = ctx.pool.batch
+                open_ = [a for a in ranked
+                         if has_slack(views[a], config, gate.cap(a, batch_share(views[a], config)))]
+                if not open_ and ctx.pool.batch.total < guaranteed_batch(views.values(), config):
+                    open_ = ranked  # starvation guard
+                for address in [a for a in open_ if a not in tried] + [a for a in open_ if a in tried]:
+                    lease = ctx.pool.try_acquire(address, self._remaining_cost(address))
+                    if lease is not None:
+                        return address, lease
+                if waiting is None:
+                    waiting = waits.start(self.request.request_id, self.features.model, self.features.pool)
+                else:
+                    waits.tick()
+                # Time spent waiting for slack does not count against a batch request's deadline: the
+                # deadline bounds its work, not its queue, so the wait never fails it.
+                loop = asyncio.get_running_loop()
+                waited_from = loop.time()
+                await ctx.pool.batch.wait(BATCH_RECHECK_S)
+                if self.deadline is not None:
+                    self.deadline += loop.time() - waited_from
+        finally:
+            if waiting is not None:
+                waits.end(waiting)
 
     def _batch_share(self, address: str) -> int:
         view = self._context.pool.snapshot().get(address)

@@ -147,7 +147,9 @@ def answer_partition(batches: Iterator[pa.RecordBatch], config: dict[str, Any]) 
     answerer = Answerer(router, settings)
     task_key = _task_key()
     ledger = TaskLedger(index_for(settings.ledger_path), _task_name()) if settings.ledger_path else None
-    progress = ProgressReporter(settings.progress_address, task_key)
+    # The heartbeat reads the router's account of batch waiting for slack on the router's loop.
+    progress = ProgressReporter(settings.progress_address, task_key, waiting=router.batch_wait_status)
+    heartbeat = process_loop().submit(progress.heartbeat()) if settings.progress_address else None
     try:
         if settings.sessions:
             yield from _answer_sessions(batches, answerer, settings, columns, ledger, progress)
@@ -155,6 +157,8 @@ def answer_partition(batches: Iterator[pa.RecordBatch], config: dict[str, Any]) 
             yield from _answer_rows(batches, PartitionRun(answerer, settings, task_key, ledger, progress), settings,
                                     columns, ledger)
     finally:
+        if heartbeat is not None:
+            heartbeat.cancel()
         progress.close()
         if ledger is not None:
             ledger.close()

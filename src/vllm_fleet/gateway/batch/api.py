@@ -50,7 +50,7 @@ class BatchApi:
         self.config = config
         self.directory = Path(config.batch_dir) if config.batch_dir else env_cache_dir() / "batch"
         self.metrics = BatchMetrics(registry)
-        self.admit: Admit | None = None  # awaited before each line starts (tests; a later slack-aware admission)
+        self.admit: Admit | None = None  # awaited before each line starts (tests; the wait for slack is the router's)
         self._store: Store | None = None
         self.runner: BatchRunner | None = None
         self._started = False

@@ -12,8 +12,18 @@ cancelled, or expired past its window, each with the lines finished so far.
 
 Each line runs as the *batch* service class (router/classes.py): only on workers with slack,
 withdrawn before its first token when interactive work needs the slot, at a later vLLM priority
-where workers schedule by priority; and it spends the key's own limits. `admit(batch_id)` is awaited before each line starts: the hook through which a
-later change waits for worker slack; by default it admits at once.
+where workers schedule by priority; and it spends the key's own limits. `admit(batch_id)` is
+awaited before each line starts (a hook for tests); by default it admits at once.
+
+While lines wait for slack (the router's account: router/batch_wait.py), the batch object says
+so in `vllm_fleet_waiting`: {"lines": 3, "since": <epoch s>, "reason": "no worker of model 'm'
+has batch slack: ..."}, null otherwise; and a log line says it when the wait starts. Why an
+extra field on OpenAI's Batch object, which has none for this: the person waiting on a batch
+polls the batch object and usually cannot read the gateway's log or /metrics (those are the
+operator's: the router's log line and its `vllm_fleet_router_batch_waiting` gauge), and a batch
+that stays in_progress with unchanged counts for an hour looks broken. OpenAI's clients keep or
+ignore fields they do not know (the Python SDK keeps them in `batch.model_extra`; Node hands the
+JSON through; Go and .NET skip them), and the prefix keeps it clear of any field OpenAI adds.
 """
 
 from __future__ import annotations
@@ -42,6 +52,10 @@ logger = logging.getLogger(__name__)
 Admit = Callable[[str], Awaitable[None]]
 # The fleet's "not now" answers: a line is tried again (--batch-line-attempts) before it fails.
 RETRYABLE = (429, 502, 503, 504)
+# Lines that have waited this long for slack show on the batch object (a moment's wait for a
+# freed slot is routine), looked at this often (each change is one small write to the store).
+SHOW_WAIT_AFTER_S = 5.0
+WAIT_WATCH_EVERY_S = 2.0
 
 
 class LeaseLost(Exception):
@@ -171,6 +185,8 @@ class BatchRunner:
         kind = ENDPOINTS[batch["endpoint"]]
         stop = self._stopping[batch_id]
 
+        running: set[str] = set()  # the router request ids of this batch's lines in flight
+
         async def lane() -> None:
             for line in queue:  # shared iterator: each line goes to one lane
                 if stop.is_set() or time.time() > (batch["expires_at"] or float("inf")):
@@ -178,10 +194,36 @@ class BatchRunner:
                 if not await self._admitted(batch_id, stop):
                     return
                 raw = data[line.start:line.start + line.length]
-                await self._line(batch_id, owner, kind, line, raw, progress)
+                await self._line(batch_id, owner, kind, line, raw, progress, running)
 
-        await asyncio.gather(*(lane() for _ in range(self.config.batch_concurrency)))
+        watch = asyncio.create_task(self._watch_waiting(batch_id, running))
+        try:
+            await asyncio.gather(*(lane() for _ in range(self.config.batch_concurrency)))
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        await asyncio.to_thread(self.store.set_waiting, batch_id, self.runner_id, None)
         progress.log()
+
+    async def _watch_waiting(self, batch_id: str, running: set[str]) -> None:
+        """Keep the batch object's `vllm_fleet_waiting` in step with the router's account of this
+        batch's lines waiting for slack (see the module doc)."""
+        shown: tuple[int, str] | None = None
+        while True:
+            await asyncio.sleep(WAIT_WATCH_EVERY_S)
+            status = self.completions.router.batch_wait_status(request_ids=running)
+            now = (status.waiting, status.reason) if status.waiting and status.waited_s >= SHOW_WAIT_AFTER_S \
+                else None
+            if now == shown:
+                continue
+            if now is not None and shown is None:
+                logger.info("batch %s: %d line(s) waiting for batch capacity for %.0f s: %s", batch_id,
+                            status.waiting, status.waited_s, status.reason, extra={"request_id": batch_id})
+            value = None if now is None else {"lines": status.waiting, "since": int(status.since or time.time()),
+                                              "reason": status.reason}
+            if not await asyncio.to_thread(self.store.set_waiting, batch_id, self.runner_id, value):
+                return  # no longer in progress, or no longer this runner's
+            shown = now
 
     async def _admitted(self, batch_id: str, stop: asyncio.Event) -> bool:
         """Wait for `admit`; False when the batch is cancelled first (a cancel ends any wait for slack)."""
@@ -197,11 +239,12 @@ class BatchRunner:
         admit.result()  # a hook that failed fails the job (it is taken up again)
         return True
 
-    async def _line(self, batch_id: str, owner: str, kind: str, line: LineRow, raw: bytes, progress: Progress) -> None:
+    async def _line(self, batch_id: str, owner: str, kind: str, line: LineRow, raw: bytes, progress: Progress,
+                    running: set[str]) -> None:
         request_id = batch_lines.line_id()
         self.metrics.in_flight.inc()
         try:
-            ok, result, tokens = await self._answer(owner, kind, raw, request_id, line.custom_id)
+            ok, result, tokens = await self._answer(owner, kind, raw, request_id, line.custom_id, running)
         finally:
             self.metrics.in_flight.dec()
         if not await asyncio.to_thread(self.store.finish_line, batch_id, self.runner_id, line.idx, ok, result):
@@ -209,9 +252,11 @@ class BatchRunner:
         (self.metrics.done if ok else self.metrics.failed).inc()
         progress.add(tokens)
 
-    async def _answer(self, owner: str, kind: str, raw: bytes, request_id: str,
-                      custom_id: str) -> tuple[bool, str, int]:
-        """(ok, the output or error line, completion tokens): the endpoint's own handling, whole."""
+    async def _answer(self, owner: str, kind: str, raw: bytes, request_id: str, custom_id: str,
+                      running: set[str]) -> tuple[bool, str, int]:
+        """(ok, the output or error line, completion tokens): the endpoint's own handling, whole.
+        `running` holds the router request id of the attempt in flight (and of its restart, which
+        completions.py names `<id>-again`)."""
         body = _body(raw)
         attempts = self.config.batch_line_attempts
         for attempt in range(1, attempts + 1):
@@ -222,7 +267,12 @@ class BatchRunner:
                 plan = self.completions.plan(kind, _dump(body), record=record,
                                              worker_request_id=f"{request_id}-{attempt}")
                 plan.request.hints.service_class = BATCH
-                answer = await self.completions.answer(plan, key=owner or None, record=record)
+                ids = (plan.request.request_id, f"{plan.request.request_id}-again")
+                running.update(ids)
+                try:
+                    answer = await self.completions.answer(plan, key=owner or None, record=record)
+                finally:
+                    running.difference_update(ids)
             except Exception as exc:
                 error = from_exception(exc)
                 if error.status in RETRYABLE and attempt < attempts:

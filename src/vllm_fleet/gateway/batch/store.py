@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# Not OpenAI's: this gateway's word on lines waiting for batch capacity (runner.py says why a field).
+WAITING_FIELD = "vllm_fleet_waiting"
 # A batch in one of these is someone's to run (or to finish).
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 
@@ -173,6 +175,13 @@ class Store:
         sql = (f"UPDATE batches SET status = ?, data = json_patch(data, ?) WHERE id = ? AND status IN ({marks})")
         return self._write((sql, (status, json.dumps(fields), batch_id, *only_from)))[0] > 0
 
+    def set_waiting(self, batch_id: str, runner: str, waiting: dict | None) -> bool:
+        """The batch's `vllm_fleet_waiting` field (runner.py): its lines waiting for batch capacity
+        and why, or None once none waits. Only while in progress and this runner's."""
+        patch = json.dumps({WAITING_FIELD: waiting})  # json_patch: null removes the key
+        return self._write(("UPDATE batches SET data = json_patch(data, ?) WHERE id = ? AND lease_owner = ? "
+                            "AND status = 'in_progress'", (patch, batch_id, runner)))[0] > 0
+
     # -- leases -----------------------------------------------------------------------------
 
     def claim(self, runner: str, lease_s: float) -> list[str]:
@@ -246,4 +255,6 @@ def _batch_object(row: tuple) -> dict:
         "cancelled_at": fields.get("cancelled_at"),
         "request_counts": {"total": total, "completed": completed, "failed": failed},
         "metadata": fields.get("metadata"),
+        # Shown only in progress: a runner stopped mid-wait leaves the last word behind until the next one runs it.
+        WAITING_FIELD: fields.get(WAITING_FIELD) if status == "in_progress" else None,
     }

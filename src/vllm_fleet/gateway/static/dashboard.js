@@ -54,6 +54,10 @@ function render(state) {
     `${serving}/${state.workers.length} workers serving · models: ${state.models.join(", ") || "none"} · ` +
     processes + `updated ${new Date(state.time * 1000).toLocaleTimeString()}`;
   renderRates(state);
+  // Batch requests waiting for a worker with slack, and why (the router's account).
+  const waiting = state.batch_waiting || {};
+  document.getElementById("batch-waiting").textContent = waiting.waiting ?
+    `${waiting.waiting} batch request(s) waiting for batch capacity for ${waiting.waited_s.toFixed(0)} s: ${waiting.reason}` : "";
   previous = state;
 }
 
