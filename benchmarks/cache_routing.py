@@ -115,8 +115,9 @@ async def run_user(router: Router, turns: list[dict], user: int, args, salt: str
 async def run_policy(policy: str, addresses: list[str], workload_kind: str, args) -> dict:
     salt = f"{policy}-{time.time_ns() % 100000}"
     workload = Workload(workload_kind, args, salt)
-    router = Router(StaticRegistry.from_spec(addresses), RouterConfig(policy=policy, prefix_chars=args.prefix_chars,
-                                                                     stall_timeout_s=args.stall_timeout_s))
+    router = Router(StaticRegistry.from_spec(addresses), RouterConfig(
+        policy=policy, prefix_chars=args.prefix_chars, cache_home_tokens=args.cache_home_tokens,
+        stall_timeout_s=args.stall_timeout_s))
     await router.start()
     results = {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0, "sent": []}
     try:
@@ -245,6 +246,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mock-prefill-tokens-per-s", type=int, default=4000)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--prefix-chars", type=int, default=256)
+    parser.add_argument("--cache-home-tokens", type=int, default=512,
+                        help="cache_aware: --cache-home-tokens (0: a miss goes to the least loaded worker)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--stall-timeout-s", type=float, default=60.0,
                         help="The router's stall watchdog; long, so a busy one-core engine's slow prefill is not "

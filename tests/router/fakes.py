@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from prometheus_client import CollectorRegistry
 
@@ -12,8 +13,8 @@ from support import wait_until
 from vllm_fleet.client.loads import LoadFeed
 from vllm_fleet.errors import WorkerUnavailableError
 from vllm_fleet.protocol.types import REQUEST_FORM, WorkerInfo, WorkerLoad
-from vllm_fleet.registry import StaticRegistry
-from vllm_fleet.router import RouterConfig
+from vllm_fleet.registry import StaticRegistry, WorkerRecord
+from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.pool import Pool
 from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
@@ -114,3 +115,16 @@ async def serving_pool(worker: ScriptedWorkerClient, clock: FakeClock, poll_s: f
     await wait_until(lambda: pool.worker(worker.address) is not None
                      and pool.worker(worker.address).health == "SERVING", timeout=5, message="the worker serving")
     return pool
+
+
+@asynccontextmanager
+async def started_router(addresses: list[str], config: RouterConfig) -> AsyncIterator[Router]:
+    """A Router over these workers, with its own metrics registry, once it is ready."""
+    router = Router(StaticRegistry([WorkerRecord(address=a) for a in addresses]), config,
+                    metrics_registry=CollectorRegistry())
+    await router.start()
+    try:
+        await router.wait_ready(timeout=60)
+        yield router
+    finally:
+        await router.close()

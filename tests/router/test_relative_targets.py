@@ -4,14 +4,10 @@ targets stand in until it is known. Pure (a fake clock), then one Router over a 
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-
-from prometheus_client import CollectorRegistry
-
+from fakes import started_router
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
-from vllm_fleet.registry import StaticRegistry, WorkerRecord
-from vllm_fleet.router import Router, RouterConfig
+from vllm_fleet.router import RouterConfig
 from vllm_fleet.router.classes import BatchGate, ServiceClassConfig
 from vllm_fleet.router.latency_baseline import LatencyBaseline, p90
 
@@ -132,17 +128,9 @@ def test_a_workers_report_teaches_the_baseline_after_two_seconds_without_batch_a
     assert gate.baseline("w") == (0.4, 0.3) and gate.cuts == 1
 
 
-@asynccontextmanager
-async def routed(address: str, **classes):
-    config = RouterConfig(load_poll_interval_s=0.1, health_poll_interval_s=0.2,
-                          classes=ServiceClassConfig(**classes))
-    router = Router(StaticRegistry([WorkerRecord(address=address)]), config, metrics_registry=CollectorRegistry())
-    await router.start()
-    try:
-        await router.wait_ready(timeout=60)
-        yield router
-    finally:
-        await router.close()
+def routed(address: str, **classes):
+    config = RouterConfig(load_poll_interval_s=0.1, health_poll_interval_s=0.2, classes=ServiceClassConfig(**classes))
+    return started_router([address], config)
 
 
 async def test_a_router_learns_a_workers_latency_from_interactive_streams_without_batch(mock_worker_factory):

@@ -5,18 +5,16 @@ and a starvation guard. Rules first (pure), then a Router over a real mock worke
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
 
 import pytest
-from prometheus_client import CollectorRegistry
 
+from fakes import started_router
 from support import wait_until
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import WorkerLoad
-from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.classes import BatchGate, ServiceClassConfig, guaranteed_batch, has_room, has_slack
 from vllm_fleet.router.snapshot import WorkerView
@@ -48,19 +46,10 @@ def test_room_for_interactive_and_the_guard():
 FAST = dict(load_poll_interval_s=0.1, health_poll_interval_s=0.2, stall_timeout_s=30.0, first_chunk_timeout_s=30.0)
 
 
-@asynccontextmanager
-async def routed(address: str, **classes):
-    registry = StaticRegistry([WorkerRecord(address=address)])
+def routed(address: str, **classes):
     # Slots and withdrawal alone: the latency controller (tested above) stays out of these.
     classes = {"interactive_ttft_target_ms": None, "interactive_itl_target_ms": None, **classes}
-    config = RouterConfig(**FAST, classes=ServiceClassConfig(**classes))
-    router = Router(registry, config, metrics_registry=CollectorRegistry())
-    await router.start()
-    try:
-        await router.wait_ready(timeout=60)
-        yield router
-    finally:
-        await router.close()
+    return started_router([address], RouterConfig(**FAST, classes=ServiceClassConfig(**classes)))
 
 
 async def answer(router: Router, rid: str, service_class: str, max_tokens: int = 4) -> tuple[str, object]:
