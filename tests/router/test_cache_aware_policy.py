@@ -102,6 +102,17 @@ def test_the_home_yields_to_a_cache_hit_and_to_a_real_load_difference():
     # ... but 300 more only: the home keeps it.
     near = snapshot(fresh(home, outstanding=300), fresh(other))
     assert make_policy("cache_aware").rank(features({}, frontier_key="101"), near)[0] == home
+    # A short prompt's home is worth only what it would cache there: 100 tokens, less than 300.
+    assert make_policy("cache_aware").rank(features({}, prompt_tokens=100, frontier_key="101"), near)[0] == other
+
+
+def test_a_worker_holding_more_than_the_home_pays_nothing_for_being_away():
+    # The other worker holds the prompt's first 64 tokens; its frontier (the next block) hashes
+    # to `home`. Saving 64 tokens of prefill is less than the home's worth, yet the holder wins.
+    home = ring_order("101", [A, B])[0]
+    other = B if home == A else A
+    pool = snapshot(fresh(A), fresh(B))
+    assert make_policy("cache_aware").rank(features({other: 64}, frontier_key="101"), pool)[0] == other
 
 
 def test_weights_and_bound_are_router_options():

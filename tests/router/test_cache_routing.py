@@ -62,7 +62,7 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
         homes, hits = {}, 0
         for prefix in range(6):
             homes[prefix], _ = await send(router, f"p{prefix}-0", prompt(prefix, 0))
-        assert set(homes.values()) == {w.address for w in workers}  # spread: load counts too
+        # (Where each prefix first goes is its home on the hash ring: policies test the spread.)
         for round_ in range(1, 4):
             for prefix in range(6):
                 worker, cached = await send(router, f"p{prefix}-{round_}", prompt(prefix, round_))

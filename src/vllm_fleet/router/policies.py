@@ -184,16 +184,18 @@ class CacheAware(Policy):
     others idle; within the bound the cheapest worker wins. `load_bound=None` drops the guard.
     Ties keep the ticket's rotation (sorting is stable), as least_outstanding does.
 
-    A home for what nobody holds: every worker but one pays `home_tokens` more, the one met first
-    on the hash ring from the prompt's frontier (the first block no worker holds). Without it, a
+    A home for what nobody holds: the worker met first on the hash ring from the prompt's frontier
+    (the first block no worker holds) is the prompt's home, and every worker holding no more of
+    the prompt than the home pays what the home is worth, the tokens the prompt would leave cached
+    there, at most `home_tokens` (a short prompt's home is worth little against load). Without it, a
     prefix held nowhere went to whichever worker was least loaded at that instant, and the next
     miss of a sibling prefix to the other: on the H200 run of workload (a) (24 prefixes, each
     worker's cache holding about half) both workers ended up holding copies of the same prefixes
     and the engines cached 56% of the prompts, below prefix affinity's 70% (its ring gives each
     prefix one home). The frontier, not the first block, names the home, so prompts that share a
     long common start (one system text for every tenant) still spread by what follows it; a
-    worker holding the prompt saves far more prefill than `home_tokens`, and a load difference
-    above it still wins, so the home decides only between workers otherwise about equal."""
+    worker holding more of the prompt than the home pays nothing, and a load difference above
+    the home's worth still wins, so the home decides only between workers otherwise about equal."""
 
     name = "cache_aware"
 
@@ -208,13 +210,21 @@ class CacheAware(Policy):
         costs = self.costs
         loads = {w.address: self.load(w) for w in workers}
 
-        home = ring_order(features.frontier_key, [w.address for w in workers])[0] \
-            if features.frontier_key and costs.home_tokens else None
+        def held(worker: WorkerView) -> int:
+            return features.cached_tokens.get(worker.address, 0) if worker.kv_events_fresh else 0
+
+        home = None
+        if features.frontier_key and costs.home_tokens:
+            address = ring_order(features.frontier_key, [w.address for w in workers])[0]
+            home = next(w for w in workers if w.address == address)
+        # What the home is worth: what this prompt leaves cached there, up to home_tokens.
+        home_worth = 0 if home is None else min(costs.home_tokens, max(0, features.prompt_tokens - held(home)))
 
         def cost(worker: WorkerView) -> float:
-            cached = features.cached_tokens.get(worker.address, 0) if worker.kv_events_fresh else 0
+            cached = held(worker)
             prefill = max(0, features.prompt_tokens - cached)
-            away = costs.home_tokens if home is not None and worker.address != home else 0
+            # Only workers holding no more of the prompt than the home pay for being away from it.
+            away = home_worth if home is not None and worker is not home and cached <= held(home) else 0
             return costs.prefill_weight * prefill + costs.load_weight * loads[worker.address] + away
 
         rotated = _rotated(workers, features.ticket)
