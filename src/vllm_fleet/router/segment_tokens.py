@@ -206,7 +206,8 @@ def _probes(tokens: list[str]) -> list[str]:
     for token in tokens:
         texts += [f"{token}system\nYou are helpful.{token}\n{token}user\n Bonjour 😀 l'été{token}\n",
                   f" {token} spaced {token}", f"\n\n{token}\n\n x{token}{token}", f"a{token}b{token}",
-                  f"{token}  数据 1234 ok?{token}\t", f"'s{token}'t don't{token}   "]
+                  f"{token}  数据 1234 ok?{token}\t", f"'s{token}'t don't{token}   ",
+                  f"{token}user said hello world{token}assistant"]
     if len(tokens) > 1:
         texts.append("x ".join(tokens) + " end")
     return texts
