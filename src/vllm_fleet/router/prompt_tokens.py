@@ -178,8 +178,10 @@ class TokenizerCache:
     `ensure` inside the router's event loop; `get` and `ids_for` from any thread.
     """
 
-    def __init__(self, cache_dir: str | Path, *, retry_after_s: float = 30.0, fetch_timeout_s: float = 120.0) -> None:
+    def __init__(self, cache_dir: str | Path, *, retry_after_s: float = 30.0, fetch_timeout_s: float = 120.0,
+                 piece_cache_chars: int = MAX_CHARS) -> None:
         self.cache_dir = Path(cache_dir)
+        self.piece_cache_chars = piece_cache_chars   # each model's piece cache bound (PromptTokenizer)
         self.retry_after_s = retry_after_s
         self.fetch_timeout_s = fetch_timeout_s
         self._ready: dict[str, PromptTokenizer] = {}
@@ -216,7 +218,7 @@ class TokenizerCache:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             folder = Path(tempfile.mkdtemp(dir=self.cache_dir, prefix=_safe_name(model) + "-"))
             names = await source.tokenizer_files(folder, timeout=self.fetch_timeout_s)
-            tokenizer = await asyncio.to_thread(PromptTokenizer.load, folder)
+            tokenizer = await asyncio.to_thread(PromptTokenizer.load, folder, piece_cache_chars=self.piece_cache_chars)
         except (FleetError, OSError, ValueError) as exc:  # the model routes without ids meanwhile
             self._failed_at[model] = time.monotonic()
             logger.warning("no tokenizer for %s at the router (next try in %.0f s): %s", model, self.retry_after_s, exc)
