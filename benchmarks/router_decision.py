@@ -21,8 +21,9 @@ Three request shapes, each with the piece cache (router/segment_tokens.py) on an
              previous request; new are the assistant's last answer (~100 tokens, which the router
              never tokenized) and the user's next message (~50 tokens)
 
-Wall-clock per decision (perf_counter), one thread, garbage collection on. The machine is
-shared: a P99 includes other processes' scheduling.
+Each request is decided by both settings in turn, the order rotating, so both see the same
+machine load. Wall-clock per decision (perf_counter), one thread, garbage collection on. The
+machine is shared: a P99 includes other processes' scheduling.
 """
 
 from __future__ import annotations
@@ -174,45 +175,53 @@ def make_routing(folder: Path, piece_cache_chars: int, cache_dir: str) -> CacheR
                         tokenizers=tokenizers)
 
 
-def run_case(routing: CacheRouting, engines: Engines, requests, rng: random.Random) -> dict[str, list[float]]:
-    config = RouterConfig(policy="cache_aware")
-    admission = config.admission
-    policy = make_policy("cache_aware")
-    views = PoolSnapshot(tuple(WorkerView(a, model=MODEL, kv_events_fresh=True, outstanding_tokens=rng.randrange(6000))
-                               for a in WORKERS))
-    ids_for = routing.tokenizers.ids_for = Timed(routing.tokenizers.ids_for)
-    lookup = routing.index.matched_tokens = Timed(routing.index.matched_tokens)
-    keys_fn = cache_routing.block_keys = Timed(block_keys)
-    times: dict[str, list[float]] = {"whole": [], "tokenize": [], "keys": [], "lookup": [], "tokens": [], "hit": []}
-    ticket = 0
+class Setting:
+    """One router (its own tokenizer, piece cache and index), deciding and timing the parts."""
 
-    def decide(messages: list[dict]) -> tuple[list[float], object]:
-        nonlocal ticket
-        ticket += 1
-        request = chat(f"r{ticket}", messages)
+    def __init__(self, routing: CacheRouting, engines: Engines, keys_fn: Timed) -> None:
+        self.routing, self.engines, self.keys_fn = routing, engines, keys_fn
+        self.config = RouterConfig(policy="cache_aware")
+        self.policy = make_policy("cache_aware")
+        self.ids_for = routing.tokenizers.ids_for = Timed(routing.tokenizers.ids_for)
+        self.lookup = routing.index.matched_tokens = Timed(routing.index.matched_tokens)
+        self.ticket = 0
+
+    def decide(self, messages: list[dict], views: PoolSnapshot) -> tuple[list[float], object]:
+        """([whole, render+tokenize, block keys, index lookup] seconds, the request's features)."""
+        self.ticket += 1
+        request = chat(f"r{self.ticket}", messages)
+        config, admission = self.config, self.config.admission
         start = time.perf_counter()
         features = features_of(request, model=MODEL, prefix_chars=config.prefix_chars,
                                default_max_tokens=config.default_max_tokens,
                                long_prompt_tokens=admission.long_prompt_tokens, long_max_tokens=admission.long_max_tokens,
-                               ticket=ticket)
-        features = routing.with_cache(request, features)
-        worker = policy.rank(features, views)[0]
-        parts = [time.perf_counter() - start, ids_for.last, keys_fn.last, lookup.last]
-        ids = routing.prompt_ids(request, MODEL)                   # untimed: what the engine will store
-        engines.store(worker, ids)
+                               ticket=self.ticket)
+        features = self.routing.with_cache(request, features)
+        worker = self.policy.rank(features, views)[0]
+        parts = [time.perf_counter() - start, self.ids_for.last, self.keys_fn.last, self.lookup.last]
+        self.engines.store(worker, self.routing.prompt_ids(request, MODEL))   # untimed: what its engine stores
         return parts, features
 
+
+def run_case(settings: dict[str, Setting], requests, rng: random.Random) -> dict[str, dict[str, list[float]]]:
+    """Each request decided by every setting in turn, the order rotating (the same machine load)."""
+    views = PoolSnapshot(tuple(WorkerView(a, model=MODEL, kv_events_fresh=True, outstanding_tokens=rng.randrange(6000))
+                               for a in WORKERS))
+    times = {name: {"whole": [], "tokenize": [], "keys": [], "lookup": [], "tokens": [], "hit": []} for name in settings}
     for before, _ in requests:      # requests seen before the timed ones (none for fresh text)
         if before is not None:
-            decide(before)
+            for setting in settings.values():
+                setting.decide(before, views)
+    gc.collect()                    # not the garbage of what came before
+    order = list(settings)
     for _, messages in requests:
-        parts, features = decide(messages)
-        for name, seconds in zip(("whole", "tokenize", "keys", "lookup"), parts):
-            times[name].append(seconds)
-        times["tokens"].append(features.prompt_ids_len)
-        times["hit"].append(max(features.cached_tokens.values(), default=0))
-    del routing.tokenizers.ids_for, routing.index.matched_tokens
-    cache_routing.block_keys = block_keys
+        order = order[1:] + order[:1]
+        for name in order:
+            parts, features = settings[name].decide(messages, views)
+            for key, seconds in zip(("whole", "tokenize", "keys", "lookup"), parts):
+                times[name][key].append(seconds)
+            times[name]["tokens"].append(features.prompt_ids_len)
+            times[name]["hit"].append(max(features.cached_tokens.values(), default=0))
     return times
 
 
@@ -234,33 +243,35 @@ def main() -> None:
     print(f"python {sys.version.split()[0]}; model {folder.name}; {len(WORKERS)} workers, block size {BLOCK}; "
           f"load average at start {' '.join(load)}")
     builders = {"fresh": fresh_requests, "shared": shared_requests, "next-turn": next_turn_requests}
+    keys_fn = cache_routing.block_keys = Timed(block_keys)
     with tempfile.TemporaryDirectory() as tmp:
         settings = {}
-        for setting, chars in (("piece cache on", MAX_CHARS), ("piece cache off", 0)):
+        for name, chars in (("piece cache on", MAX_CHARS), ("piece cache off", 0)):
             routing = make_routing(folder, chars, tmp)
             engines = Engines(routing)
             started = time.perf_counter()
             engines.fill(args.fill_entries, random.Random(args.seed))
-            print(f"{setting}: index filled with {len(routing.index):,} entries in {time.perf_counter() - started:.1f} s")
-            settings[setting] = (routing, engines)
+            print(f"{name}: index filled with {len(routing.index):,} entries in {time.perf_counter() - started:.1f} s")
+            settings[name] = Setting(routing, engines, keys_fn)
+            # Untimed: the thread's tokenizer copy (~0.1 s) and the template's compilation, once per router.
+            settings[name].routing.prompt_ids(chat("warm-up", [{"role": "user", "content": "Hi"}]), MODEL)
         for case, build in builders.items():
-            for setting, (routing, engines) in settings.items():   # back to back: the same machine load
-                rng = random.Random(f"{args.seed}-{case}")          # the same texts in both settings
-                requests = build(rng, args.requests)
-                gc.collect()                                        # not the garbage of what came before
-                times = run_case(routing, engines, requests, rng)
+            rng = random.Random(f"{args.seed}-{case}")
+            results = run_case(settings, build(rng, args.requests), rng)
+            for name, times in results.items():
                 tokens, hits = sorted(times["tokens"]), sorted(times["hit"])
-                print(f"\n{case}, {setting}: {len(tokens)} decisions, prompt {tokens[0]}-{tokens[-1]} tokens (median "
+                print(f"\n{case}, {name}: {len(tokens)} decisions, prompt {tokens[0]}-{tokens[-1]} tokens (median "
                       f"{tokens[len(tokens) // 2]}), best worker holds median {hits[len(hits) // 2]} tokens")
                 print(line("whole decision", times["whole"]))
                 print(line("render+tokenize", times["tokenize"]))
                 print(line("block keys", times["keys"]))
                 print(line("index lookup", times["lookup"]))
-        pieces = settings["piece cache on"][0].tokenizers.get(MODEL).pieces
+        pieces = settings["piece cache on"].routing.tokenizers.get(MODEL).pieces
         print(f"\npiece cache at the end: {len(pieces.cache)} pieces, {pieces.cache.chars:,} chars "
               f"(bound {pieces.cache.max_chars:,}), hits {pieces.cache.hits:,}, misses {pieces.cache.misses:,}")
         with open("/proc/loadavg") as f:
             print(f"load average at the end {' '.join(f.read().split()[:3])}")
+    cache_routing.block_keys = block_keys
     sys.stdout.flush()
 
 
