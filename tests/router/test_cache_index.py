@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import random
+
 import pytest
 
 from vllm_fleet.protocol.kv_events import AllCleared, BlocksRemoved, BlocksStored, KvEventBatch
@@ -59,6 +62,30 @@ def test_keys_chain_and_depend_on_lora_and_salt():
     for other in (block_keys(PROMPT, BS, lora="a"), block_keys(PROMPT, BS, salt="s")):
         assert not set(other) & set(keys)
     assert block_keys(PROMPT, 8) != keys[:3]
+
+
+def _reference_keys(tokens: list[int], block_size: int, lora: str = "", salt: str = "") -> list[int]:
+    """The key format written out plainly: blake2b-64 of the previous key (for the first block,
+    of "lora\0salt") and the block's ids as little-endian uint32, read little-endian, cut to 60
+    bits. Routers of different releases share the workers' events: a change here must be deliberate."""
+    previous = hashlib.blake2b(f"{lora}\0{salt}".encode(), digest_size=8).digest()
+    keys = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = b"".join(t.to_bytes(4, "little") for t in tokens[start:start + block_size])
+        key = int.from_bytes(hashlib.blake2b(previous + block, digest_size=8).digest(), "little") % 2**60
+        keys.append(key)
+        previous = key.to_bytes(8, "little")
+    return keys
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16, 128])
+@pytest.mark.parametrize("seed", ["", "lora-a", "salt"])
+def test_keys_equal_the_plain_reference(block_size, seed):
+    rng = random.Random(block_size)
+    tokens = [rng.randrange(2**32) for _ in range(2000 + block_size // 2)]   # a partial block at the end
+    kwargs = {"salt": seed} if seed == "salt" else {"lora": seed}
+    assert block_keys(tokens, block_size, **kwargs) == _reference_keys(tokens, block_size, **kwargs)
+    assert block_keys(tokens[:block_size - 1], block_size, **kwargs) == []
 
 
 def test_stored_blocks_match_a_prompt_by_its_leading_blocks(index):

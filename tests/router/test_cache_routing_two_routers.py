@@ -15,7 +15,9 @@ from vllm_fleet.router import Router, RouterConfig
 BS = 16
 SHARED_BLOCKS = 24
 POLICY = "cache_aware"
-FAST = dict(load_poll_interval_s=0.1, health_poll_interval_s=0.2)
+# Without homes (a miss to the least loaded, in turn): the first router's placements are then
+# spread over both workers for sure, which the second must find from the events alone.
+FAST = dict(load_poll_interval_s=0.1, health_poll_interval_s=0.2, cache_home_tokens=0)
 
 
 def prompt(prefix: int, suffix: int) -> list[int]:
