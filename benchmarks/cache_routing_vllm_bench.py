@@ -151,7 +151,9 @@ async def run_smg(system: str, model: str, args) -> dict:
     stack = Stack("smg")
     try:
         await start_smg(settings, model, logs, stack)
-        return await bench_run(system, stack.url, SERVED_NAME, args, None)
+        result = await bench_run(system, stack.url, SERVED_NAME, args, None)
+        print_smg_index(logs / "smg-gateway.log")
+        return result
     finally:
         await stack.stop()
 
@@ -187,6 +189,21 @@ async def bench_run(policy: str, url: str, model: str, args, counters) -> dict:
         "engine_cached_share": hits / max(1, queries) if counters else None, "engine_hit_tokens": hits, "engine_query_tokens": queries,
         "summary": summary,
     }
+
+
+def print_smg_index(gateway_log: Path) -> None:
+    """SMG's own Prometheus lines about its cache index and KV events after the run: whether its
+    event-mode index held anything (the engines' cached share is not readable on this side)."""
+    import re
+    import urllib.request
+
+    found = re.search(r"Metrics server listening on [0-9.]+:(\d+)", re.sub(r"\x1b\[[0-9;]*m", "", gateway_log.read_text()))
+    if not found:
+        print("SMG metrics: port not found in its log")
+        return
+    text = urllib.request.urlopen(f"http://127.0.0.1:{found.group(1)}/metrics", timeout=10).read().decode()
+    lines = [l for l in text.splitlines() if not l.startswith("#") and re.search(r"kv|tree|cache|event|block|route|worker_requests", l, re.I)]
+    print("SMG metrics (cache index, KV events, routing):", *lines[:80], sep="\n  ")
 
 
 def share(r: dict) -> str:
