@@ -21,6 +21,11 @@ On a GPU host (vLLM 0.26), both workers on GPU 0 with a model folder and dummy w
     python benchmarks/cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model DIR --tokenizer DIR \
         --kv-blocks 4000 --num-prefixes 20 --prefix-len 4096 --worker-arg=--load-format --worker-arg=dummy
 
+`smg_cache_aware` in --policies: SMG's `smg launch --policy cache_aware` over two vLLM engines
+under vLLM's own gRPC launcher with the same engine settings (benchmarks/smg/stacks.py's
+start_smg; run benchmarks/smg/install.sh first), after our pairs have stopped; its cached share
+is n/a (no Load RPC there), and SMG's index metrics are printed after its run.
+
 Figures per policy: TTFT P50/P90/P99 and output tok/s as vLLM's client reports them, and the
 engines' cached share over the run (the workers' own prefix-cache counters from Load, hits /
 queries, before and after). The best cached share is computed from the prompts themselves, drawn by vLLM's own
