@@ -128,3 +128,14 @@ async def started_router(addresses: list[str], config: RouterConfig) -> AsyncIte
         yield router
     finally:
         await router.close()
+
+
+async def send_token_ids(router: Router, rid: str, token_ids: list[int]) -> tuple[str, int]:
+    """Streams a 2-token answer to `token_ids`: (the worker that answered, its cached prompt tokens)."""
+    from vllm_fleet.protocol import GenerateInput, SamplingParams
+    from vllm_fleet.protocol.sampling import build_request
+
+    request = build_request(rid, [GenerateInput(token_ids=token_ids)], SamplingParams(max_tokens=2, temperature=0))
+    async with router.stream(request) as stream:
+        usage = [c.usage async for c in stream if c.usage is not None]
+        return stream.worker, usage[-1].cached_tokens

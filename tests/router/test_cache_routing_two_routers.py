@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from fakes import send_token_ids
 from support import wait_until
-from vllm_fleet.protocol import GenerateInput, SamplingParams
-from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
 
@@ -25,11 +24,7 @@ def prompt(prefix: int, suffix: int) -> list[int]:
     return shared + [4 + (suffix + i) % 40 for i in range(8)]
 
 
-async def send(router: Router, rid: str, token_ids: list[int]) -> tuple[str, int]:
-    request = build_request(rid, [GenerateInput(token_ids=token_ids)], SamplingParams(max_tokens=2, temperature=0))
-    async with router.stream(request) as stream:
-        usage = [c.usage async for c in stream if c.usage is not None]
-        return stream.worker, usage[-1].cached_tokens
+send = send_token_ids
 
 
 async def test_a_second_router_sends_a_prefix_where_the_first_left_it(mock_worker_factory):
