@@ -4,6 +4,7 @@ targets stand in until it is known. Pure (a fake clock), then one Router over a 
 
 from __future__ import annotations
 
+import pytest
 from fakes import started_router
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
@@ -60,7 +61,8 @@ def test_on_a_slow_machine_latency_batch_did_not_cause_does_not_cut_it():
         before = gate.cuts
         assert slow_second(gate, clock, 0.5) is cuts and (gate.cuts > before) is cuts, mode
     assert gate.baseline("w") == (None, 0.5) and gate.targets("w") == (None, 0.55)
-    assert slow_second(gate, clock, 0.6) and gate.cap("w", 8) == 2   # 0.6 s > 1.1 x 0.5 s: batch's doing
+    # 0.6 s > 1.1 x 0.5 s, two gaps in a row (one could be noise): batch's doing
+    assert (slow_second(gate, clock, 0.6) | slow_second(gate, clock, 0.6)) and gate.cap("w", 8) == 2
 
 
 def test_on_a_fast_machine_a_slowdown_under_the_absolute_target_cuts():
@@ -82,6 +84,7 @@ def test_until_a_baseline_is_learnt_the_absolute_targets_stand_in():
     run_batch(gate, 4)  # batch from the start: nothing to learn from
     assert gate.targets("w") == (1.0, 0.2)
     assert not gate.observe("w", ttft_s=0.9, share=SHARE)
+    clock.now += gate.MISS_WINDOW_S["ttft"] + 0.1  # alone in its window: one first token over 1 s is a miss
     assert gate.observe("w", ttft_s=1.2, share=SHARE) and gate.cap("w", 8) == 2
 
 
@@ -98,7 +101,7 @@ def test_a_first_token_teaches_the_baseline_only_if_no_batch_ran_while_it_waited
     for i in range(BatchGate.BASELINE_TTFTS):  # later ones did not
         clock.now += 1
         gate.observe("w", ttft_s=0.4 + i / 100, share=SHARE)
-    assert gate.baseline("w")[0] == p90([0.4 + i / 100 for i in range(10)]) == 0.4 + 8 / 100
+    assert gate.baseline("w")[0] == p90([0.4 + i / 100 for i in range(10)]) == pytest.approx(0.4 + 8.9 / 100)
 
 
 def test_the_baseline_follows_a_change_of_load_slowly():

@@ -135,7 +135,9 @@ def test_interactive_latency_halves_a_workers_batch_cap_and_quiet_windows_double
     gate.observe("w", ttft_s=0.4, share=share)                 # on target: nothing
     gate.observe("w", itl_s=0.05, share=share)
     assert gate.cap("w", 12) == 12
-    gate.observe("w", itl_s=0.3, share=share)                  # half the last second's gaps slow
+    gate.observe("w", itl_s=0.3, share=share)                  # one slow gap of two: could be noise
+    assert gate.cap("w", 12) == 12
+    gate.observe("w", itl_s=0.3, share=share)                  # two of the last second's three: a miss
     assert gate.cap("w", 12) == 6
     gate.observe("w", ttft_s=2.0, share=share)                 # the same slow step, seen again at once
     assert gate.cap("w", 12) == 6
@@ -178,7 +180,10 @@ def test_one_slow_gap_among_many_is_not_a_miss_but_a_slow_second_is():
         clock.now += 0.05
         gate.observe("w", itl_s=0.05, share=share)
     assert not gate.observe("w", itl_s=0.5, share=share) and gate.cuts == 0
-    for _ in range(2):   # 3 of 21 in the last second: over 10% of the gaps are slow
+    for _ in range(2):   # 3 of 23 in the last second: over a tenth, but as often as noise does it
+        gate.observe("w", itl_s=0.5, share=share)
+    assert gate.cuts == 0
+    for _ in range(3):   # 6 of 26: the P90 is over target beyond doubt
         gate.observe("w", itl_s=0.5, share=share)
     assert gate.cuts == 1 and gate.cap("w", 8) == 4
     clock.now += 5.0     # old gaps leave the window: the worker's report is a P90 already

@@ -45,6 +45,7 @@ from typing import Literal
 from pydantic import Field
 
 from vllm_fleet.config import FleetModel
+from vllm_fleet.latency_stats import significant_over
 from vllm_fleet.router.latency_baseline import LatencyBaseline
 from vllm_fleet.router.snapshot import WorkerView
 
@@ -144,12 +145,14 @@ class BatchGate:
 
     The controller: each worker has a cap on this router's batch requests there.
 
-    * **A miss** is an interactive request on that worker whose first token took longer than
-      the TTFT target, or a second (`ITL_WINDOW_S`) of its interactive streams in which more
-      than `ITL_MISS_SHARE` of the gaps between tokens passed the ITL target (their P90 over
-      target: one slow gap among thirty is the P97, which interactive traffic alone shows on a
-      busy engine, and must not halve batch). The worker's own report (its Load's P90s) counts
-      the same way.
+    * **A miss** is a window (`MISS_WINDOW_S`: 2 s of that worker's interactive first tokens,
+      which are fewer, or 1 s of the gaps between its interactive streams' tokens) whose P90 is over the target beyond
+      sampling noise: significantly more than a tenth of them over it (latency_stats.py; one
+      slow gap among thirty is the P97, which interactive traffic alone shows on a busy engine,
+      and a relative target is 1.1x a P90 that a tenth of the samples pass by definition, so
+      neither may halve batch). A lone sample over target on a quiet worker still is a miss.
+      The worker's own report counts the same way: its Load carries the P90's lower confidence
+      bound over its window, which is over target exactly when the samples show a miss.
     * **The targets**, with `interactive_targets: absolute`, are `interactive_ttft_target_ms` and
       `interactive_itl_target_ms`. With `relative` (the default) they are
       `interactive_slowdown_target` times the worker's baseline: the P90 of that latency while
@@ -191,8 +194,7 @@ class BatchGate:
     BASELINE_TTFTS = 10     # a baseline window: this many first tokens without batch...
     BASELINE_GAPS = 30      # ...or token gaps (about one interactive answer's)
     REPORTED_EVERY_S = 2.0  # the worker's latency window (worker/latency_window.py)
-    ITL_WINDOW_S = 1.0      # the router's own token gaps are judged over this window...
-    ITL_MISS_SHARE = 0.1    # ...and miss when more than this share of them is over target (P90)
+    MISS_WINDOW_S = {"ttft": 2.0, "itl": 1.0}  # the router's own samples are judged over these windows
 
     def __init__(self, config: ServiceClassConfig | None = None, clock: Callable[[], float] | None = None) -> None:
         import time
@@ -212,7 +214,8 @@ class BatchGate:
         # address -> (cap, when it was set, where doubling stops); absent: the full share
         self._caps: dict[str, tuple[float, float, float]] = {}
         self._reported_at: dict[str, float] = {}         # address -> when a worker's report last cut
-        self._gaps: dict[str, collections.deque[tuple[float, float]]] = {}  # address -> (when, gap s)
+        # (address, "ttft" | "itl") -> the last window's (when, seconds) of the router's own samples
+        self._recent: dict[tuple[str, str], collections.deque[tuple[float, float]]] = {}
         # address -> since when no batch of this router runs there (absent: none ever ran)
         self._batch_free_since: dict[str, float] = {}
         # address -> baselines of (TTFT, ITL) without this router's batch there (relative targets)
@@ -266,33 +269,35 @@ class BatchGate:
             if sample is not None:
                 (baseline.fold if judged else baseline.add)(sample)
 
-    def _itl_miss(self, address: str, itl_s: float, target_s: float) -> bool:
-        """Whether the router's token gaps on `address` over the last window are over target."""
+    def _window_miss(self, address: str, signal: str, sample_s: float, target_s: float) -> bool:
+        """Whether the router's samples of `signal` on `address` over the last window, this one
+        among them, show the P90 over target (latency_stats.py)."""
         now = self._clock()
-        gaps = self._gaps.setdefault(address, collections.deque())
-        gaps.append((now, itl_s))
-        while gaps and gaps[0][0] < now - self.ITL_WINDOW_S:
-            gaps.popleft()
-        over = sum(1 for _, gap in gaps if gap > target_s)
-        return over > 0 and over > self.ITL_MISS_SHARE * len(gaps)
+        recent = self._recent.setdefault((address, signal), collections.deque())
+        recent.append((now, sample_s))
+        while recent and recent[0][0] < now - self.MISS_WINDOW_S[signal]:
+            recent.popleft()
+        over = sum(1 for _, value in recent if value > target_s)
+        return over >= significant_over(len(recent))
 
     def observe(self, address: str, *, ttft_s: float | None = None, itl_s: float | None = None,
-                share: Callable[[], int], itl_judged: bool = False) -> bool:
-        """An interactive request's latency on `address` (`itl_judged`: `ttft_s` and `itl_s` are
+                share: Callable[[], int], judged: bool = False) -> bool:
+        """An interactive request's latency on `address` (`judged`: `ttft_s` and `itl_s` are
         already a window's P90s, as a worker's report is): a miss cuts its batch cap. Whether it
         did. With relative targets, a sample taken while no batch of this router ran there (for
         as long as it covers) teaches that worker's baseline instead."""
         config = self.config
         if config.interactive_targets == "relative":
-            covers = self.REPORTED_EVERY_S if itl_judged else max(ttft_s or 0.0, itl_s or 0.0)
+            covers = self.REPORTED_EVERY_S if judged else max(ttft_s or 0.0, itl_s or 0.0)
             if self._batch_free_for(address) >= covers:
-                self._learn(address, ttft_s, itl_s, itl_judged)
+                self._learn(address, ttft_s, itl_s, judged)
                 return False
         ttft_target, itl_target = self.targets(address)
-        ttft_miss = ttft_s is not None and ttft_target is not None and ttft_s > ttft_target
-        itl_miss = False
+        ttft_miss = itl_miss = False
+        if ttft_s is not None and ttft_target is not None:
+            ttft_miss = ttft_s > ttft_target if judged else self._window_miss(address, "ttft", ttft_s, ttft_target)
         if itl_s is not None and itl_target is not None:
-            itl_miss = itl_s > itl_target if itl_judged else self._itl_miss(address, itl_s, itl_target)
+            itl_miss = itl_s > itl_target if judged else self._window_miss(address, "itl", itl_s, itl_target)
         if not (ttft_miss or itl_miss):
             return False
         now = self._clock()
@@ -330,7 +335,7 @@ class BatchGate:
         learns = self.config.interactive_targets == "relative" and \
             self._batch_free_for(address) >= self.REPORTED_EVERY_S
         if self.observe(address, ttft_s=ttft_ms / 1000 if ttft_ms else None,
-                        itl_s=itl_ms / 1000 if itl_ms else None, share=share, itl_judged=True) or learns:
+                        itl_s=itl_ms / 1000 if itl_ms else None, share=share, judged=True) or learns:
             self._reported_at[address] = self._clock()
 
     @property
