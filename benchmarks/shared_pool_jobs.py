@@ -17,10 +17,12 @@ another's prefix cache:
 2. Spark alone: `vllm_fleet.spark.generate` over `--rows` rows (local[`--spark-cores`], straight to
    the workers over gRPC, class batch); its output tokens/s is the Spark job's capacity C.
 3. online + Spark, classes: phase 1's arrivals for as long as a phase-2-sized job runs.
-4. online + Spark, no classes: the same with the job's rows sent as interactive.
-5. Batch API alone: the same rows as a JSONL file, `/v1/files` + `/v1/batches` on the gateway
+4. Batch API alone: the same rows as a JSONL file, `/v1/files` + `/v1/batches` on the gateway
    (the batch class), polled to completion; its capacity C'.
-6. online + Batch API: phase 1's arrivals while a phase-5-sized batch runs.
+5. online + Batch API: phase 1's arrivals while a phase-4-sized batch runs.
+6. online + Spark, no classes: phase 3 with the job's rows sent as interactive. Last, because
+   those rows are interactive work: relative targets would learn them as the workers' latency
+   without batch, and the phases after it would be judged against that.
 
 Figures: online TTFT P50/P99 and ITL P99 (gaps between a stream's content chunks) per phase and
 as ratios to phase 1; each job's rows/s, output tokens/s and share of what the idle capacity
@@ -206,11 +208,13 @@ async def run(args: argparse.Namespace) -> list[dict]:
                 await spark("warm-up", "batch", 4 * args.spark_cores)
                 record("Spark alone", {f"job_{k}": v for k, v in (await spark("spark-alone", "batch")).items()})
                 record("online + Spark, classes", await with_online(http, model, args, "spark-cls", spark("spark-cls", "batch")))
-                record("online + Spark, no classes",
-                       await with_online(http, model, args, "spark-old", spark("spark-old", "interactive")))
                 record("Batch API alone", {f"job_{k}": v for k, v in (await batch_api_job(http, model, args, "api-alone")).items()})
                 record("online + Batch API, classes",
                        await with_online(http, model, args, "api-cls", batch_api_job(http, model, args, "api-cls")))
+                # Last: its rows are interactive work, and latency learnt without batch (relative
+                # targets) would learn them as what interactive latency is on these workers.
+                record("online + Spark, no classes",
+                       await with_online(http, model, args, "spark-old", spark("spark-old", "interactive")))
     session.stop()
     return results
 
