@@ -23,7 +23,11 @@ cache)
         --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
         --num-prefixes ${PREFIXES:-24} --prefix-len ${PREFIX_LEN:-2048} --suffix-len 128 --output-len 32 \
         --num-prompts ${PROMPTS:-400} --request-rate ${RATE:-8} \
-        --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} 2>&1 | tee "$OUT/cache-routing.txt" ;;
+        --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} 2>&1 | tee "$OUT/cache-routing.txt"
+    # Each policy's gateway log (WARNING and up): the bench client counts a failed request, not its error.
+    for log in /tmp/cache-bench-gateway-*.log /tmp/cache-bench-worker-gpu*.log; do
+        [[ -f $log ]] && xz -c "$log" >"$OUT/$(basename "$log").xz"
+    done ;;
 jobs)
     $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 \
