@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+from fakes import FakeClock
 from vllm_fleet.latency_stats import confident_p90, significant_over
 from vllm_fleet.router.classes import BatchGate, ServiceClassConfig
 
@@ -13,15 +14,8 @@ SHARE = lambda: 32  # noqa: E731
 GAPS_PER_S, TTFTS_PER_S = 120, 4
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
 
-    def __call__(self) -> float:
-        return self.now
-
-
-def one_second(gate: BatchGate, clock: Clock, rng: random.Random, slowdown: float = 1.0) -> bool:
+def one_second(gate: BatchGate, clock: FakeClock, rng: random.Random, slowdown: float = 1.0) -> bool:
     """A second of interactive traffic on "w": token gaps around 35 ms and first tokens around
     80 ms, log-normal (a tail, as engines have), times `slowdown`; whether any sample cut."""
     cut = False
@@ -33,7 +27,7 @@ def one_second(gate: BatchGate, clock: Clock, rng: random.Random, slowdown: floa
     return cut
 
 
-def learnt_gate(clock: Clock, rng: random.Random) -> BatchGate:
+def learnt_gate(clock: FakeClock, rng: random.Random) -> BatchGate:
     gate = BatchGate(ServiceClassConfig(), clock)  # relative targets, 1.1x
     for _ in range(20):  # no batch yet: the baselines are learnt
         one_second(gate, clock, rng)
@@ -44,7 +38,7 @@ def learnt_gate(clock: Clock, rng: random.Random) -> BatchGate:
 
 
 def test_latency_that_batch_did_not_change_does_not_cut_it():
-    clock, rng = Clock(), random.Random(7)
+    clock, rng = FakeClock(), random.Random(7)
     gate = learnt_gate(clock, rng)
     for _ in range(60):  # a minute with batch running and latency exactly as without it
         one_second(gate, clock, rng)
@@ -54,7 +48,7 @@ def test_latency_that_batch_did_not_change_does_not_cut_it():
 
 
 def test_a_real_slowdown_still_cuts_within_a_second():
-    clock, rng = Clock(), random.Random(11)
+    clock, rng = FakeClock(), random.Random(11)
     gate = learnt_gate(clock, rng)
     assert one_second(gate, clock, rng, slowdown=1.3) and gate.cap("w", 32) < 16
 

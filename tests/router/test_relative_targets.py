@@ -10,7 +10,7 @@ from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.router import RouterConfig
 from vllm_fleet.router.classes import BatchGate, ServiceClassConfig
-from vllm_fleet.router.latency_baseline import LatencyBaseline, p90
+from vllm_fleet.latency_stats import LatencyBaseline, p90
 
 SHARE = lambda: 8  # noqa: E731
 

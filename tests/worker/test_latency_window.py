@@ -38,3 +38,63 @@ def test_old_samples_leave_the_window():
     assert window.itl_p90_ms() == 20.0         # ...gone 2 s later
     clock.now += 5.0
     assert window.itl_p90_ms() == 0.0
+
+
+def test_the_baseline_is_learnt_only_while_no_batch_runs_here():
+    clock = Clock()
+    window = LatencyWindow(window_s=2.0, clock=clock)
+    window.batch_started()                     # a batch request runs: its company slows the gaps
+    for _ in range(60):
+        clock.now += 0.05
+        window.tokens(0.05, 1)
+    assert window.itl_baseline_ms() == 0.0     # nothing learnt while it ran
+    window.batch_ended()
+    clock.now += 0.01
+    window.tokens(0.05, 1)                     # this gap began before batch left: not without batch
+    for _ in range(29):
+        clock.now += 0.02
+        window.tokens(0.02, 1)
+    assert window.itl_baseline_ms() == 0.0     # 29 gaps without batch: a window is 30
+    clock.now += 0.02
+    window.tokens(0.02, 1)
+    assert window.itl_baseline_ms() == 20.0    # the 30th: the P90 of gaps with no batch anywhere here
+    assert window.itl_p90_ms() == 50.0         # the recent window still holds batch's slow gaps
+
+
+def test_a_first_token_teaches_the_baseline_only_if_no_batch_ran_since_its_request_started():
+    clock = Clock()
+    window = LatencyWindow(clock=clock)
+    window.batch_started()
+    clock.now += 1.0
+    window.batch_ended()
+    clock.now += 0.2
+    for _ in range(10):
+        window.first_token(0.5)                # waited since before batch left
+    assert window.ttft_baseline_ms() == 0.0
+    for _ in range(10):
+        window.first_token(0.1)
+    assert window.ttft_baseline_ms() == 100.0
+
+
+def test_the_floor_is_over_a_target_only_when_the_samples_show_a_miss():
+    clock = Clock()
+    window = LatencyWindow(clock=clock)
+    for _ in range(26):
+        window.tokens(0.02, 1)
+    for _ in range(4):                         # 4 slow of 30: the P90 is a slow gap...
+        window.tokens(0.1, 1)
+    assert window.itl_p90_ms() == 100.0
+    assert window.itl_p90_floor_ms() == 20.0   # ...but 4 of 30 is what noise does: no miss
+    for _ in range(10):                        # 14 slow of 40: a miss beyond doubt
+        window.tokens(0.1, 1)
+    assert window.itl_p90_floor_ms() == 100.0
+
+
+def test_the_load_carries_the_floors_and_baselines():
+    from vllm_fleet.protocol import WorkerLoad
+    from vllm_fleet.protocol.convert import load_from_pb, load_to_pb
+
+    load = WorkerLoad(interactive_ttft_p90_ms=90.0, interactive_itl_p90_ms=40.0, interactive_ttft_p90_floor_ms=80.0,
+                      interactive_itl_p90_floor_ms=35.0, interactive_ttft_baseline_ms=70.0,
+                      interactive_itl_baseline_ms=30.0)
+    assert load_from_pb(load_to_pb(load)) == load

@@ -224,6 +224,10 @@ def load_to_pb(load: WorkerLoad) -> pb.WorkerLoad:
         max_adapters=load.max_adapters, health=load.health,
         prefix_cache_queries=load.prefix_cache_queries, prefix_cache_hits=load.prefix_cache_hits,
         interactive_ttft_p90_ms=load.interactive_ttft_p90_ms, interactive_itl_p90_ms=load.interactive_itl_p90_ms,
+        interactive_ttft_p90_floor_ms=load.interactive_ttft_p90_floor_ms,
+        interactive_itl_p90_floor_ms=load.interactive_itl_p90_floor_ms,
+        interactive_ttft_baseline_ms=load.interactive_ttft_baseline_ms,
+        interactive_itl_baseline_ms=load.interactive_itl_baseline_ms,
     )
 
 
@@ -235,6 +239,10 @@ def load_from_pb(msg: pb.WorkerLoad) -> WorkerLoad:
         max_adapters=msg.max_adapters, health=msg.health,
         prefix_cache_queries=msg.prefix_cache_queries, prefix_cache_hits=msg.prefix_cache_hits,
         interactive_ttft_p90_ms=msg.interactive_ttft_p90_ms, interactive_itl_p90_ms=msg.interactive_itl_p90_ms,
+        interactive_ttft_p90_floor_ms=msg.interactive_ttft_p90_floor_ms,
+        interactive_itl_p90_floor_ms=msg.interactive_itl_p90_floor_ms,
+        interactive_ttft_baseline_ms=msg.interactive_ttft_baseline_ms,
+        interactive_itl_baseline_ms=msg.interactive_itl_baseline_ms,
     )
 
 

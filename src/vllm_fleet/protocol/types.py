@@ -230,6 +230,10 @@ class WorkerLoad:
     prefix_cache_hits: int = 0
     interactive_ttft_p90_ms: float = 0.0                # recent interactive latency; 0 = none lately
     interactive_itl_p90_ms: float = 0.0
+    interactive_ttft_p90_floor_ms: float = 0.0          # their lower confidence bounds (what routers judge)
+    interactive_itl_p90_floor_ms: float = 0.0
+    interactive_ttft_baseline_ms: float = 0.0           # P90s without any batch here; 0 = not learnt
+    interactive_itl_baseline_ms: float = 0.0
 
 
 @dataclass(slots=True)

@@ -45,8 +45,7 @@ from typing import Literal
 from pydantic import Field
 
 from vllm_fleet.config import FleetModel
-from vllm_fleet.latency_stats import significant_over
-from vllm_fleet.router.latency_baseline import LatencyBaseline
+from vllm_fleet.latency_stats import LatencyBaseline, significant_over
 from vllm_fleet.router.snapshot import WorkerView
 
 INTERACTIVE, BATCH = "interactive", "batch"
@@ -80,9 +79,9 @@ class ServiceClassConfig(FleetModel):
         "grammar-constrained batch is never paused")
     interactive_targets: Literal["relative", "absolute"] = Field(
         "relative", description="relative: batch backs off a worker where interactive latency passes "
-        "interactive_slowdown_target x what it is there without this router's batch (learnt per worker; until "
-        "then, and for a target set to null, the _ms targets below apply); absolute: where it passes the _ms "
-        "targets themselves")
+        "interactive_slowdown_target x what it is there without batch (the worker's own baseline, learnt while no "
+        "batch ran there, else this router's, learnt while none of its batch did; until one is known, and for a "
+        "target set to null, the _ms targets below apply); absolute: where it passes the _ms targets themselves")
     interactive_slowdown_target: float = Field(
         1.1, gt=1, description="With relative targets: how much slower (P90 against P90) interactive first "
         "tokens and token gaps on a worker may get with batch there than without before batch backs off")
@@ -155,10 +154,12 @@ class BatchGate:
       bound over its window, which is over target exactly when the samples show a miss.
     * **The targets**, with `interactive_targets: absolute`, are `interactive_ttft_target_ms` and
       `interactive_itl_target_ms`. With `relative` (the default) they are
-      `interactive_slowdown_target` times the worker's baseline: the P90 of that latency while
-      no batch of this router runs there (latency_baseline.py; learnt from this router's own
-      samples and the worker's reports, in the spells without batch, a cut to cap 0 among them).
-      Such samples only teach the baseline and never cut: batch is not there to blame. Until a
+      `interactive_slowdown_target` times the worker's baseline: the P90 of that latency without
+      batch there (latency_stats.py). The worker's own, learnt while no batch at all ran on it
+      and sent in its Load, comes first: it also serves a router whose batch always runs there
+      (a Spark job's). Else this router's, learnt from its own samples and the worker's reports
+      in the spells without *its* batch (a cut to cap 0 among them); such samples only teach
+      the baseline and never cut: batch is not there to blame. Until a
       worker has a baseline, the absolute targets stand in for it. A null absolute target turns
       that signal off in both modes. Why: an absolute target below what the engine does without
       batch (a slow machine, a big model) holds batch near 0 for slowness it did not cause (the
@@ -218,6 +219,8 @@ class BatchGate:
         self._recent: dict[tuple[str, str], collections.deque[tuple[float, float]]] = {}
         # address -> since when no batch of this router runs there (absent: none ever ran)
         self._batch_free_since: dict[str, float] = {}
+        # address -> the worker's own (TTFT, ITL) baselines, seconds, from its last Load (None: none)
+        self._reported_baselines: dict[str, tuple[float | None, float | None]] = {}
         # address -> baselines of (TTFT, ITL) without this router's batch there (relative targets)
         self._baselines: dict[str, tuple[LatencyBaseline, LatencyBaseline]] = {}
 
@@ -238,10 +241,9 @@ class BatchGate:
         config = self.config
         ttft = config.interactive_ttft_target_ms / 1000 if config.interactive_ttft_target_ms is not None else None
         itl = config.interactive_itl_target_ms / 1000 if config.interactive_itl_target_ms is not None else None
-        baselines = self._baselines.get(address)
-        if config.interactive_targets == "relative" and baselines is not None:
+        if config.interactive_targets == "relative":
             factor = config.interactive_slowdown_target
-            ttft_base, itl_base = baselines[0].value, baselines[1].value
+            ttft_base, itl_base = self.baseline(address)
             if ttft is not None and ttft_base is not None:
                 ttft = factor * ttft_base
             if itl is not None and itl_base is not None:
@@ -249,9 +251,13 @@ class BatchGate:
         return ttft, itl
 
     def baseline(self, address: str) -> tuple[float | None, float | None]:
-        """The (TTFT, ITL) P90s learnt on `address` without this router's batch, in seconds."""
-        baselines = self._baselines.get(address)
-        return (None, None) if baselines is None else (baselines[0].value, baselines[1].value)
+        """The (TTFT, ITL) P90s on `address` without batch, in seconds, each the worker's own
+        (learnt without any batch there) where it reports one, else this router's (learnt
+        without its own batch there); None: neither is known."""
+        reported = self._reported_baselines.get(address, (None, None))
+        own = self._baselines.get(address)
+        learnt = (None, None) if own is None else (own[0].value, own[1].value)
+        return reported[0] or learnt[0], reported[1] or learnt[1]
 
     def _batch_free_for(self, address: str) -> float:
         """How long no batch of this router has run on `address` (0: some runs now)."""
@@ -322,20 +328,32 @@ class BatchGate:
             self.step_aside(address, running - cap, pause=config.preempt_batch)
         return True
 
-    def reported(self, address: str, *, ttft_ms: float, itl_ms: float, share: Callable[[], int]) -> None:
-        """The worker's own P90s of its interactive requests' latency (its Load; 0 = none lately):
-        they steer this router's batch there even when it carries no interactive traffic itself,
-        as a Spark executor's router does not. A report covers the worker's last few seconds, so
-        one miss is taken at most once per `REPORTED_EVERY_S`: the same slow seconds must not
-        cut the cap again with every Load."""
+    def reported(self, address: str, *, ttft_ms: float, itl_ms: float, share: Callable[[], int],
+                 ttft_floor_ms: float = 0.0, itl_floor_ms: float = 0.0,
+                 ttft_baseline_ms: float = 0.0, itl_baseline_ms: float = 0.0) -> None:
+        """The worker's own view of its interactive requests' latency (its Load; 0 = none): the
+        P90s of its last few seconds, their lower confidence bounds, and its baselines (P90s
+        while no batch at all ran there). They steer this router's batch there even when it
+        carries no interactive traffic itself, as a Spark executor's router does not. The
+        bounds are judged (a bound over target is a miss beyond noise; a worker that sends none
+        is judged by its P90s); the P90s teach this router's own baseline. A report covers the
+        worker's last few seconds, so one miss is taken at most once per `REPORTED_EVERY_S`:
+        the same slow seconds must not cut the cap again with every Load."""
+        # The worker's baselines replace what it said before: a restarted worker starts over.
+        self._reported_baselines[address] = (ttft_baseline_ms / 1000 or None, itl_baseline_ms / 1000 or None)
+        if not (ttft_ms or itl_ms):
+            return
         last = self._reported_at.get(address)
         if last is not None and self._clock() - last < self.REPORTED_EVERY_S:
             return
-        # A report taught the baseline, too, only once per window: a Load comes more often.
-        learns = self.config.interactive_targets == "relative" and \
-            self._batch_free_for(address) >= self.REPORTED_EVERY_S
-        if self.observe(address, ttft_s=ttft_ms / 1000 if ttft_ms else None,
-                        itl_s=itl_ms / 1000 if itl_ms else None, share=share, judged=True) or learns:
+        if self.config.interactive_targets == "relative" and self._batch_free_for(address) >= self.REPORTED_EVERY_S:
+            # No batch of this router there for the report's whole window: it teaches, once per window.
+            self._learn(address, ttft_ms / 1000 or None, itl_ms / 1000 or None, judged=True)
+            self._reported_at[address] = self._clock()
+            return
+        ttft_judged, itl_judged = ttft_floor_ms or ttft_ms, itl_floor_ms or itl_ms
+        if self.observe(address, ttft_s=ttft_judged / 1000 or None, itl_s=itl_judged / 1000 or None,
+                        share=share, judged=True):
             self._reported_at[address] = self._clock()
 
     @property

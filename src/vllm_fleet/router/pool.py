@@ -261,9 +261,12 @@ class Pool:
         worker.load = load
         worker.load_at = self._clock()
         worker.loads += 1
-        if load.interactive_ttft_p90_ms or load.interactive_itl_p90_ms:
-            self.batch.reported(worker.address, ttft_ms=load.interactive_ttft_p90_ms,
-                                itl_ms=load.interactive_itl_p90_ms, share=lambda: self._batch_share(worker.address))
+        self.batch.reported(worker.address, ttft_ms=load.interactive_ttft_p90_ms, itl_ms=load.interactive_itl_p90_ms,
+                            ttft_floor_ms=load.interactive_ttft_p90_floor_ms,
+                            itl_floor_ms=load.interactive_itl_p90_floor_ms,
+                            ttft_baseline_ms=load.interactive_ttft_baseline_ms,
+                            itl_baseline_ms=load.interactive_itl_baseline_ms,
+                            share=lambda: self._batch_share(worker.address))
         self.batch.notify()  # a fresh Load may show slack
         await self._apply_health(worker, load.health)
 

@@ -184,7 +184,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         active.events = events
         outcome = "error"
         # Interactive requests' token times feed the Load's latency report; batch stays out of it.
-        last_tokens_at: dict[int, float] | None = None if request.hints.service_class == "batch" else {}
+        batch = request.hints.service_class == "batch"
+        last_tokens_at: dict[int, float] | None = None if batch else {}
+        if batch:  # interactive samples taken meanwhile do not teach the baseline
+            self.latency.batch_started()
         try:
             self._start_inputs(request_id, request, prepared, active, events, adapter)
             while stream.open_inputs:
@@ -210,6 +213,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             outcome = "cancelled"
             raise
         finally:
+            if batch:
+                self.latency.batch_ended()
             stream.close()
             self.metrics.requests.labels(outcome).inc()
             self.metrics.e2e.observe(loop.time() - started)
@@ -375,6 +380,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         load.health = self.health
         load.interactive_ttft_p90_ms = self.latency.ttft_p90_ms()
         load.interactive_itl_p90_ms = self.latency.itl_p90_ms()
+        load.interactive_ttft_p90_floor_ms = self.latency.ttft_p90_floor_ms()
+        load.interactive_itl_p90_floor_ms = self.latency.itl_p90_floor_ms()
+        load.interactive_ttft_baseline_ms = self.latency.ttft_baseline_ms()
+        load.interactive_itl_baseline_ms = self.latency.itl_baseline_ms()
         return load
 
     async def KvEvents(self, request: pb.KvEventsRequest,
