@@ -5,6 +5,7 @@ prefix gets the whole text tokenized, and a tokenizer whose cuts are not known e
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.router.cache_routing import CacheRouting
+from vllm_fleet.router.chat_render import Unrenderable
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.head_cut import all_cuts, cut_before, exact_cuts
@@ -194,3 +196,30 @@ def test_a_prompt_held_past_the_head_is_tokenized_whole(folder):
     assert features.block_keys == expected.block_keys
     assert features.cached_tokens == expected.cached_tokens and features.cached_tokens["w1"] > 1000
     assert features.prompt_tokens == expected.prompt_tokens and worker == expected_worker == "w1"
+
+
+def test_the_agreement_corpus_cut_at_small_heads_completes_to_the_same_ids(folder):
+    """benchmarks/tokenize_agreement.py's requests (the worker checks those ids), every piece
+    over 60 characters cut near 30: the heads are prefixes and complete() gives the same ids."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "tokenize_agreement.py"
+    spec = importlib.util.spec_from_file_location("tokenize_agreement_heads", path)
+    corpus = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(corpus)
+    rng = random.Random(0)
+    cases = [corpus.chat_request(rng, i) for i in range(130)] + corpus.edge_cases()
+    cases += [corpus.completion_request(rng, i) for i in range(60)]
+    cut, plain = PromptTokenizer.load(folder), PromptTokenizer.load(folder, piece_cache_chars=0)
+    partial = 0
+    for case in cases:
+        kwargs = dict(messages=case.get("messages"), prompt=case.get("prompt"))
+        try:
+            expected = plain.request_ids(case["body"], **kwargs)
+        except Unrenderable:
+            continue
+        ids = cut.request_ids(case["body"], **kwargs, head_chars=30)
+        if isinstance(ids, PartialIds):
+            partial += 1
+            assert ids.head == expected[:len(ids.head)]
+            ids = ids.complete()
+        assert ids == expected
+    assert partial > 50

@@ -60,7 +60,8 @@ class PartialIds:
     `rest_chars` characters are not tokenized yet; `chars_per_token` is what the tokenized part
     of the cut piece measured, for an estimate of the rest's tokens (`estimated_tokens`), which
     is only good for weighing costs, never for a limit. `complete()` tokenizes the rest (once;
-    the cut piece then enters the piece cache) and answers the whole text's ids."""
+    the cut piece then enters the piece cache) and answers the whole text's ids; call it on the
+    thread that got this (it encodes with that thread's tokenizer copy)."""
 
     __slots__ = ("head", "rest_chars", "chars_per_token", "_finish", "_ids")
 
