@@ -207,7 +207,7 @@ def run_case(settings: dict[str, Setting], requests, rng: random.Random) -> dict
     """Each request decided by every setting in turn, the order rotating (the same machine load)."""
     views = PoolSnapshot(tuple(WorkerView(a, model=MODEL, kv_events_fresh=True, outstanding_tokens=rng.randrange(6000))
                                for a in WORKERS))
-    times = {name: {"whole": [], "tokenize": [], "keys": [], "lookup": [], "tokens": [], "hit": []} for name in settings}
+    times = {name: {"whole": [], "tokenize": [], "keys": [], "lookup": [], "tokens": [], "hit": [], "head only": []} for name in settings}
     for before, _ in requests:      # requests seen before the timed ones (none for fresh text)
         if before is not None:
             for setting in settings.values():
@@ -220,7 +220,9 @@ def run_case(settings: dict[str, Setting], requests, rng: random.Random) -> dict
             parts, features = settings[name].decide(messages, views)
             for key, seconds in zip(("whole", "tokenize", "keys", "lookup"), parts):
                 times[name][key].append(seconds)
-            times[name]["tokens"].append(features.prompt_ids_len)
+            # prompt_ids_len is 0 where only a head was tokenized (CacheRouting.with_cache): its estimate
+            times[name]["tokens"].append(features.prompt_ids_len or features.prompt_tokens)
+            times[name]["head only"].append(not features.prompt_ids_len)
             times[name]["hit"].append(max(features.cached_tokens.values(), default=0))
     return times
 
@@ -261,7 +263,8 @@ def main() -> None:
             for name, times in results.items():
                 tokens, hits = sorted(times["tokens"]), sorted(times["hit"])
                 print(f"\n{case}, {name}: {len(tokens)} decisions, prompt {tokens[0]}-{tokens[-1]} tokens (median "
-                      f"{tokens[len(tokens) // 2]}), best worker holds median {hits[len(hits) // 2]} tokens")
+                      f"{tokens[len(tokens) // 2]}), best worker holds median {hits[len(hits) // 2]} tokens; "
+                      f"{sum(times['head only'])} keyed from a head, their token count estimated")
                 print(line("whole decision", times["whole"]))
                 print(line("render+tokenize", times["tokenize"]))
                 print(line("block keys", times["keys"]))

@@ -27,6 +27,7 @@ from vllm_fleet.router.cache_index import CacheIndex, RoutedHold, block_keys
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.kv_follow import KvFollower
+from vllm_fleet.router.segment_tokens import PartialIds
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,12 @@ def cache_salt(request: GenerateRequest) -> str:
     salt = json.loads(request.body.body_json).get("cache_salt")
     return salt if isinstance(salt, str) else ""
 
+# A new text piece over twice this long is tokenized head first (with_cache). About 1,000
+# characters is ~250-450 tokens, 15-28 blocks of 16: past the first block no worker holds in a
+# new document, which is nearly always within the first few blocks.
+HEAD_CHARS = 1_000
+
+
 class CacheRouting:
     def __init__(self, config: RouterConfig, connect: Callable[[str], object], metrics, *, tokenizers=None,
                  on_change: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -50,6 +57,7 @@ class CacheRouting:
         self._on_change = on_change
         self.followers: dict[str, KvFollower] = {}
         self.unknown_ids = 0              # requests routed without token ids (tokenizer not ready)
+        self.head_chars = HEAD_CHARS      # 0: tokenize every prompt whole (with_cache)
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
         self._predicted: dict[str, list[int]] = {}  # address -> [predicted cached tokens, prompt tokens routed]
 
@@ -129,8 +137,10 @@ class CacheRouting:
         """Whether `with_cache` would render and tokenize (worth a thread), not just read ids."""
         return request.inputs[0].token_ids is None and self.tokenizers is not None
 
-    def prompt_ids(self, request: GenerateRequest, model: str | None) -> list[int] | None:
-        """The first input's token ids as the engine will see them, or None when not known now."""
+    def prompt_ids(self, request: GenerateRequest, model: str | None, *,
+                   head_chars: int = 0) -> list[int] | PartialIds | None:
+        """The first input's token ids as the engine will see them, or None when not known now.
+        `head_chars` > 0: a long new text may answer its leading ids first (PartialIds)."""
         item = request.inputs[0]
         if item.token_ids is not None:
             return list(item.token_ids)
@@ -142,26 +152,46 @@ class CacheRouting:
             return None
         body = json.loads(request.body.body_json)
         if item.messages is not None:
-            return self.tokenizers.ids_for(model, body, messages=item.messages)
-        return self.tokenizers.ids_for(model, body, prompt=item.text or "")
+            return self.tokenizers.ids_for(model, body, messages=item.messages, head_chars=head_chars)
+        return self.tokenizers.ids_for(model, body, prompt=item.text or "", head_chars=head_chars)
 
     def with_cache(self, request: GenerateRequest, features: RequestFeatures) -> RequestFeatures:
         """`features` with the prompt's token count and block keys and each worker's cached
-        tokens of it; unchanged when the ids are not known (routed by load alone)."""
+        tokens of it; unchanged when the ids are not known (routed by load alone).
+
+        A long new text is tokenized head first (`head_chars`, router/segment_tokens.py): when
+        some block of the head is held by no worker, the lookup has already stopped there and the
+        keys past it cannot change who holds what nor the frontier, so the rest is never
+        tokenized. Then `block_keys` (and so the speculative entries of `routed`) cover the head
+        only, `prompt_tokens` is an estimate from the rest's characters (for weighing costs; the
+        worker checks the context length), and `prompt_ids_len` is 0 (no count to check against
+        the engine's)."""
         model = features.model or ""
         block_size = self.index.block_size(model) or self._block_sizes.get(model, 0)
-        ids = self.prompt_ids(request, features.model) if block_size else None
+        ids = self.prompt_ids(request, features.model, head_chars=self.head_chars) if block_size else None
         if ids is None:
             self.unknown_ids += 1
             return features
-        keys = block_keys(ids, block_size, lora=request.adapter, salt=cache_salt(request))
+        lora, salt = request.adapter, cache_salt(request)
+        if isinstance(ids, PartialIds):
+            keys = block_keys(ids.head, block_size, lora=lora, salt=salt)
+            held = self.index.matched_tokens(model, keys) if keys else {}
+            if keys and max(held.values(), default=0) < len(keys) * block_size:
+                return self._with_keys(request, features, block_size, keys, held, ids.estimated_tokens, 0)
+            ids = ids.complete()   # every block of the head is held somewhere: the rest may match too
+        keys = block_keys(ids, block_size, lora=lora, salt=salt)
         held = self.index.matched_tokens(model, keys) if keys else {}
+        return self._with_keys(request, features, block_size, keys, held, len(ids), len(ids))
+
+    @staticmethod
+    def _with_keys(request: GenerateRequest, features: RequestFeatures, block_size: int, keys: list[int],
+                   held: dict[str, int], tokens: int, ids_len: int) -> RequestFeatures:
         prompt_tokens = features.prompt_tokens
-        if len(request.inputs) == 1:  # exact now, for one input (the others stay estimates)
-            prompt_tokens = len(ids)
+        if len(request.inputs) == 1:  # exact now (or the head's estimate), for one input (the others stay estimates)
+            prompt_tokens = tokens
         frontier = str(keys[min(max(held.values(), default=0) // block_size, len(keys) - 1)]) if keys else ""
         return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
-                                   prompt_ids_len=len(ids), frontier_key=frontier)
+                                   prompt_ids_len=ids_len, frontier_key=frontier)
 
     def routed(self, address: str, features: RequestFeatures) -> RoutedHold | None:
         """A request went to `address`: count its prefix as held there until events confirm. The

@@ -28,7 +28,9 @@ class RequestFeatures:
     `cached_tokens` is what the router's cache index (router/cache_index.py) matched of this
     prompt: worker address -> leading prompt tokens that worker holds in its KV cache (absent or
     empty: none, or unknown). It is read-only by convention, like the rest of the bundle; when it
-    is set, `prompt_tokens` is the exact token count the keys were computed from."""
+    is set, `prompt_tokens` is the exact token count the keys were computed from, unless
+    `prompt_ids_len` is 0: then only a head of a long new text was tokenized (its keys), and
+    `prompt_tokens` estimates the rest from its characters (CacheRouting.with_cache)."""
 
     model: str | None = None
     session_key: str = ""          # session_id (or the OpenAI `user`): session affinity
@@ -42,7 +44,7 @@ class RequestFeatures:
     service_class: str = "interactive"  # or "batch" (router/classes.py)
     cached_tokens: Mapping[str, int] = field(default_factory=dict, hash=False)
     block_keys: tuple[int, ...] = field(default=(), hash=False)  # the prompt's blocks (cache-aware routing)
-    prompt_ids_len: int = 0        # the router's token count of input 0 (cache_aware); 0 = not tokenized
+    prompt_ids_len: int = 0        # the router's token count of input 0 (cache_aware); 0 = not (all) tokenized
     # cache_aware: the key of the prompt's first block that no worker holds (its last block when
     # every block is held somewhere); its point on the hash ring is where a miss goes ("" = none)
     frontier_key: str = ""

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from vllm_fleet.errors import FleetError
 from vllm_fleet.router import chat_render
 from vllm_fleet.router.chat_render import Unrenderable
-from vllm_fleet.router.segment_tokens import MAX_CHARS, SegmentTokenizer
+from vllm_fleet.router.segment_tokens import MAX_CHARS, PartialIds, SegmentTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +83,11 @@ class PromptTokenizer:
     def chat_ids(self, messages: list[dict], *, tools: list[dict] | None = None,
                  chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
                  continue_final_message: bool = False, add_special_tokens: bool = False,
-                 documents: list[dict] | None = None, reasoning_effort: str | None = None) -> list[int]:
+                 documents: list[dict] | None = None, reasoning_effort: str | None = None,
+                 head_chars: int = 0) -> list[int] | PartialIds:
         """The token ids of a chat request's prompt. Raises Unrenderable for what only the worker
-        renders (media parts) or refuses."""
+        renders (media parts) or refuses. `head_chars` > 0: a PartialIds may answer
+        (SegmentTokenizer.encode)."""
         if add_generation_prompt and continue_final_message:
             raise Unrenderable("add_generation_prompt and continue_final_message together (vLLM refuses it)")
         tool_dicts = chat_render.tool_dicts(tools)
@@ -113,33 +115,36 @@ class PromptTokenizer:
                                                  tokenize=False, **template_kwargs)
         except Exception as exc:  # the template refused the request; the worker will too
             raise Unrenderable(f"the chat template refused the request: {exc}") from None
-        return self._encode(tokenizer, text, add_special_tokens)
+        return self._encode(tokenizer, text, add_special_tokens, head_chars)
 
-    def completion_ids(self, prompt: str | list[int], *, add_special_tokens: bool = True) -> list[int]:
+    def completion_ids(self, prompt: str | list[int], *, add_special_tokens: bool = True,
+                       head_chars: int = 0) -> list[int] | PartialIds:
         """The token ids of a completion prompt: text tokenized, ids as they are."""
         if not prompt:
             raise Unrenderable("an empty prompt (vLLM refuses it)")
         if isinstance(prompt, str):
-            return self._encode(self._thread_tokenizer(), prompt, add_special_tokens)
+            return self._encode(self._thread_tokenizer(), prompt, add_special_tokens, head_chars)
         return list(prompt)
 
     def request_ids(self, body: Mapping[str, Any], *, messages: list[dict] | None = None,
-                    prompt: str | list[int] | None = None) -> list[int]:
+                    prompt: str | list[int] | None = None, head_chars: int = 0) -> list[int] | PartialIds:
         """The ids of one input of a request whose OpenAI body is `body` (fields the prompt
-        does not depend on are ignored)."""
+        does not depend on are ignored); `head_chars`: as chat_ids."""
         if body.get("truncate_prompt_tokens") is not None:
             raise Unrenderable("truncate_prompt_tokens (left to the worker)")
         if messages is not None:
             fields = {k: body[k] for k in _CHAT_FIELDS if body.get(k) is not None}
-            return self.chat_ids(messages, **fields)
+            return self.chat_ids(messages, **fields, head_chars=head_chars)
         if prompt is None:
             raise Unrenderable("neither messages nor a prompt")
-        return self.completion_ids(prompt, add_special_tokens=body.get("add_special_tokens", True))
+        return self.completion_ids(prompt, add_special_tokens=body.get("add_special_tokens", True),
+                                   head_chars=head_chars)
 
-    def _encode(self, tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
+    def _encode(self, tokenizer: Any, text: str, add_special_tokens: bool, head_chars: int = 0) -> list[int] | PartialIds:
         """`text`'s ids: from the piece cache where it applies, else the tokenizer on the whole text."""
         if self.pieces is not None:
-            ids = self.pieces.encode(tokenizer.backend_tokenizer, text, add_special_tokens=add_special_tokens)
+            ids = self.pieces.encode(tokenizer.backend_tokenizer, text, add_special_tokens=add_special_tokens,
+                                     head_chars=head_chars)
             if ids is not None:
                 return ids
         return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
@@ -231,14 +236,15 @@ class TokenizerCache:
         return tokenizer
 
     def ids_for(self, model: str, body: Mapping[str, Any], *, messages: list[dict] | None = None,
-                prompt: str | list[int] | None = None) -> list[int] | None:
+                prompt: str | list[int] | None = None, head_chars: int = 0) -> list[int] | PartialIds | None:
         """The prompt's token ids as the model's workers will run them, or None: tokenizer not
-        ready, or a request the router cannot render exactly (it routes without ids)."""
+        ready, or a request the router cannot render exactly (it routes without ids).
+        `head_chars` > 0: a PartialIds may answer (SegmentTokenizer.encode)."""
         tokenizer = self._ready.get(model)
         if tokenizer is None or (messages is not None and model in self._completions_only):
             return None
         try:
-            return tokenizer.request_ids(body, messages=messages, prompt=prompt)
+            return tokenizer.request_ids(body, messages=messages, prompt=prompt, head_chars=head_chars)
         except Unrenderable as exc:
             logger.debug("%s: prompt not tokenized at the router: %s", model, exc)
             return None

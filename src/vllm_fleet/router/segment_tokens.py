@@ -43,13 +43,44 @@ import re
 import threading
 from array import array
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
+
+from vllm_fleet.router import head_cut
 
 logger = logging.getLogger(__name__)
 
 MAX_CHARS = 8_000_000
 MAX_ENTRIES = 50_000
 _EMPTY = array("I")   # an empty piece's ids (between two adjacent tokens), never cached
+
+
+class PartialIds:
+    """A prompt's leading ids, exactly the whole text's first `len(head)`, and the way to the rest.
+
+    `rest_chars` characters are not tokenized yet; `chars_per_token` is what the tokenized part
+    of the cut piece measured, for an estimate of the rest's tokens (`estimated_tokens`), which
+    is only good for weighing costs, never for a limit. `complete()` tokenizes the rest (once;
+    the cut piece then enters the piece cache) and answers the whole text's ids; call it on the
+    thread that got this (it encodes with that thread's tokenizer copy)."""
+
+    __slots__ = ("head", "rest_chars", "chars_per_token", "_finish", "_ids")
+
+    def __init__(self, head: list[int], rest_chars: int, chars_per_token: float,
+                 finish: Callable[[], list[int]]) -> None:
+        self.head = head
+        self.rest_chars = rest_chars
+        self.chars_per_token = chars_per_token
+        self._finish = finish
+        self._ids: list[int] | None = None
+
+    @property
+    def estimated_tokens(self) -> int:
+        return len(self.head) + round(self.rest_chars / max(self.chars_per_token, 1.0))
+
+    def complete(self) -> list[int]:
+        if self._ids is None:
+            self._ids = self._finish()
+        return self._ids
 
 
 class SegmentCache:
@@ -107,6 +138,7 @@ class SegmentTokenizer:
         self._token_ids = token_ids    # their ids
         self._wrap = wrap              # (before, after): add_special_tokens's ids; None: not learnt
         self.cache = cache
+        self.exact_cuts = False        # whether a long piece may be tokenized head first (_check)
 
     @classmethod
     def build(cls, tokenizer: Any, *, max_chars: int = MAX_CHARS,
@@ -127,30 +159,53 @@ class SegmentTokenizer:
         logger.info("prompts tokenized whole at the router (no piece cache): %s", reason)
         return None
 
-    def encode(self, backend: Any, text: str, *, add_special_tokens: bool) -> list[int] | None:
+    def encode(self, backend: Any, text: str, *, add_special_tokens: bool,
+               head_chars: int = 0) -> list[int] | PartialIds | None:
         """`text`'s ids through `backend` (the calling thread's `tokenizers.Tokenizer`), or None
-        when `add_special_tokens` adds ids this class cannot place (tokenize the whole text)."""
+        when `add_special_tokens` adds ids this class cannot place (tokenize the whole text).
+
+        `head_chars` > 0: the first piece not cached that is over twice as long is tokenized only
+        up to an exact cut near `head_chars` characters (router/head_cut.py), and the answer is a
+        PartialIds whose `head` is the whole text's leading ids; the rest waits for `complete()`.
+        Tokenizers whose cuts are not exact answer the whole list, as with 0."""
         wrap = self._wrap if add_special_tokens else ((), ())
         if wrap is None:
             return None
         parts = self._split.split(text)    # piece, token, piece, ..., piece (pieces may be empty)
-        pieces = parts[0::2]
-        found = self.cache.get_many(pieces)
-        missing = [i for i, ids in enumerate(found) if ids is None]
-        for i in missing:
-            # One piece at a time on this thread: encode_batch would hand the pieces to the
-            # tokenizers thread pool, which measured slower here (a fresh 2,000-token chat: P50
-            # 3.3 ms against 2.6 ms whole, on the 2-core VM; benchmarks/router_decision.py).
-            ids = found[i] = array("I", backend.encode(pieces[i], add_special_tokens=False).ids)
-            self.cache.put(pieces[i], ids)
-        out = array("I", wrap[0])
+        found = self.cache.get_many(parts[0::2])
+        return self._join(backend, parts, found, 0, array("I", wrap[0]), wrap[1],
+                          head_chars if self.exact_cuts else 0)
+
+    def _join(self, backend: Any, parts: list[str], found: list[array | None], start: int, out: array,
+              after: tuple[int, ...], head_chars: int) -> list[int] | PartialIds:
+        """`out` extended with the ids of pieces `start`... (tokenizing the missing ones) and the
+        tokens between them, then `after`; a PartialIds where a long missing piece is cut."""
         token_ids = self._token_ids
-        for i, ids in enumerate(found):
-            if ids is not None:
-                out.extend(ids)
+        for i in range(start, len(found)):
+            ids = found[i]
+            if ids is None:
+                piece = parts[2 * i]
+                cut = head_cut.cut_before(piece, head_chars) if head_chars and len(piece) > 2 * head_chars else 0
+                if cut:
+                    head = array("I", backend.encode(piece[:cut], add_special_tokens=False).ids)
+
+                    def finish(i: int = i, piece: str = piece, cut: int = cut, head: array = head,
+                               out: array = array("I", out)) -> list[int]:
+                        whole = found[i] = head + array("I", backend.encode(piece[cut:], add_special_tokens=False).ids)
+                        self.cache.put(piece, whole)
+                        return self._join(backend, parts, found, i, out, after, 0)
+
+                    rest_chars = len(piece) - cut + sum(len(p) for p in parts[2 * i + 1:])
+                    return PartialIds((out + head).tolist(), rest_chars, cut / max(1, len(head)), finish)
+                # One piece at a time on this thread: encode_batch would hand the pieces to the
+                # tokenizers thread pool, which measured slower here (a fresh 2,000-token chat: P50
+                # 3.3 ms against 2.6 ms whole, on the 2-core VM; benchmarks/router_decision.py).
+                ids = found[i] = array("I", backend.encode(piece, add_special_tokens=False).ids)
+                self.cache.put(piece, ids)
+            out.extend(ids)
             if 2 * i + 1 < len(parts):
                 out.append(token_ids[parts[2 * i + 1]])
-        out.extend(wrap[1])
+        out.extend(after)
         return out.tolist()
 
     def _check(self, tokenizer: Any, tokens: list[str]) -> str | None:
@@ -167,6 +222,10 @@ class SegmentTokenizer:
             logger.info("the router tokenizes whole texts where special tokens are added: the post-processor "
                         "does more than add ids around a text")
         self.cache = SegmentCache(self.cache.max_chars, self.cache.max_entries)  # no probe pieces kept
+        why_not = head_cut.exact_cuts(backend)
+        self.exact_cuts = why_not is None
+        if why_not is not None:
+            logger.info("the router tokenizes long new pieces whole (no head first): %s", why_not)
         return None
 
 
