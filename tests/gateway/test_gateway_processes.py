@@ -141,6 +141,9 @@ async def test_sigterm_drains_the_streams_of_both_processes(mock_worker_factory)
 
 async def test_a_child_that_dies_is_started_again_and_the_port_keeps_serving(mock_worker_factory):
     async with two_process_gateway(mock_worker_factory) as (gateway, first):
+        # Both listen first: a child killed while still starting is a failed start, which stops
+        # the gateway instead (the parent's rule); this test is about one that was serving.
+        await each_child_answers(gateway.port, first, 1)
         os.kill(first[0], signal.SIGKILL)
         await wait_until(lambda: len(set(children(gateway.pid)) - set(first)) == 1
                          and len(children(gateway.pid)) == 2, timeout=30, message="the killed child replaced")
