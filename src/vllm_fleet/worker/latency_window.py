@@ -72,16 +72,21 @@ class LatencyWindow:
                 self.itl_baseline.add(gap_s / count)
 
     def ttft_p90_ms(self) -> float:
-        return self._p90_ms(self._ttft)
+        return self._p90s_ms(self._ttft)[0]
 
     def itl_p90_ms(self) -> float:
-        return self._p90_ms(self._itl)
+        return self._p90s_ms(self._itl)[0]
 
     def ttft_p90_floor_ms(self) -> float:
-        return self._p90_ms(self._ttft, floor=True)
+        return self._p90s_ms(self._ttft)[1]
 
     def itl_p90_floor_ms(self) -> float:
-        return self._p90_ms(self._itl, floor=True)
+        return self._p90s_ms(self._itl)[1]
+
+    def report(self) -> tuple[float, float, float, float]:
+        """(TTFT P90, ITL P90, TTFT floor, ITL floor) in ms, one sort per latency: a Load's share."""
+        ttft, itl = self._p90s_ms(self._ttft), self._p90s_ms(self._itl)
+        return ttft[0], itl[0], ttft[1], itl[1]
 
     def ttft_baseline_ms(self) -> float:
         """0: not learnt yet."""
@@ -90,14 +95,13 @@ class LatencyWindow:
     def itl_baseline_ms(self) -> float:
         return (self.itl_baseline.value or 0.0) * 1000
 
-    def _p90_ms(self, samples: deque[tuple[float, float]], floor: bool = False) -> float:
+    def _p90s_ms(self, samples: deque[tuple[float, float]]) -> tuple[float, float]:
+        """The window's nearest-rank P90 and its lower confidence bound, in ms (0, 0: no samples)."""
         horizon = self._clock() - self.window_s
         while samples and samples[0][0] < horizon:
             samples.popleft()
         if not samples:
-            return 0.0
-        values = [value for _, value in samples]
-        if floor:
-            return confident_p90(values) * 1000
-        values.sort()
-        return values[min(len(values) - 1, math.ceil(0.9 * len(values)) - 1)] * 1000
+            return 0.0, 0.0
+        ordered = sorted(value for _, value in samples)
+        p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+        return p90 * 1000, confident_p90(ordered) * 1000  # sorting a sorted list again is linear

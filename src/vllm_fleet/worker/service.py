@@ -378,10 +378,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         load.adapters = self.adapters.names()
         load.max_adapters = self.adapters.slots
         load.health = self.health
-        load.interactive_ttft_p90_ms = self.latency.ttft_p90_ms()
-        load.interactive_itl_p90_ms = self.latency.itl_p90_ms()
-        load.interactive_ttft_p90_floor_ms = self.latency.ttft_p90_floor_ms()
-        load.interactive_itl_p90_floor_ms = self.latency.itl_p90_floor_ms()
+        (load.interactive_ttft_p90_ms, load.interactive_itl_p90_ms,
+         load.interactive_ttft_p90_floor_ms, load.interactive_itl_p90_floor_ms) = self.latency.report()
         load.interactive_ttft_baseline_ms = self.latency.ttft_baseline_ms()
         load.interactive_itl_baseline_ms = self.latency.itl_baseline_ms()
         return load
