@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -227,7 +228,8 @@ def report(results: list[dict], args) -> None:
     for r in results:
         print(f"| {r['policy']} | {r['completed']} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | "
               f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {share(r)} | {best:.1%} |")
-    print_ratios(results, cached_of_possible=lambda r: (r["engine_cached_share"] or 0.0) / best,
+    # With no shared prefixes (every prompt its own prefix) nothing can be cached: no ratio to show.
+    print_ratios(results, cached_of_possible=lambda r: (r["engine_cached_share"] or 0.0) / best if best else math.nan,
                  output_tokens=lambda r: r["total_output_tokens"])
     print(f"same work in every run (requests, output tokens, 0 failed): {same} {work}", flush=True)
     if not same:

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Issues #26 and #29 on the GPU machine, after stage.sh install (core and spark bundles):
 #
-#   source /tmp/gpu-env.sh && OUT=DIR bash benchmarks/gpu/pool_cache.sh cache|jobs
+#   source /tmp/gpu-env.sh && OUT=DIR bash benchmarks/gpu/pool_cache.sh cache|unique|jobs
 #
 # cache  workload (a) of #26: vLLM's bench client (prefix_repetition) through our gateway per
 #        policy, on two workers of the Qwen3-8B shape (random weights, word-level stand-in
 #        tokenizer) sharing GPU 0, each with a KV cache of KV_BLOCKS blocks (16 tokens each), so
 #        that one worker holds about half of the prefixes and the pair holds them all.
+# unique workload (c) of #26: the same bench with every prompt its own prefix (nothing shared), so
+#        cache_aware can only balance load; its target is "never worse than least outstanding".
 # jobs   #29: online chat through the gateway beside a real Spark job and a Batch API job, on two
 #        workers of the real SmolLM2-135M sharing GPU 0 (chat needs a chat template: the stand-in
 #        tokenizers have none).
@@ -16,14 +18,17 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the results folder}
 mkdir -p "$OUT"
 { date -u +%FT%TZ; nvidia-smi -L; git -C .. log --oneline -1 2>/dev/null; } >"$OUT/machine-$1.txt" 2>&1
-case ${1:?cache or jobs} in
+case ${1:?cache, unique or jobs} in
+unique)
+    PROMPTS=${PROMPTS:-160} RATE=${RATE:-8} POLICIES=${POLICIES:-round_robin,least_outstanding,cache_aware}
+    PREFIXES=$PROMPTS ;&
 cache)
     $FLEET_PY cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model "$QWEN3_8B" --tokenizer "$QWEN3_8B" \
         --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
         --num-prefixes ${PREFIXES:-24} --prefix-len ${PREFIX_LEN:-2048} --suffix-len 128 --output-len 32 \
         --num-prompts ${PROMPTS:-400} --request-rate ${RATE:-8} \
-        --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} 2>&1 | tee "$OUT/cache-routing.txt"
+        --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} 2>&1 | tee "$OUT/$1-routing.txt"
     # Each policy's gateway log (WARNING and up): the bench client counts a failed request, not its error.
     for log in /tmp/cache-bench-gateway-*.log /tmp/cache-bench-worker-gpu*.log; do
         [[ -f $log ]] && xz -c "$log" >"$OUT/$(basename "$log").xz"
