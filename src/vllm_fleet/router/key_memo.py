@@ -3,8 +3,10 @@
 Why: most long prompts a router keys share most of their blocks with one it keyed shortly before
 (a tenant's system prompt or document, the earlier turns of a conversation), and the engines'
 stored events repeat the blocks of prompts routed. Chaining a key costs a blake2b per block
-(~0.75 us on the 2-core VM, ~95 us for a 2,000-token prompt in 16-token blocks); a dict hit on
-the hash's input costs a third of that. A key is a pure function of its input (the previous key
+(~0.7 us on the 2-core VM, ~95 us for a 2,000-token prompt in 16-token blocks); a dict hit on
+the hash's input costs under half of that in a loop, less of a gain inside a decision, whose
+tokenizing leaves the memo out of the CPU's caches (benchmarks/router_decision.py, block keys
+P50: shared 99 -> 68 us, next-turn 105 -> 87 us; results/router-decision-2026-12-04b). A key is a pure function of its input (the previous key
 and the block's ids, cache_index._chain), so a hit is exactly the hash: keys never change.
 
 Bound: two generations of at most `max_entries` inputs each. When the recent one is full it
