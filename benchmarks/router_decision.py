@@ -1,6 +1,6 @@
 """The cache-aware router's whole decision for a ~2,000-token chat prompt, and what it is made of.
 
-    PYTHONPATH=src python benchmarks/router_decision.py [--requests 300] [--fill-entries 500000]
+    PYTHONPATH=src python benchmarks/router_decision.py [--requests 300] [--fill-entries 500000] [--cases next-turn]
 
 One decision is what the router does between a request arriving and a worker picked:
 `features_of` (router.py), `CacheRouting.with_cache` (parse the body, render the chat template,
@@ -238,6 +238,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300, help="timed decisions per case and setting")
     parser.add_argument("--fill-entries", type=int, default=500_000, help="(worker, block) entries of other prompts")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cases", default="fresh,shared,next-turn", help="comma-separated: fresh, shared, next-turn")
     args = parser.parse_args()
     folder = Path(resolve_model(None, None).path)
     with open("/proc/loadavg") as f:
@@ -257,7 +258,8 @@ def main() -> None:
             settings[name] = Setting(routing, engines, keys_fn)
             # Untimed: the thread's tokenizer copy (~0.1 s) and the template's compilation, once per router.
             settings[name].routing.prompt_ids(chat("warm-up", [{"role": "user", "content": "Hi"}]), MODEL)
-        for case, build in builders.items():
+        for case in args.cases.split(","):
+            build = builders[case]
             rng = random.Random(f"{args.seed}-{case}")
             results = run_case(settings, build(rng, args.requests), rng)
             for name, times in results.items():

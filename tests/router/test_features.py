@@ -47,3 +47,15 @@ def test_prefix_key_covers_the_start_of_the_prompt_as_the_worker_sees_it():
 def test_session_id_is_the_affinity_key():
     request = build_request("r", [GenerateInput(text="hi")], session_id="user-7")
     assert feats(request).session_key == "user-7"
+
+
+def test_prefix_key_of_a_long_chat_is_its_joined_text_cut():
+    from vllm_fleet.protocol.types import GenerateInput
+    from vllm_fleet.router.features import prefix_key
+
+    messages = [{"role": "system", "content": "s" * 100}, {"role": "user", "content": "u" * 200},
+                {"role": "assistant", "content": [{"type": "text", "text": "a" * 50}]}, {"role": "user", "content": "q"}]
+    whole = "".join(f"<{m['role']}>" + (m["content"] if isinstance(m["content"], str) else m["content"][0]["text"])
+                    for m in messages)
+    for length in (1, 8, 107, 108, 300, 315, 316, 1000):
+        assert prefix_key(GenerateInput(messages=messages), length) == whole[:length]

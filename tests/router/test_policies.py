@@ -126,3 +126,12 @@ def test_prefix_affinity_groups_requests_by_prompt_prefix():
 def test_unknown_policy_is_a_config_error_naming_the_choices():
     with pytest.raises(ConfigError, match="least_outstanding"):
         make_policy("fastest")
+
+
+def test_ring_first_is_the_first_of_the_ring_order():
+    from vllm_fleet.router.policies import ring_first, ring_order
+
+    for workers in (1, 2, 3, 8):
+        pool = [f"10.0.0.{w}:50051" for w in range(workers)]
+        for n in range(300):
+            assert ring_first(f"key-{n}", pool) == ring_order(f"key-{n}", pool)[0]

@@ -159,12 +159,17 @@ def _message(message: Mapping[str, Any], fmt: ContentFormat) -> dict[str, Any]:
     if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
         raise Unrenderable("a message without a role")
     role, content = message["role"], message.get("content")
-    parts = [] if content is None else [{"type": "text", "text": content}] if isinstance(content, str) else content
-    if not isinstance(parts, list):
-        raise Unrenderable("message content is neither text nor a list of parts")
-    if role == "system":
-        parts = _without_billing_header(parts)
-    texts = [text for text in (_part(part, fmt) for part in parts) if text is not None]
+    if type(content) is str and role != "system":
+        # Plain text, most messages of a long chat: what _part makes of its one text part, without
+        # building that part (~1 us a message; the system role may carry the billing header).
+        texts: list[Any] = [content if fmt == "string" else {"type": "text", "text": content}]
+    else:
+        parts = [] if content is None else [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(parts, list):
+            raise Unrenderable("message content is neither text nor a list of parts")
+        if role == "system":
+            parts = _without_billing_header(parts)
+        texts = [text for text in (_part(part, fmt) for part in parts) if text is not None]
     result: dict[str, Any] = {"role": role, "content": texts if fmt == "openai" else "\n".join(texts)}
     if role == "assistant":
         if message.get("tool_calls") is not None:
