@@ -332,7 +332,7 @@ class RoutedStream:
         return batch_share(view, self._context.config.classes) if view is not None else 0
 
     def _step_aside(self) -> None:
-        """Called by the batch gate (classes.py) for interactive work: end this batch attempt. A
+        """Called by the batch gate (batch_gate.py) for interactive work: end this batch attempt. A
         read in progress is cancelled (the cancellation lands in `_next_chunk`); otherwise the
         caller holds a chunk, and the next read ends the attempt without waiting."""
         if not self._step_aside_requested:
@@ -382,7 +382,7 @@ class RoutedStream:
         watchdog = StallWatchdog(lambda: ctx.pool.progressing(address))
         first = True
         gate = ctx.pool.batch
-        steer = not self._batch and gate.listening  # interactive latency steers batch (classes.py)
+        steer = not self._batch and gate.listening  # interactive latency steers batch (batch_gate.py)
         loop = asyncio.get_running_loop()
         last_at = loop.time()
         try:
