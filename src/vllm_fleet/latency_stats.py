@@ -3,7 +3,7 @@ samples shows its P90 over a target beyond sampling noise.
 
 **The baseline**: what one latency of a worker's interactive requests is without batch there.
 
-The latency controller (classes.BatchGate) with relative targets cuts batch on a worker when
+The latency controller (batch_gate.BatchGate) with relative targets cuts batch on a worker when
 interactive latency there passes a factor times this baseline, not an absolute number: a slow
 machine, a big model or a busy engine is slow with or without batch, and an absolute target
 below that cuts batch for slowness batch did not cause (the CPU runs in RESULTS.md: online
@@ -26,7 +26,7 @@ gets a baseline, later.
 
 **A miss beyond noise.**
 
-The batch controller (router/classes.py) cuts batch on a worker when interactive latency there
+The batch controller (router/batch_gate.py) cuts batch on a worker when interactive latency there
 misses a target, and a relative target is 1.1x a P90: by definition about one sample in ten is
 over the P90, so "one slow sample" or "a window's P90 over target" fires on noise alone. On the
 H200 (2026-12-03) that held a Batch API job to 33% of the idle capacity while online latency

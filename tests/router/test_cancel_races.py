@@ -12,7 +12,8 @@ import asyncio
 
 import pytest
 
-from vllm_fleet.router.classes import BatchGate, ServiceClassConfig
+from vllm_fleet.router.batch_gate import BatchGate
+from vllm_fleet.router.classes import ServiceClassConfig
 from vllm_fleet.worker.service import _next_event
 
 

@@ -38,8 +38,10 @@ OpenAI `user` there when no session is given).
 Modules: config (settings + CLI options), snapshot (immutable pool view), features (request
 estimates), policies (pure ranking functions), cache_index (which worker holds which KV blocks, from
 the engines' KV events; bounded), breaker, ejection (outliers), budget (retries),
-admission (buckets, queues), batch_wait (why batch waits for slack), pool (membership and
-polling), stream (failover and migration),
+admission (buckets, queues), classes (service classes: settings and batch admission rules),
+batch_gate (batch per worker and the latency controller that caps it), batch_wait (why batch
+waits for slack), pool (membership and polling), stream (failover and migration), delivered
+(what the caller has of each sample; the request that resumes after it),
 context (the frozen bundle a stream gets instead of the router), watchdog (stall detection),
 metrics (Prometheus), router (the facade).
 

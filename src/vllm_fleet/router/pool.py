@@ -35,10 +35,11 @@ from vllm_fleet.client.loads import late_after
 from vllm_fleet.errors import FleetError, NoWorkerError
 from vllm_fleet.protocol.types import REQUEST_FORM, WorkerInfo, WorkerLoad
 from vllm_fleet.registry import Registry, WorkerRecord
+from vllm_fleet.router.batch_gate import BatchGate
 from vllm_fleet.router.batch_wait import BatchWaits, why_no_slack
 from vllm_fleet.router.breaker import CircuitBreaker
 from vllm_fleet.router.cache_routing import CacheRouting
-from vllm_fleet.router.classes import BatchGate, batch_share
+from vllm_fleet.router.classes import batch_share
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.ejection import OutlierDetector
 from vllm_fleet.router.metrics import RouterMetrics

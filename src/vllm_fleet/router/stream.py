@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from vllm_fleet.errors import (
     DeadlineExceededError,
@@ -48,11 +47,12 @@ from vllm_fleet.errors import (
     WorkerOverloadedError,
     WorkerTimeoutError,
 )
-from vllm_fleet.protocol.types import Chunk, GenerateInput, GenerateRequest, Usage
+from vllm_fleet.protocol.types import Chunk, GenerateRequest
 from vllm_fleet.router.admission import Ticket
 from vllm_fleet.router.cache_index import RoutedHold
 from vllm_fleet.router.classes import BATCH, INTERACTIVE, batch_share, guaranteed_batch, has_slack
 from vllm_fleet.router.context import StreamContext
+from vllm_fleet.router.delivered import Delivered
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pool import Lease
 from vllm_fleet.router.snapshot import HALF_OPEN
@@ -70,17 +70,6 @@ PROBE_WAIT_POLL_S = 0.02
 class _Withdrawn(Exception):
     """A batch attempt stepped aside for interactive work (router/classes.py): withdrawn before its
     first token, or paused after it (the next attempt resumes after the delivered tokens)."""
-
-
-@dataclass(slots=True)
-class _Sample:
-    """What the caller has received of one (index, sample) stream."""
-
-    token_ids: list[int] = field(default_factory=list)
-    finished: bool = False
-    delivered_before: int = 0   # tokens delivered by earlier attempts
-    chars: int = 0              # characters of Chunk.text delivered
-    parsed: bool = False        # a parser shaped the text (reasoning, tool calls): chars are not the model's
 
 
 class RoutedStream:
@@ -104,10 +93,8 @@ class RoutedStream:
         self._context = context
         self._ticket: Ticket | None = None
         self._gen: AsyncIterator[Chunk] | None = None
-        self._samples: dict[tuple[int, int], _Sample] = {}
-        self._delivered = False
+        self._delivered = Delivered(request)      # what the caller has of each sample (delivered.py)
         self._closed = False
-        self._prompt_tokens: dict[int, int] = {}  # per input, as the worker counted them
         self.withdrawals = 0                      # batch attempts withdrawn or paused for interactive work
         self.pauses = 0                           # of those, the ones paused after tokens were delivered
         self._batch = features.service_class == BATCH
@@ -174,8 +161,7 @@ class RoutedStream:
             else:
                 self.features = ctx.cache.with_cache(self.request, self.features)
         await self.admit()
-        n = max(1, self.request.n)
-        self._samples = {(i, s): _Sample() for i in range(len(self.request.inputs)) for s in range(n)}
+        self._delivered.start()
         outcome = "error"
         ctx.budget.record_request()
         tried: set[str] = set()
@@ -207,11 +193,11 @@ class RoutedStream:
                     self.attempts -= 1
                     self.withdrawals += 1
                     tried.discard(address)
-                    if self._delivered:
+                    if self._delivered.any:
                         self.pauses += 1
                         ctx.metrics.pauses.inc()
                         logger.info("batch request paused on %s for interactive work after %d tokens; requeued",
-                                    address, sum(len(s.token_ids) for s in self._samples.values()),
+                                    address, self._delivered.tokens(),
                                     extra={"request_id": self.request.request_id})
                     else:
                         ctx.metrics.withdrawals.inc()
@@ -227,7 +213,7 @@ class RoutedStream:
                     if isinstance(exc, WorkerOverloadedError) and self.request.adapter and ctx.adapters is not None:
                         ctx.adapters.forget(address, self.request.adapter)  # evicted or unloading there
                     verdict = None if faultless else False
-                    if self._answered():
+                    if self._delivered.answered():
                         # The stream broke after every sample's last chunk: the answer is whole. A
                         # retry would resume nothing (a request with no inputs, refused as invalid).
                         logger.info("worker %s failed after the last chunk: %s", address, exc,
@@ -246,7 +232,7 @@ class RoutedStream:
             outcome = "cancelled"
             raise
         finally:
-            used = self._used_tokens()
+            used = self._delivered.used_tokens(self.features.prompt_tokens)
             if self._ticket is not None:
                 self._ticket.finish(used)
             ctx.metrics.requests.labels(self.features.model or "", outcome).inc()
@@ -332,7 +318,7 @@ class RoutedStream:
         return batch_share(view, self._context.config.classes) if view is not None else 0
 
     def _step_aside(self) -> None:
-        """Called by the batch gate (classes.py) for interactive work: end this batch attempt. A
+        """Called by the batch gate (batch_gate.py) for interactive work: end this batch attempt. A
         read in progress is cancelled (the cancellation lands in `_next_chunk`); otherwise the
         caller holds a chunk, and the next read ends the attempt without waiting."""
         if not self._step_aside_requested:
@@ -348,8 +334,8 @@ class RoutedStream:
         logger.warning("attempt %d on %s failed: %s", self.attempts, address, exc, extra={"request_id": rid})
         if isinstance(exc, DeadlineExceededError):
             raise exc
-        if self._delivered and self.request.constrained:
-            tokens = sum(len(s.token_ids) for s in self._samples.values())
+        if self._delivered.any and self.request.constrained:
+            tokens = self._delivered.tokens()
             raise MigrationUnsupportedError(
                 f"worker {address} failed after {tokens} tokens of a grammar-constrained answer; it cannot "
                 f"continue on another worker; retry the request", worker=address) from exc
@@ -359,7 +345,7 @@ class RoutedStream:
             ctx.metrics.rejections.labels("retry_budget").inc()
             logger.warning("retry budget exhausted; not retrying", extra={"request_id": rid})
             raise exc
-        if self._delivered:
+        if self._delivered.any:
             self.migrations += 1
             ctx.metrics.migrations.inc()
         else:
@@ -382,7 +368,7 @@ class RoutedStream:
         watchdog = StallWatchdog(lambda: ctx.pool.progressing(address))
         first = True
         gate = ctx.pool.batch
-        steer = not self._batch and gate.listening  # interactive latency steers batch (classes.py)
+        steer = not self._batch and gate.listening  # interactive latency steers batch (batch_gate.py)
         loop = asyncio.get_running_loop()
         last_at = loop.time()
         try:
@@ -412,14 +398,14 @@ class RoutedStream:
                     yield self._accept(chunk, mapping)
         finally:
             watchdog.stop()
-        unfinished = sum(1 for s in self._samples.values() if not s.finished)
+        unfinished = self._delivered.unfinished()
         if unfinished:
             raise WorkerError(f"worker {address} ended the stream with {unfinished} sample(s) unfinished",
                               worker=address)
 
     async def _next_chunk(self, iterator: AsyncIterator[Chunk], watchdog: StallWatchdog, limit: float,
                           address: str, first: bool) -> Chunk | None:
-        if self._step_aside_requested and not self._answered():  # asked while the caller held a chunk
+        if self._step_aside_requested and not self._delivered.answered():  # asked while the caller held a chunk
             raise _Withdrawn()
         watchdog.reading(limit)
         if self._batch:
@@ -435,7 +421,7 @@ class RoutedStream:
                 raise WorkerTimeoutError(f"worker {address}: {what} for {watchdog.waited:.1f}s",
                                          worker=address) from None
             if self._step_aside_requested and task is not None and task.uncancel() == 0:
-                if self._answered():  # every last chunk is delivered: nothing to resume
+                if self._delivered.answered():  # every last chunk is delivered: nothing to resume
                     return None
                 raise _Withdrawn() from None
             raise
@@ -454,53 +440,21 @@ class RoutedStream:
         attempt_id = request.request_id if self.attempts <= 1 else f"{request.request_id}-a{self.attempts}"
         if self.withdrawals:  # the withdrawn attempt's abort may not have reached its worker yet
             attempt_id += f"-w{self.withdrawals}"
-        if not self._delivered:
-            return dataclasses.replace(request, request_id=attempt_id), None
-        inputs, mapping = [], []
-        for (index, sample), progress in self._samples.items():
-            if progress.finished:
-                continue
-            original = request.inputs[index]
-            inputs.append(dataclasses.replace(
-                original, resume_token_ids=[*original.resume_token_ids, *progress.token_ids],
-                resume_delivered_chars=_delivered_chars(original, progress)))
-            progress.delivered_before = len(progress.token_ids)
-            mapping.append((index, sample))
-        # Each unfinished sample resumes alone: n is the envelope's, the fleet's to schedule; the
-        # body, which says the client's n, is not touched.
-        return dataclasses.replace(request, request_id=attempt_id, inputs=inputs, n=1), mapping
+        return self._delivered.resume(attempt_id)
 
     def _accept(self, chunk: Chunk, mapping: list[tuple[int, int]] | None) -> Chunk:
-        if mapping is not None:
-            chunk.index, chunk.sample = mapping[chunk.index]
-        progress = self._samples[(chunk.index, chunk.sample)]
-        progress.token_ids.extend(chunk.token_ids)
-        progress.chars += len(chunk.text)
-        progress.parsed = progress.parsed or bool(chunk.reasoning or chunk.tool_calls)
-        self._delivered = True
-        if chunk.finish_reason is not None:
-            progress.finished = True
-            if chunk.usage is not None:
-                self._prompt_tokens[chunk.index] = chunk.usage.prompt_tokens
-                expected = self.features.prompt_ids_len
-                if expected and chunk.index == 0 and chunk.usage.prompt_tokens != expected:
-                    # The router's tokenization differs from what the engine ran: its cache
-                    # lookups for such prompts are off (docs: routing).
-                    self._context.metrics.prompt_ids_mismatches.inc()
-                    logger.info("router tokenized %d prompt tokens, the worker ran %d", expected,
-                                chunk.usage.prompt_tokens, extra={"request_id": self.request.request_id})
-            if chunk.usage is not None and progress.delivered_before:
-                chunk.usage = Usage(
-                    prompt_tokens=chunk.usage.prompt_tokens,
-                    completion_tokens=progress.delivered_before + chunk.usage.completion_tokens,
-                    cached_tokens=chunk.usage.cached_tokens,
-                )
+        chunk = self._delivered.accept(chunk, mapping)
+        if chunk.finish_reason is not None and chunk.usage is not None:
+            expected = self.features.prompt_ids_len
+            if expected and chunk.index == 0 and chunk.usage.prompt_tokens != expected:
+                # The router's tokenization differs from what the engine ran: its cache
+                # lookups for such prompts are off (docs: routing).
+                self._context.metrics.prompt_ids_mismatches.inc()
+                logger.info("router tokenized %d prompt tokens, the worker ran %d", expected,
+                            chunk.usage.prompt_tokens, extra={"request_id": self.request.request_id})
         return chunk
 
     # --- helpers ------------------------------------------------------------------------
-
-    def _answered(self) -> bool:
-        return all(s.finished for s in self._samples.values())
 
     def _remaining(self) -> float | None:
         if self.deadline is None:
@@ -515,30 +469,6 @@ class RoutedStream:
     def _remaining_cost(self, address: str) -> int:
         """Tokens this attempt will cost `address`: what is not delivered yet, less the prompt
         tokens its prefix cache holds (cache_aware knows them), which it will not prefill."""
-        delivered = sum(len(s.token_ids) for s in self._samples.values())
+        delivered = self._delivered.tokens()
         cached = 0 if delivered else self.features.cached_tokens.get(address, 0)
         return max(0, self.features.cost_tokens - delivered - cached)
-
-    def _used_tokens(self) -> int:
-        """Tokens to settle the key's reservation with: the workers' prompt counts where a
-        final chunk gave them (the estimate otherwise) plus every token delivered."""
-        if not self._delivered:
-            return 0
-        if len(self._prompt_tokens) == len(self.request.inputs):
-            prompt = sum(self._prompt_tokens.values())
-        else:
-            prompt = self.features.prompt_tokens
-        return prompt + sum(len(s.token_ids) for s in self._samples.values())
-
-
-def _delivered_chars(original: GenerateInput, progress: _Sample) -> int | None:
-    """How much of the resumed tokens' text the caller has; None (all of it) where the router
-    cannot count in the model's text: a parser reshaped it, or the input came resumed with all
-    of its own resumed text delivered, whose length only a worker can tell."""
-    if progress.parsed:
-        return None
-    if not original.resume_token_ids:
-        return progress.chars
-    if original.resume_delivered_chars is None:
-        return None
-    return original.resume_delivered_chars + progress.chars
