@@ -55,7 +55,13 @@ router has not sent a prompt through for longest are the ones the engine's own L
 freed already. A prefix routed again (a shared system prompt) is refreshed by `note_routed`,
 so it is not lost for being stored long ago. Eviction only makes the index forget: at worst a
 routing miss, never a wrong hit. Measured cost: about 210 bytes per entry (2 GiB for 10 million;
-benchmarks/cache_index_scale.py). Not thread-safe: one event loop owns it.
+benchmarks/cache_index_scale.py).
+
+Threads: the router looks prompts up from a thread (stream.py decides off the event loop, and
+several decisions may run at once) while the loop applies events and notes routes. One lock
+serialises every call that reads or changes the entries; each call is microseconds (a 2,000-token
+lookup ~100 us), so nobody waits long. Without it, two lookups expiring the same speculative
+entry at once failed a request (KeyError) on the H200 run of 2026-12-04.
 """
 
 from __future__ import annotations
@@ -63,7 +69,9 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
+import functools
 import sys
+import threading
 import time
 from array import array
 from collections.abc import Sequence
@@ -197,6 +205,15 @@ class RoutedHold:
             self._index._end_pending(self._entries, started, self._ttl_s, now)
 
 
+def _locked(method):
+    """Run `method` holding the index's lock (see "Threads" in the module docstring)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class CacheIndex:
     def __init__(self, max_entries: int = 10_000_000, *, clock=time.monotonic) -> None:
         if max_entries < 1:
@@ -211,6 +228,7 @@ class CacheIndex:
         self._block_sizes: dict[str, int] = {}   # model -> block size
         self._total = 0                           # (worker, block) entries, speculative included
         self._speculating: set[_Worker] = set()  # workers with speculative entries
+        self._lock = threading.Lock()
 
     # --- what the caller asks ---------------------------------------------------------------
 
@@ -228,12 +246,14 @@ class CacheIndex:
         state = self._workers.get(worker)
         return float("-inf") if state is None else state.applied_at
 
+    @_locked
     def entries_per_worker(self) -> dict[str, int]:
         return {w.address: w.entries for w in self._workers.values()}
 
     def __len__(self) -> int:
         return self._total
 
+    @_locked
     def matched_tokens(self, model: str, keys: Sequence[int], *, now: float | None = None) -> dict[str, int]:
         """Per worker of `model`, the tokens of the leading blocks of `keys` it holds (absent: none).
         Walks the keys once, narrowing the set of workers still matching; stops when none is left."""
@@ -267,6 +287,7 @@ class CacheIndex:
 
     # --- what the router did -----------------------------------------------------------------
 
+    @_locked
     def note_routed(self, worker: str, model: str, keys: Sequence[int], *, ttl_s: float = 2.0,
                     now: float | None = None) -> RoutedHold:
         """The router just sent a prompt with these keys to `worker`: count them as held there
@@ -299,6 +320,7 @@ class CacheIndex:
                 self._evict()
         return RoutedHold(self, mine, ttl_s)
 
+    @_locked
     def _end_pending(self, entries: list[tuple[_Worker, int, list]], started: bool, ttl_s: float,
                      now: float | None) -> None:
         """A hold's attempt got its first token (`started`) or ended without one."""
@@ -336,6 +358,7 @@ class CacheIndex:
 
     # --- what the workers say ----------------------------------------------------------------
 
+    @_locked
     def apply(self, worker: str, batch: KvEventBatch, *, model: str, now: float | None = None) -> ApplyResult:
         """Apply one batch of `worker`'s events (see the module docstring for the order rules)."""
         state = self._worker(worker, model)
@@ -364,6 +387,7 @@ class CacheIndex:
             self.counters.events_applied += 1
         return ApplyResult.IN_ORDER
 
+    @_locked
     def drop_worker(self, worker: str) -> None:
         """Forget the worker (it restarted or left); its bit is reused by the next one."""
         state = self._workers.pop(worker, None)
