@@ -136,7 +136,29 @@ async def run_policy(policy: str, addresses: list[str], model: str, args) -> dic
     with tempfile.TemporaryDirectory() as results_dir:
         async with gateway:
             await gateway.wait_ready(120)
-            return await bench_run(policy, gateway.url, model, args, lambda: engine_counters(addresses))
+            result = await bench_run(policy, gateway.url, model, args, lambda: engine_counters(addresses))
+            print_routing_state(gateway.url)
+            return result
+
+
+# What the gateway's router knew when the run ended: whether it followed each engine's events,
+# the hits it predicted against the engines' own, and its index's counters (resyncs, expiries).
+ROUTING_METRICS = ("kv_events_fresh", "predicted_cached_tokens", "routed_prompt_tokens", "engine_prefix_cache",
+                   "prompt_ids_mismatch", "failovers", "in_flight")
+
+
+def print_routing_state(url: str) -> None:
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        state = json.loads(urllib.request.urlopen(f"{url}/dashboard/state.json", timeout=10).read())
+    except OSError as exc:
+        print(f"gateway routing state: not read ({exc})")
+        return
+    lines = [l for l in text.splitlines() if not l.startswith("#") and any(m in l for m in ROUTING_METRICS)]
+    print("gateway routing state at the end:", *lines, sep="\n  ")
+    print("  cache index:", json.dumps(state.get("cache_index"), default=str)[:3000], flush=True)
 
 
 async def run_smg(system: str, model: str, args) -> dict:

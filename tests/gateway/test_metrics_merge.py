@@ -115,3 +115,14 @@ async def test_siblings_answer_each_other_and_one_that_is_gone_or_cut_short_is_l
         await first.close()
         await second.close()
     assert not (tmp_path / "0.sock").exists()
+
+
+def test_the_dashboard_lists_every_processs_cache_index():
+    # Each gateway process keeps its own index: an SRE reading resyncs or malformed events needs
+    # every process's counters, not one process's.
+    def state(resyncs: int) -> dict:
+        return {"time": 0, "models": ["m"], "requests": {}, "workers": [],
+                "cache_index": [{"resyncs_needed": resyncs, "entries": {"w1": 10 * resyncs}}]}
+
+    merged = merge_states(state(1), [state(2), {"time": 0, "models": [], "requests": {}, "workers": []}], processes=3)
+    assert [stats["resyncs_needed"] for stats in merged["cache_index"]] == [1, 2]

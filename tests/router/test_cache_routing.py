@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from fakes import send_token_ids
 from support import wait_until
+from vllm_fleet.gateway.dashboard import Dashboard
 from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
@@ -66,6 +67,10 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
         assert hits == 18 * SHARED_BLOCKS * BS  # every follow-up found every shared block in its engine
         view = router.snapshot().get(homes[0]).to_dict()
         assert view["cache"]["events"] == "in step" and view["cache"]["predicted_hit_rate"] > 0.5
+        # The dashboard's state carries the index's own counters (what an SRE reads for resyncs).
+        (index_stats,) = Dashboard(router).own_state()["cache_index"]
+        assert index_stats["events_applied"] > 0 and index_stats["resyncs_needed"] == 0
+        assert sum(index_stats["entries"].values()) >= 6 * SHARED_BLOCKS
 
 
 async def test_a_restarted_worker_loses_its_entries_within_a_second_of_its_return(mock_worker_factory):

@@ -7,8 +7,9 @@ and keeps it in sessionStorage.
 
 With `--processes N` the state answers for all N processes: request totals and each worker's
 in-flight requests and outstanding tokens add up over them, and so do batch requests waiting
-for slack (with the reason of the one waiting longest); the rest (worker states, breakers,
-Load) is the answering process's view.
+for slack (with the reason of the one waiting longest), and `cache_index` lists every process's
+cache-index counters (cache_aware: events applied, resyncs, malformed events, speculative entries,
+entries per worker); the rest (worker states, breakers, Load) is the answering process's view.
 """
 
 from __future__ import annotations
@@ -60,8 +61,12 @@ class Dashboard:
             record = members.get(view.address)
             entry["device"] = record.device if record is not None and record.device else ""
             workers.append(entry)
+        # The cache index's counters (cache_aware only): resyncs, expiries, malformed events, entries.
+        # A list, one per gateway process, since each keeps its own index.
+        cache_index = self.router.cache_stats()
         return {"time": time.time(), "models": self.router.models(), "workers": workers,
-                "requests": dict(self.totals), "batch_waiting": self.router.batch_wait_status().to_dict()}
+                "requests": dict(self.totals), "batch_waiting": self.router.batch_wait_status().to_dict(),
+                "cache_index": [cache_index] if cache_index else []}
 
     async def own_state_bytes(self) -> bytes:
         return json.dumps(self.own_state()).encode()
@@ -87,5 +92,6 @@ def merge_states(own: dict, others: list[dict], *, processes: int) -> dict:
     if waits:
         longest = max(waits, key=lambda w: w["waited_s"])
         merged["batch_waiting"] = {**longest, "waiting": sum(w["waiting"] for w in waits)}
+    merged["cache_index"] = [stats for state in (own, *others) for stats in state.get("cache_index", [])]
     merged["processes"] = {"serving": processes, "answered": 1 + len(others)}
     return merged
