@@ -127,9 +127,23 @@ async def engine_counters(addresses: list[str], settle_s: float = 20.0) -> tuple
     raise RuntimeError(f"the engines' prefix-cache counters did not settle in {settle_s:.0f} s")
 
 
+def variants(args) -> dict[str, list[str]]:
+    """--variant LABEL=POLICY [GATEWAY ARGS...]: LABEL -> the gateway's policy arguments."""
+    found = {}
+    for spec in args.variant:
+        label, _, rest = spec.partition("=")
+        words = rest.split()
+        if not label or not words:
+            raise SystemExit(f"--variant {spec!r}: expected LABEL=POLICY [GATEWAY ARGS...]")
+        found[label] = ["--policy", *words]
+    return found
+
+
 async def run_policy(policy: str, addresses: list[str], model: str, args) -> dict:
-    """Our gateway with `--policy policy` in front of the pair, and vLLM's bench client against it."""
-    gateway = GatewayProcess(["--workers", ",".join(addresses), "--policy", policy, "--no-access-log",
+    """Our gateway with `--policy policy` (or a --variant's label: its policy and gateway arguments)
+    in front of the pair, and vLLM's bench client against it."""
+    policy_args = variants(args).get(policy, ["--policy", policy])
+    gateway = GatewayProcess(["--workers", ",".join(addresses), *policy_args, "--no-access-log",
                               # long, as in cache_routing.py: a retried slow prefill would double the work
                               "--stall-timeout-s", "60"],
                              {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, log_path=f"/tmp/cache-bench-gateway-{policy}.log")
@@ -315,6 +329,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=128, help="mock workers only")
     parser.add_argument("--mock-prefill-tokens-per-s", type=int, default=4000)
     parser.add_argument("--policies", default="round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=POLICY [ARGS]",
+                        help="A policy with its own gateway arguments, run where LABEL is named in --policies, e.g. "
+                             "--variant 'ca_prefill2=cache_aware --cache-prefill-weight 2' (repeatable)")
     parser.add_argument("--kv-blocks", type=int, default=64, help="KV-cache blocks per worker (128 tokens each on CPU)")
     parser.add_argument("--num-prefixes", type=int, default=10)
     parser.add_argument("--prefix-len", type=int, default=1024)

@@ -18,6 +18,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the results folder}
 mkdir -p "$OUT"
 { date -u +%FT%TZ; nvidia-smi -L; git -C .. log --oneline -1 2>/dev/null; } >"$OUT/machine-$1.txt" 2>&1
+# VARIANTS='LABEL=POLICY ARGS;...': policies with their own gateway arguments, named in POLICIES
+# (e.g. VARIANTS='ca_pw2=cache_aware --cache-prefill-weight 2' POLICIES=cache_aware,ca_pw2).
+variant_args=()
+IFS=';' read -ra variant_specs <<<"${VARIANTS:-}"
+for spec in "${variant_specs[@]}"; do [[ -n $spec ]] && variant_args+=(--variant "$spec"); done
 case ${1:?cache, unique or jobs} in
 unique)
     PROMPTS=${PROMPTS:-160} RATE=${RATE:-8} POLICIES=${POLICIES:-round_robin,least_outstanding,cache_aware}
@@ -28,7 +33,8 @@ cache)
         --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
         --num-prefixes ${PREFIXES:-24} --prefix-len ${PREFIX_LEN:-2048} --suffix-len 128 --output-len 32 \
         --num-prompts ${PROMPTS:-400} --request-rate ${RATE:-8} \
-        --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} 2>&1 | tee "$OUT/$1-routing.txt"
+        --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} \
+        "${variant_args[@]}" 2>&1 | tee "$OUT/$1-routing.txt"
     # Each policy's gateway log (WARNING and up): the bench client counts a failed request, not its error.
     for log in /tmp/cache-bench-gateway-*.log /tmp/cache-bench-worker-gpu*.log; do
         [[ -f $log ]] && xz -c "$log" >"$OUT/$(basename "$log").xz"

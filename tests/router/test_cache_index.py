@@ -337,3 +337,40 @@ def test_a_requests_frontier_is_its_first_block_no_worker_holds(index):
     assert frontier(other) == str(block_keys(other, BS)[2]) != frontier(PROMPT)
     Feed(index, W2).snapshot(stored(11, 6, PROMPT))             # all of it held: its last block
     assert frontier(PROMPT) == str(keys[-1])
+
+
+def test_reuse_follows_how_much_of_each_routed_prompt_a_worker_held(index):
+    # cache_aware weighs a miss's home by it (RequestFeatures.reuse): all-new prompts take it
+    # toward 0, prompts that come back toward 1; each model has its own.
+    from prometheus_client import CollectorRegistry
+
+    from vllm_fleet.protocol import GenerateInput, SamplingParams
+    from vllm_fleet.protocol.sampling import build_request
+    from vllm_fleet.router import RouterConfig
+    from vllm_fleet.router.cache_routing import CacheRouting
+    from vllm_fleet.router.features import RequestFeatures
+    from vllm_fleet.router.metrics import RouterMetrics
+
+    routing = CacheRouting(RouterConfig(policy="cache_aware"), connect=lambda address: None,
+                           metrics=RouterMetrics(CollectorRegistry()))
+    routing.index = index
+    routing._block_sizes["m"] = BS
+    Feed(index, W2).snapshot()          # a worker's events give the index the model's block size
+
+    def route(tokens: list[int]) -> RequestFeatures:
+        request = build_request("r", [GenerateInput(token_ids=tokens)], SamplingParams(max_tokens=1))
+        features = routing.with_cache(request, RequestFeatures(model="m"))
+        routing.routed(W1, features).first_token()
+        return features
+
+    assert route([7000 + i for i in range(4 * BS)]).reuse == 1.0     # nothing routed yet: assume reuse
+    for n in range(300):                                              # every prompt new
+        route([10_000 + 100 * n + i for i in range(4 * BS)])
+    assert routing.reuse("m") < 0.05
+    assert routing.reuse("other-model") == 1.0
+    shared = [20_000 + i for i in range(4 * BS)]
+    route(shared)
+    for _ in range(300):                                              # the same prompt again and again
+        route(shared)
+    assert routing.reuse("m") > 0.95
+    assert route(shared).reuse > 0.95
