@@ -106,20 +106,6 @@ def test_the_home_yields_to_a_cache_hit_and_to_a_real_load_difference():
     assert make_policy("cache_aware").rank(features({}, prompt_tokens=100, frontier_key="101"), near)[0] == other
 
 
-def test_where_no_prompt_comes_back_the_home_yields_to_any_load_difference():
-    # Every recent prompt was new (reuse 0): a miss goes to the least loaded worker, as
-    # least_outstanding sends it, not to a busier home (workload (c) of issue #26).
-    home = ring_order("101", [A, B])[0]
-    other = B if home == A else A
-    near = snapshot(fresh(home, outstanding=300), fresh(other))
-    assert make_policy("cache_aware").rank(features({}, frontier_key="101", reuse=0.0), near)[0] == other
-    # Half the prompts come back: the home is worth 256 tokens, less than 300 of load ...
-    assert make_policy("cache_aware").rank(features({}, frontier_key="101", reuse=0.5), near)[0] == other
-    # ... and more than 200.
-    nearer = snapshot(fresh(home, outstanding=200), fresh(other))
-    assert make_policy("cache_aware").rank(features({}, frontier_key="101", reuse=0.5), nearer)[0] == home
-
-
 def test_a_worker_holding_more_than_the_home_pays_nothing_for_being_away():
     # The other worker holds the prompt's first 64 tokens; its frontier (the next block) hashes
     # to `home`. Saving 64 tokens of prefill is less than the home's worth, yet the holder wins.

@@ -48,10 +48,6 @@ def cache_salt(request: GenerateRequest) -> str:
 # the token count estimated from the head stayed within 10% of the exact one
 # (benchmarks/results/router-decision-2026-12-04b/head_chars.txt).
 HEAD_CHARS = 250
-# How fast a model's reuse (RequestFeatures.reuse) follows its prompts: an average over ~32 routed
-# prompts, so a few misses (each new prefix's first use) move it little, and a workload of
-# all-new prompts takes its home's worth under a tenth within ~75 requests.
-REUSE_ALPHA = 1 / 32
 
 
 class CacheRouting:
@@ -68,7 +64,6 @@ class CacheRouting:
         self.head_chars = HEAD_CHARS      # 0: tokenize every prompt whole (with_cache)
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
         self._predicted: dict[str, list[int]] = {}  # address -> [predicted cached tokens, prompt tokens routed]
-        self._reuse: dict[str, float] = {}          # model -> average share of a routed prompt some worker held
 
     # --- workers ------------------------------------------------------------------------
 
@@ -186,26 +181,21 @@ class CacheRouting:
             keys = block_keys(ids.head, block_size, lora=lora, salt=salt)
             held = self.index.matched_tokens(model, keys) if keys else {}
             if keys and max(held.values(), default=0) < len(keys) * block_size:
-                return self._with_keys(request, features, block_size, keys, held, ids.estimated_tokens, 0,
-                                       self.reuse(model))
+                return self._with_keys(request, features, block_size, keys, held, ids.estimated_tokens, 0)
             ids = ids.complete()   # every block of the head is held somewhere: the rest may match too
         keys = block_keys(ids, block_size, lora=lora, salt=salt)
         held = self.index.matched_tokens(model, keys) if keys else {}
-        return self._with_keys(request, features, block_size, keys, held, len(ids), len(ids), self.reuse(model))
-
-    def reuse(self, model: str) -> float:
-        """The model's average share of a routed prompt that some worker held (1 until prompts came)."""
-        return self._reuse.get(model, 1.0)
+        return self._with_keys(request, features, block_size, keys, held, len(ids), len(ids))
 
     @staticmethod
     def _with_keys(request: GenerateRequest, features: RequestFeatures, block_size: int, keys: list[int],
-                   held: dict[str, int], tokens: int, ids_len: int, reuse: float) -> RequestFeatures:
+                   held: dict[str, int], tokens: int, ids_len: int) -> RequestFeatures:
         prompt_tokens = features.prompt_tokens
         if len(request.inputs) == 1:  # exact now (or the head's estimate), for one input (the others stay estimates)
             prompt_tokens = tokens
         frontier = str(keys[min(max(held.values(), default=0) // block_size, len(keys) - 1)]) if keys else ""
         return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
-                                   prompt_ids_len=ids_len, frontier_key=frontier, reuse=reuse)
+                                   prompt_ids_len=ids_len, frontier_key=frontier)
 
     def routed(self, address: str, features: RequestFeatures) -> RoutedHold | None:
         """A request went to `address`: count its prefix as held there until events confirm. The
@@ -222,7 +212,4 @@ class CacheRouting:
         totals = self._predicted.setdefault(address, [0, 0])
         totals[0] += predicted
         totals[1] += features.prompt_tokens
-        share = min(1.0, max(features.cached_tokens.values(), default=0) / max(1, features.prompt_tokens))
-        before = self._reuse.get(model, 1.0)
-        self._reuse[model] = before + REUSE_ALPHA * (share - before)
         return hold

@@ -148,8 +148,7 @@ class RouterConfig(FleetModel):
     cache_home_tokens: int = Field(
         512, ge=0, description="Cache-aware routing: tokens of cost added on every worker but a prompt's home "
         "(the worker its first block held nowhere hashes to), so a prefix no worker holds goes to one place "
-        "and the workers' caches split the prefixes instead of copying them; scaled by the share of recent "
-        "prompts some worker held (none held: no home); 0: the least loaded takes a miss"
+        "and the workers' caches split the prefixes instead of copying them; 0: the least loaded takes a miss"
     )
     cache_index_max_entries: int = Field(
         10_000_000, ge=1, description="Cache-aware routing: most (worker, KV block) entries the router's cache "

@@ -48,10 +48,6 @@ class RequestFeatures:
     # cache_aware: the key of the prompt's first block that no worker holds (its last block when
     # every block is held somewhere); its point on the hash ring is where a miss goes ("" = none)
     frontier_key: str = ""
-    # cache_aware: the share of recent prompts' tokens (this model's) that some worker held when
-    # routed, 0..1. A miss's home is worth keeping only as far as prompts come back; with no reuse
-    # (every prompt new) the home would only pull work away from the least loaded worker.
-    reuse: float = 1.0
 
     @property
     def cost_tokens(self) -> int:

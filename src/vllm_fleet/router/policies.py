@@ -201,11 +201,7 @@ class CacheAware(Policy):
     prefix one home). The frontier, not the first block, names the home, so prompts that share a
     long common start (one system text for every tenant) still spread by what follows it; a
     worker holding more of the prompt than the home pays nothing, and a load difference above
-    the home's worth still wins, so the home decides only between workers otherwise about equal.
-    The home's worth scales with `features.reuse`, the share of recent prompts some worker held:
-    where no prompt comes back (workload (c) of issue #26, every prompt new), it is ~0 and the
-    cost is the load alone, as least_outstanding's; on the H200 run of that workload a fixed
-    worth of 512 tokens put new prompts on busier homes (P90 TTFT 1.13x least outstanding's)."""
+    the home's worth still wins, so the home decides only between workers otherwise about equal."""
 
     name = "cache_aware"
 
@@ -227,10 +223,8 @@ class CacheAware(Policy):
         if features.frontier_key and costs.home_tokens:
             address = ring_first(features.frontier_key, [w.address for w in workers])
             home = next(w for w in workers if w.address == address)
-        # What the home is worth: what this prompt leaves cached there, up to home_tokens, as far as
-        # prompts come back (features.reuse): with no reuse a home only pulls work off the least loaded.
-        home_worth = 0 if home is None else min(costs.home_tokens * features.reuse,
-                                                max(0, features.prompt_tokens - held(home)))
+        # What the home is worth: what this prompt leaves cached there, up to home_tokens.
+        home_worth = 0 if home is None else min(costs.home_tokens, max(0, features.prompt_tokens - held(home)))
 
         def cost(worker: WorkerView) -> float:
             cached = held(worker)
