@@ -45,7 +45,7 @@ from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.tokenizer_files import FileAssembler
 from vllm_fleet.router import cache_routing
-from vllm_fleet.router.cache_index import block_keys
+from vllm_fleet.router.block_keys import block_keys
 from vllm_fleet.router.cache_routing import CacheRouting
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import features_of

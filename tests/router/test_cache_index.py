@@ -8,7 +8,8 @@ import random
 import pytest
 
 from vllm_fleet.protocol.kv_events import AllCleared, BlocksRemoved, BlocksStored, KvEventBatch
-from vllm_fleet.router.cache_index import ApplyResult, CacheIndex, block_keys
+from vllm_fleet.router.block_keys import block_keys
+from vllm_fleet.router.cache_index import ApplyResult, CacheIndex
 
 BS = 4
 W1, W2 = "10.0.0.1:50051", "10.0.0.2:50051"

@@ -1,4 +1,4 @@
-"""The block-key memo (router/key_memo.py) used by cache_index._chain: keys from the memo are
+"""The block-key memo (router/key_memo.py) used by block_keys.chain_keys: keys from the memo are
 exactly the hashed ones, the memo is what answers for blocks keyed before, and it stays bounded."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from vllm_fleet.router import cache_index
-from vllm_fleet.router.cache_index import block_keys
+from vllm_fleet.router import block_keys as block_keys_module
+from vllm_fleet.router.block_keys import block_keys
 from vllm_fleet.router.key_memo import KeyMemo
 
 
@@ -28,7 +28,7 @@ def _reference_keys(tokens: list[int], block_size: int, salt: str = "") -> list[
 @pytest.fixture
 def memo(monkeypatch) -> KeyMemo:
     memo = KeyMemo(max_entries=40)
-    monkeypatch.setattr(cache_index, "KEY_MEMO", memo)
+    monkeypatch.setattr(block_keys_module, "KEY_MEMO", memo)
     return memo
 
 

@@ -1,7 +1,7 @@
 """Which worker holds which KV-cache blocks: the router's index, kept from the engines' events.
 
 The index owns the router's view of every worker's prefix cache, keyed by our own chained hash
-of the token ids (`block_keys`), never by the engine's hash: the engine's hash depends on its
+of the token ids (`block_keys`, router/block_keys.py), never by the engine's hash: the engine's hash depends on its
 release and hash seed, ours on nothing but the tokens, the block size, the LoRA adapter and the
 cache salt. The engine's hashes are kept per worker only to apply its removals and to find the
 key a stored block chains from. Everything here is in-process and synchronous; nothing waits on
@@ -67,73 +67,15 @@ entry at once failed a request (KeyError) on the H200 run of 2026-12-04.
 from __future__ import annotations
 
 import enum
-import hashlib
 import itertools
 import functools
-import sys
 import threading
 import time
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vllm_fleet.protocol.kv_events import AllCleared, BlocksRemoved, BlocksStored, KvEventBatch
-from vllm_fleet.router.key_memo import KeyMemo
-
-# Keys are cut to 60 bits: CPython keeps an int below 2**60 in 32 bytes (40 above), and one
-# collision among 10 million blocks has a chance of about 1 in 20,000.
-KEY_MASK = (1 << 60) - 1
-_blake2b = hashlib.blake2b
-_CUT_LAST_BYTE = [bytes((b & 0x0F,)) for b in range(256)]   # a digest's last byte, cut to the key's 60 bits
-_EMPTY_HASHER = _blake2b(digest_size=8)   # copied per block, never updated itself
-KEY_MEMO = KeyMemo()   # shared by every index and block_keys of this process (inputs say everything)
-
-
-def _seed(lora: str, salt: str) -> bytes:
-    return _blake2b(f"{lora}\0{salt}".encode(), digest_size=8).digest()
-
-
-def _chain(token_ids: Sequence[int], block_size: int, previous: bytes) -> list[int]:
-    """Keys of the full blocks of `token_ids`, chained on from `previous` (8 bytes): each key is
-    the 8-byte blake2b digest of the previous key and the block's ids (uint32), read little-endian
-    and cut to 60 bits. The loop stays in bytes (the cut clears the last byte's high nibble) and
-    reads every key at the end: ~20% less than an int conversion there and back per block."""
-    data = array("I", token_ids).tobytes()   # uint32: every vocabulary fits; raises otherwise
-    step = block_size * 4
-    digests = []
-    append = digests.append
-    cut = _CUT_LAST_BYTE
-    memo = KEY_MEMO         # a block seen lately (router/key_memo.py): its key without hashing
-    new_hasher = _EMPTY_HASHER.copy
-    recent, older = memo.recent, memo.older
-    for start in range(0, (len(token_ids) // block_size) * step, step):
-        block = previous + data[start:start + step]
-        previous = recent.get(block)
-        if previous is None:
-            previous = older.get(block)
-            if previous is None:
-                hasher = new_hasher()   # a copy of an empty hasher: ~110 ns less than blake2b(...)'s arguments
-                hasher.update(block)
-                digest = hasher.digest()
-                previous = digest[:7] + cut[digest[7]]
-            recent[block] = previous
-        append(previous)
-    memo.trim()
-    keys = array("Q", b"".join(digests))
-    if sys.byteorder == "big":
-        keys.byteswap()
-    return keys.tolist()
-
-
-def block_keys(token_ids: Sequence[int], block_size: int, *, lora: str = "", salt: str = "") -> list[int]:
-    """Our key of each full block of the prompt: each key hashes the previous key (for the first,
-    the LoRA adapter and cache salt) and the block's token ids. A trailing partial block has no key
-    (the engine caches only full blocks). About 95 us for 2,000 tokens in 16-token blocks on the
-    2-core VM, ~40 us where the blocks were keyed lately (KEY_MEMO)."""
-    if block_size <= 0:
-        return []
-    return _chain(token_ids, block_size, _seed(lora, salt))
-
+from vllm_fleet.router.block_keys import chain_keys, key_seed
 
 class ApplyResult(enum.Enum):
     IN_ORDER = "in_order"           # applied
@@ -417,7 +359,7 @@ class CacheIndex:
             self.counters.events_malformed += 1
             return
         if event.parent_block_hash is None:
-            previous = _seed(event.lora_name, event.cache_salt)
+            previous = key_seed(event.lora_name, event.cache_salt)
         else:
             parent = state.by_engine.get(event.parent_block_hash)
             if parent is None:
@@ -425,7 +367,7 @@ class CacheIndex:
                 return
             previous = parent.to_bytes(8, "little")
         try:
-            keys = _chain(event.token_ids, block_size, previous)
+            keys = chain_keys(event.token_ids, block_size, previous)
         except (OverflowError, TypeError):
             self.counters.events_malformed += 1
             return

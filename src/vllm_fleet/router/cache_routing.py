@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable
 
 from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
-from vllm_fleet.router.cache_index import CacheIndex, RoutedHold, block_keys
+from vllm_fleet.router.block_keys import block_keys
+from vllm_fleet.router.cache_index import CacheIndex, RoutedHold
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.kv_follow import KvFollower

@@ -7,7 +7,7 @@ stored events repeat the blocks of prompts routed. Chaining a key costs a blake2
 the hash's input costs under half of that in a loop, less of a gain inside a decision, whose
 tokenizing leaves the memo out of the CPU's caches (benchmarks/router_decision.py, block keys
 P50: shared 99 -> 68 us, next-turn 105 -> 87 us; results/router-decision-2026-12-04b). A key is a pure function of its input (the previous key
-and the block's ids, cache_index._chain), so a hit is exactly the hash: keys never change.
+and the block's ids, block_keys.chain_keys), so a hit is exactly the hash: keys never change.
 
 Bound: two generations of at most `max_entries` inputs each. When the recent one is full it
 becomes the older one and the one before goes, all at once (O(1)); an input found in the older
