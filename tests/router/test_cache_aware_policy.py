@@ -29,11 +29,27 @@ def test_prefers_the_worker_holding_the_longest_prefix():
 
 def test_saved_prefill_is_weighed_against_load():
     pool = snapshot(fresh(A, outstanding=3000), fresh(B, outstanding=0))
-    # A saves 1,500 prompt tokens but has 3,000 tokens of work ahead: B is cheaper.
-    assert make_policy("cache_aware").rank(features({A: 1500}), pool) == [B, A]
+    # A saves 1,500 prompt tokens but has 3,000 tokens of work ahead: B is cheaper (no copy cost).
+    no_copy = CacheAware(CacheCosts(copy_weight=0))
+    assert no_copy.rank(features({A: 1500}), pool) == [B, A]
     # Prefill weighed 3x: A's saving now outweighs its load.
-    heavy_prefill = CacheAware(CacheCosts(prefill_weight=3.0, load_bound=None))
+    heavy_prefill = CacheAware(CacheCosts(prefill_weight=3.0, load_bound=None, copy_weight=0))
     assert heavy_prefill.rank(features({A: 1500}), pool) == [A, B]
+
+
+def test_copying_what_another_worker_holds_costs_its_cache_room_too():
+    # A holds 2,000 of the prompt's 2,100 tokens and has one miss's prefill (2,200 tokens) more
+    # to do than B. By prefill alone B is cheaper (2,100 + 0 < 100 + 2,200), and B would copy the
+    # prefix into its cache, evicting another: the copy term keeps the hit on its holder.
+    pool = snapshot(fresh(A, outstanding=2200), fresh(B, outstanding=0))
+    hit = features({A: 2000}, prompt_tokens=2100)
+    assert CacheAware(CacheCosts(copy_weight=0, load_bound=None)).rank(hit, pool) == [B, A]
+    assert CacheAware(CacheCosts(load_bound=None)).rank(hit, pool) == [A, B]
+    # A load difference worth more than two prefills of the shared part still moves it.
+    far = snapshot(fresh(A, outstanding=4300), fresh(B, outstanding=0))
+    assert CacheAware(CacheCosts(load_bound=None)).rank(hit, far) == [B, A]
+    # The default: the copy term on.
+    assert make_policy("cache_aware").rank(hit, pool)[0] == A
 
 
 def test_others_queued_sequences_count_as_load():

@@ -150,6 +150,11 @@ class RouterConfig(FleetModel):
         "(the worker its first block held nowhere hashes to), so a prefix no worker holds goes to one place "
         "and the workers' caches split the prefixes instead of copying them; 0: the least loaded takes a miss"
     )
+    cache_copy_weight: float = Field(
+        1.0, ge=0, description="Cache-aware routing: extra cost of one prompt token a worker would prefill that "
+        "another worker's KV cache already holds (a copy takes cache room and evicts another prefix); 0: a "
+        "copied token costs its prefill only"
+    )
     cache_index_max_entries: int = Field(
         10_000_000, ge=1, description="Cache-aware routing: most (worker, KV block) entries the router's cache "
         "index keeps (about 210 bytes each); past it, it forgets the blocks least recently stored or routed "
