@@ -24,6 +24,11 @@ another's prefix cache:
    those rows are interactive work: relative targets would learn them as the workers' latency
    without batch, and the phases after it would be judged against that.
 
+`--phases` picks which run after phase 1 (a device call is limited to ten minutes): `spark`
+(phases 2-3), `api` (4-5), `no-classes` (6), and `spark-steps`: phase 3 again with the rows'
+tokens sent per engine step (`stream_interval_ms` 0, as before it was 250 ms), which shows what
+coalescing a batch row's chunks does to the chat streams' ITL.
+
 Figures: online TTFT P50/P99 and ITL P99 (gaps between a stream's content chunks) per phase and
 as ratios to phase 1; each job's rows/s, output tokens/s and share of what the idle capacity
 allows, C x (1 - U), U = online output tokens/s in phase 1 / C (as shared_pool.py computes it).
@@ -106,7 +111,8 @@ def job_prompts(args, salt: str) -> list[str]:
     return [f"{salt} row {i}: {words(rng, args.batch_words)}" for i in range(args.rows)]
 
 
-def spark_job(session, addresses: list[str], args, salt: str, service_class: str, rows: int) -> dict:
+def spark_job(session, addresses: list[str], args, salt: str, service_class: str, rows: int,
+              stream_interval_ms: int = 250) -> dict:
     from vllm_fleet.spark import generate
 
     df = session.createDataFrame(list(enumerate(job_prompts(args, salt)[:rows])), "id long, prompt string") \
@@ -115,7 +121,8 @@ def spark_job(session, addresses: list[str], args, salt: str, service_class: str
     started = time.perf_counter()
     rows = generate(df, prompt_col="prompt", id_col="id", workers=addresses, service_class=service_class,
                     params={"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True},
-                    max_in_flight=args.spark_in_flight, router={"classes": controller_targets(args)}).select("id", "error", "completion_tokens").collect()
+                    max_in_flight=args.spark_in_flight, stream_interval_ms=stream_interval_ms,
+                    router={"classes": controller_targets(args)}).select("id", "error", "completion_tokens").collect()
     wall = time.perf_counter() - started
     df.unpersist()
     errors = [r.error for r in rows if r.error]
@@ -202,19 +209,29 @@ async def run(args: argparse.Namespace) -> list[dict]:
                 start = time.perf_counter()
                 stats = await online_traffic(http, model, args, "alone", lambda: time.perf_counter() - start > args.seconds)
                 record("online alone", online_summary(stats, time.perf_counter() - start))
-                spark = lambda salt, service_class, rows=args.rows: asyncio.to_thread(  # noqa: E731
-                    spark_job, session, addresses, args, salt, service_class, rows)
-                # Warm-up: Spark's Python workers start and build their routers once; C is the steady rate.
-                await spark("warm-up", "batch", 4 * args.spark_cores)
-                record("Spark alone", {f"job_{k}": v for k, v in (await spark("spark-alone", "batch")).items()})
-                record("online + Spark, classes", await with_online(http, model, args, "spark-cls", spark("spark-cls", "batch")))
-                record("Batch API alone", {f"job_{k}": v for k, v in (await batch_api_job(http, model, args, "api-alone")).items()})
-                record("online + Batch API, classes",
-                       await with_online(http, model, args, "api-cls", batch_api_job(http, model, args, "api-cls")))
-                # Last: its rows are interactive work, and latency learnt without batch (relative
-                # targets) would learn them as what interactive latency is on these workers.
-                record("online + Spark, no classes",
-                       await with_online(http, model, args, "spark-old", spark("spark-old", "interactive")))
+                spark = lambda salt, service_class, rows=args.rows, interval=250: asyncio.to_thread(  # noqa: E731
+                    spark_job, session, addresses, args, salt, service_class, rows, interval)
+                phases = set(args.phases)
+                if phases & {"spark", "spark-steps", "no-classes"}:
+                    # Warm-up: Spark's Python workers start and build their routers once; C is the steady rate.
+                    await spark("warm-up", "batch", 4 * args.spark_cores)
+                if "spark" in phases:
+                    record("Spark alone", {f"job_{k}": v for k, v in (await spark("spark-alone", "batch")).items()})
+                    record("online + Spark, classes",
+                           await with_online(http, model, args, "spark-cls", spark("spark-cls", "batch")))
+                if "spark-steps" in phases:
+                    record("online + Spark, classes, per-step chunks",
+                           await with_online(http, model, args, "spark-steps", spark("spark-steps", "batch", interval=0)))
+                if "api" in phases:
+                    record("Batch API alone",
+                           {f"job_{k}": v for k, v in (await batch_api_job(http, model, args, "api-alone")).items()})
+                    record("online + Batch API, classes",
+                           await with_online(http, model, args, "api-cls", batch_api_job(http, model, args, "api-cls")))
+                if "no-classes" in phases:
+                    # Last: its rows are interactive work, and latency learnt without batch (relative
+                    # targets) would learn them as what interactive latency is on these workers.
+                    record("online + Spark, no classes",
+                           await with_online(http, model, args, "spark-old", spark("spark-old", "interactive")))
     session.stop()
     return results
 
@@ -245,11 +262,17 @@ def report(results: list[dict], args) -> None:
             if "ttft_p99_ms" in r else "- | - | - | -"
         print(f"| {r['phase']} | {online} | {job} |")
     print()
-    for name in ("online + Spark, classes", "online + Spark, no classes", "online + Batch API, classes"):
-        r = by[name]
+    for name in ("online + Spark, classes", "online + Spark, classes, per-step chunks", "online + Spark, no classes",
+                 "online + Batch API, classes"):
+        r = by.get(name)
+        if r is None:
+            continue
         print(f"{name}: online TTFT P99 {r['ttft_p99_ms'] / alone['ttft_p99_ms']:.2f}x alone, ITL P99 "
               f"{r['itl_p99_ms'] / alone['itl_p99_ms']:.2f}x alone (target <= 1.1x)")
-    for job, mixed in (("Spark alone", "online + Spark, classes"), ("Batch API alone", "online + Batch API, classes")):
+    for job, mixed in (("Spark alone", "online + Spark, classes"), ("Spark alone", "online + Spark, classes, per-step chunks"),
+                       ("Batch API alone", "online + Batch API, classes")):
+        if job not in by or mixed not in by:
+            continue
         capacity = by[job]["job_output_tokens"] / by[job]["job_wall_s"]
         used = alone["online_output_tok_s"] / capacity if capacity else 0.0
         allowed = capacity * max(0.0, 1 - used)
@@ -289,8 +312,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
                         help="Passed to the gateway, e.g. --gateway-arg=--batch-max-kv-usage --gateway-arg=0.8")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--phases", type=lambda v: v.split(","), default=["spark", "api", "no-classes"],
+                        help="Which phases run after online alone: spark, spark-steps, api, no-classes (comma-separated)")
     add_worker_options(parser)
     args = parser.parse_args()
+    unknown = set(args.phases) - {"spark", "spark-steps", "api", "no-classes"}
+    if unknown:
+        parser.error(f"unknown phase(s) {', '.join(sorted(unknown))}: choose from spark, spark-steps, api, no-classes")
     if args.cuda_devices is not None and len(args.cuda_devices) != 2:
         parser.error("--cuda-devices takes one value per worker: two, e.g. 0,0 or 0,1")
     return args

@@ -11,7 +11,8 @@
 #        cache_aware can only balance load; its target is "never worse than least outstanding".
 # jobs   #29: online chat through the gateway beside a real Spark job and a Batch API job, on two
 #        workers of the real SmolLM2-135M sharing GPU 0 (chat needs a chat template: the stand-in
-#        tokenizers have none).
+#        tokenizers have none). PHASES=spark,spark-steps,api,no-classes picks the phases after
+#        online alone (shared_pool_jobs.py --phases; all of them do not fit one ten-minute call).
 # The issue asks for one worker per H200; only the one-GPU machine is lent, so both share GPU 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +44,6 @@ jobs)
     $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 \
         --seconds 30 --rate ${RATE:-8} --rows ${ROWS:-3000} --max-tokens 64 --batch-words 200 \
-        --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 \
+        --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 --phases ${PHASES:-spark,api,no-classes} \
         --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-50} 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
 esac

@@ -279,15 +279,16 @@ async def test_batch_lines_run_as_the_batch_class_and_online_requests_as_interac
     real = batch_gateway.router.stream
 
     def recording(request, **kwargs):
-        seen.append(request.hints.service_class)
+        seen.append((request.hints.service_class, request.stream_interval_ms))
         return real(request, **kwargs)
 
     monkeypatch.setattr(batch_gateway.router, "stream", recording)
     client = client_of(batch_gateway)
     batch = await run_batch(client, [chat_line("p0"), chat_line("p1")])
-    assert batch.request_counts.completed == 2 and seen == ["batch", "batch"]
+    # A line is answered whole: its tokens come coalesced (--batch-stream-interval-ms), not per step.
+    assert batch.request_counts.completed == 2 and seen == [("batch", 250), ("batch", 250)]
     assert (await client.chat.completions.create(**chat_line("x")["body"])).choices
-    assert seen[-1] == "interactive"
+    assert seen[-1] == ("interactive", 0)
 
 
 async def test_lines_waiting_for_batch_capacity_show_why_on_the_batch_object(start_gateway, mock_worker_factory,

@@ -67,14 +67,16 @@ class _ScriptedRouter:
     def __init__(self, *outcomes: str | Exception) -> None:
         self._outcomes = list(outcomes)
         self.sent_ids: list[str] = []
+        self.intervals_ms: list[int] = []
 
     def stream(self, request: GenerateRequest, *, model: str | None, deadline: float) -> _ScriptedStream:
         self.sent_ids.append(request.request_id)
+        self.intervals_ms.append(request.stream_interval_ms)
         return _ScriptedStream(self._outcomes.pop(0))
 
 
-async def _answer(router: _ScriptedRouter):
-    config = build_config(prompt_col="p", workers=["10.0.0.1:50051"], retry_backoff_s=0.01, row_attempts=4)
+async def _answer(router: _ScriptedRouter, **options):
+    config = build_config(prompt_col="p", workers=["10.0.0.1:50051"], retry_backoff_s=0.01, row_attempts=4, **options)
 
     async def no_wait(_: float) -> None:
         pass
@@ -110,3 +112,13 @@ async def test_a_constrained_answer_that_could_not_migrate_is_resent_whole():
     result = await _answer(router)
     assert (result.output, result.error) == ('{"a": 1}', None)
     assert router.sent_ids == ["spk-row", "spk-row-r1"]
+
+
+async def test_rows_ask_workers_to_coalesce_their_tokens():
+    # A row is written whole: per-step chunks would only spend the CPU that chat streams on the
+    # same workers need (#29's ITL). The first token still comes at once (worker/coalescer.py).
+    router = _ScriptedRouter("the answer", "the answer")
+    assert (await _answer(router)).output == "the answer"
+    assert router.intervals_ms == [250]
+    assert (await _answer(router, stream_interval_ms=0)).output == "the answer"
+    assert router.intervals_ms == [250, 0], "0 asks for every engine step"

@@ -67,6 +67,11 @@ class GatewayConfig(FleetModel):
     )
     batch_max_lines: int = Field(50_000, ge=1, description="Most requests (lines) in one batch input file")
     batch_concurrency: int = Field(8, ge=1, description="Lines of one batch in flight at once")
+    batch_stream_interval_ms: int = Field(
+        250, ge=0, description="Batch API lines: workers send a line's tokens at most this often (its first token "
+        "at once); a line is answered whole, so per-step chunks would only spend the CPU the chat streams on the "
+        "same workers need; 0: every engine step"
+    )
     batch_line_attempts: int = Field(
         3, ge=1, description="Tries per batch line when the fleet answers 429/502/503/504 (then its error line)"
     )

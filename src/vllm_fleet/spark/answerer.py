@@ -56,7 +56,8 @@ class Answerer:
             rid = request_id if resends == 0 else f"{request_id}-r{resends}"
             # The body the gateway would send for these parameters: the worker reads no other form.
             request = build_request(rid, items, self.params, session_id=session_id,
-                                    service_class=self.config.service_class)
+                                    service_class=self.config.service_class,
+                                    stream_interval_ms=self.config.stream_interval_ms)
             stream: RoutedStream | None = None
             try:
                 stream = self.router.stream(request, model=self.config.model, deadline=deadline)

@@ -56,6 +56,10 @@ class SparkGenerateConfig(FleetModel):
     service_class: Literal["batch", "interactive"] = Field(
         "batch", description="batch: rows run in the capacity interactive traffic leaves idle and step aside for it "
         "(router/classes.py); interactive: rows compete with chat users as equals")
+    stream_interval_ms: int = Field(
+        250, ge=0, description="Workers send a row's tokens at most this often (its first token at once): the "
+        "row's answer is written whole, so one chunk per engine step only spends the workers' and executors' CPU, "
+        "which the chat streams on the same workers need; 0: every engine step")
     connect_timeout_s: float = Field(30.0, gt=0, description="How long an executor (and the driver check) waits for a serving worker")
     progress_address: str | None = Field(
         None, description="host:port of a progress listener on the driver (spark-run sets it): each task sends its "

@@ -267,6 +267,8 @@ class BatchRunner:
                 plan = self.completions.plan(kind, _dump(body), record=record,
                                              worker_request_id=f"{request_id}-{attempt}")
                 plan.request.hints.service_class = BATCH
+                plan.request.stream_interval_ms = max(plan.request.stream_interval_ms,
+                                                      self.config.batch_stream_interval_ms)
                 ids = (plan.request.request_id, f"{plan.request.request_id}-again")
                 running.update(ids)
                 try:
