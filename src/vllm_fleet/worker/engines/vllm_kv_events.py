@@ -45,14 +45,25 @@ _FIELDS = {
 }
 
 
+def binds_by_convention(endpoint: str) -> bool:
+    """vLLM's rule since its publisher learnt to connect (0.26 inline, 0.32 as
+    `ZmqEventPublisher._is_bind_endpoint`): bind wildcard, IPv6-any and ipc/inproc endpoints,
+    connect to the rest."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 def publisher_binds(endpoint: str) -> bool:
-    """Whether the installed vLLM's publisher binds `endpoint` (else it connects to it)."""
+    """Whether the installed vLLM's publisher binds `endpoint` (else it connects to it).
+
+    The release's own rule where it has one; otherwise the convention it follows inline. Guessing
+    "binds" there was wrong for vLLM 0.26: both sides connected, no event ever arrived, and the
+    routers' indexes held only their own speculative entries on every H200 run until 2026-12-04."""
     try:
         from vllm.distributed.kv_events import ZmqEventPublisher
     except ImportError:
-        return True
+        return binds_by_convention(endpoint)
     rule = getattr(ZmqEventPublisher, "_is_bind_endpoint", None)
-    return True if rule is None else bool(rule(endpoint))
+    return binds_by_convention(endpoint) if rule is None else bool(rule(endpoint))
 
 
 def open_subscriber(context: zmq.Context) -> tuple[zmq.Socket, str]:
