@@ -45,7 +45,7 @@ class InProcessEngineTarget(Target):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from vllm_fleet.models import resolve_model
-        from vllm_fleet.worker.engines.vllm_engine import engine_kwargs
+        from vllm_fleet.worker.engines.vllm_args import engine_kwargs
 
         resolved = resolve_model(self.engine.model)
         kwargs = engine_kwargs(self.engine, resolved.path, resolved.served_name)

@@ -14,7 +14,7 @@ import pytest
 
 from vllm_fleet.router.batch_gate import BatchGate
 from vllm_fleet.router.classes import ServiceClassConfig
-from vllm_fleet.worker.service import _next_event
+from vllm_fleet.worker.generate_rpcs import _next_event
 
 
 async def _cancel_as_it_fires(waiting: asyncio.Task, fire) -> None:

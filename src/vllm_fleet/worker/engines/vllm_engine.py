@@ -7,16 +7,16 @@ from which `load()` is served without a round trip to the engine.
 
 With prefix caching on (vLLM's default) and `kv_events` (ours, on by default), vLLM publishes its
 KV-cache events to a reader in this process (vllm_kv_events.py) that feeds the worker's KvRelay.
+
+Beside it: vllm_args.py (the engine arguments and environment it is built with), vllm_stats.py
+(scheduler numbers for `load()`), vllm_outputs.py (RequestOutput → SampleDelta).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,9 +24,12 @@ from vllm_fleet.config import EngineConfig
 from vllm_fleet.errors import ConfigError, InvalidRequestError, ModelError, WorkerUnavailableError
 from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.pooling import PoolRequest, PoolResult
-from vllm_fleet.protocol.types import PromptLogprob, TokenLogprob, WorkerInfo, WorkerLoad
+from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
 from vllm_fleet.worker.engines.dtype_choice import DtypeChoice, choose_dtype, read_cpu_flags
 from vllm_fleet.worker.engines.base import Engine, RenderedPrompt, SampleDelta
+from vllm_fleet.worker.engines.vllm_args import engine_kwargs, on_cpu, set_core_environment
+from vllm_fleet.worker.engines.vllm_outputs import sample_deltas
+from vllm_fleet.worker.engines.vllm_stats import LoadRecorder, stat_logger_factory
 from vllm_fleet.worker.engines.vllm_version import check_vllm_version
 from vllm_fleet.worker.kv_relay import KvRelay
 from vllm_fleet.worker.openai.errors import invalid_request, vllm_error_types
@@ -35,92 +38,9 @@ from vllm_fleet.worker.openai.render import VllmRenderer
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CPU_KV_CACHE_GB = 2
 # The relay's mirror bound when vLLM does not say how many blocks it has (it always should).
 FALLBACK_KV_BLOCKS = 1 << 18
 
-_PASSTHROUGH = (
-    "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-    "tensor_parallel_size", "enforce_eager", "block_size", "enable_prefix_caching", "load_format",
-    "seed", "trust_remote_code", "tokenizer", "reasoning_parser",
-)
-
-
-def _on_cpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def engine_kwargs(config: EngineConfig, model_path: str, served_name: str) -> dict[str, Any]:
-    """AsyncEngineArgs keyword arguments for a config: the named options plus --engine-arg k=v."""
-    kwargs: dict[str, Any] = {"model": model_path, "served_model_name": [served_name]}
-    for name in _PASSTHROUGH:
-        value = getattr(config, name)
-        if value is not None and not (name == "tensor_parallel_size" and value == 1):
-            kwargs[name] = value
-    for item in config.engine_arg:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--engine-arg {item!r} is not key=value")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        kwargs[key.strip().replace("-", "_")] = value
-    # Priority scheduling by default: a router gives batch requests a higher (later) priority, so
-    # under KV pressure vLLM preempts batch first (router/classes.py). Within one priority vLLM
-    # still serves first come, first served. --engine-arg scheduling_policy=fcfs turns it off.
-    kwargs.setdefault("scheduling_policy", "priority")
-    if config.adapter_slots:  # LoRA costs memory and a slower step: on only when asked for
-        kwargs.update(enable_lora=True, max_loras=config.adapter_slots, max_lora_rank=config.max_lora_rank)
-    return kwargs
-
-
-class _LoadRecorder:
-    """A vLLM stat logger that keeps the latest scheduler numbers for `Load`."""
-
-    def __init__(self) -> None:
-        self.running = 0
-        self.waiting = 0
-        self.kv_cache_usage = 0.0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-        self._generated: deque[tuple[float, int]] = deque()
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
-        if scheduler_stats is not None:
-            self.running = scheduler_stats.num_running_reqs
-            self.waiting = scheduler_stats.num_waiting_reqs + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
-            self.kv_cache_usage = scheduler_stats.kv_cache_usage
-            prefix = scheduler_stats.prefix_cache_stats
-            if prefix is not None:
-                self.prefix_queries += prefix.queries
-                self.prefix_hits += prefix.hits
-        if iteration_stats is not None and iteration_stats.num_generation_tokens:
-            self._generated.append((time.monotonic(), iteration_stats.num_generation_tokens))
-
-    def tokens_per_s(self, window_s: float = 5.0) -> float:
-        cutoff = time.monotonic() - window_s
-        while self._generated and self._generated[0][0] < cutoff:
-            self._generated.popleft()
-        return sum(n for _, n in self._generated) / window_s
-
-
-def _stat_logger_factory(recorder: _LoadRecorder):
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class FleetLoadLogger(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
-            recorder.record(scheduler_stats, iteration_stats)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return FleetLoadLogger
 
 
 class VllmEngine(Engine):
@@ -130,7 +50,7 @@ class VllmEngine(Engine):
         self.config = config
         self._llm: Any = None
         self._tokenizer: Any = None
-        self._recorder = _LoadRecorder()
+        self._recorder = LoadRecorder()
         self._served_name = ""
         self._max_model_len = 0
         self._dtype_choice: DtypeChoice | None = None
@@ -143,16 +63,7 @@ class VllmEngine(Engine):
         self._pooling: Any = None     # worker/pooling.py's VllmPooling, for a pooling model
 
     async def start(self) -> None:
-        # The engine core is a child process: it reads these when it starts.
-        if self.config.kv_cache_space_gb is not None:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.kv_cache_space_gb)
-        elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ and _on_cpu():
-            # Unset, vLLM-cpu reserves 92% of the NUMA node's memory and refuses to start as
-            # soon as anything else uses memory (or a second worker runs): default to a size
-            # that always fits; --kv-cache-space-gb sets it.
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KV_CACHE_GB)
-        if self.config.cpu_cores is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
+        set_core_environment(self.config)  # the engine core is a child process: it reads them when it starts
         import vllm
 
         check_vllm_version(vllm.__version__)   # before the engine's own imports can fail obscurely
@@ -164,9 +75,9 @@ class VllmEngine(Engine):
         resolved = resolve_model(self.config.model, self.config.served_model_name)
         self._served_name = resolved.served_name
         kwargs = engine_kwargs(self.config, resolved.path, resolved.served_name)
-        on_cpu = _on_cpu()
-        self._dtype_choice = choose_dtype(kwargs.get("dtype"), on_cpu=on_cpu,
-                                          cpu_flags=read_cpu_flags() if on_cpu else ())
+        on_cpu_here = on_cpu()
+        self._dtype_choice = choose_dtype(kwargs.get("dtype"), on_cpu=on_cpu_here,
+                                          cpu_flags=read_cpu_flags() if on_cpu_here else ())
         kwargs["dtype"] = self._dtype_choice.dtype
         logger.info("weight dtype %s (%s)", self._dtype_choice.dtype, self._dtype_choice.reason)
         self._ask_for_kv_events(kwargs)
@@ -176,7 +87,7 @@ class VllmEngine(Engine):
         except TypeError as exc:
             raise ConfigError(f"unknown vLLM engine argument: {exc}") from None
         try:
-            self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self._recorder)])
+            self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self._recorder)])
         except Exception as exc:
             raise ModelError(f"vLLM could not load {resolved.path}: {exc}") from exc
         vllm_config = self._llm.vllm_config
@@ -351,63 +262,13 @@ class VllmEngine(Engine):
         refused = vllm_error_types()
         try:
             async for output in stream:
-                cached = output.num_cached_tokens or 0
-                # vLLM sends the prompt's logprobs once, with the output that ends prefill.
-                prompt_logprobs = (self._convert_prompt_logprobs(output.prompt_token_ids, output.prompt_logprobs)
-                                   if output.prompt_logprobs else None)
-                yield [
-                    SampleDelta(
-                        sample=completion.index,
-                        text=completion.text,
-                        token_ids=list(completion.token_ids),
-                        finish_reason=completion.finish_reason,
-                        stop_reason=None if completion.stop_reason is None else str(completion.stop_reason),
-                        logprobs=self._convert_logprobs(completion) if params.logprobs is not None else None,
-                        cached_tokens=cached,
-                        prompt_logprobs=prompt_logprobs,
-                    )
-                    for completion in output.outputs
-                ]
+                yield sample_deltas(output, params.logprobs is not None, self._decode_one)
         except refused as exc:
             # vLLM checks some of a request only when it is added (e.g. a constraint's grammar);
             # its refusal names the field where vLLM knows it. A dead engine is not a refusal.
             if not self.healthy:
                 raise
             raise invalid_request(exc) from None
-
-    @staticmethod
-    def _convert_logprobs(completion: Any) -> list[TokenLogprob] | None:
-        if not completion.logprobs:
-            return None
-        result = []
-        for token_id, candidates in zip(completion.token_ids, completion.logprobs):
-            chosen = candidates.get(token_id)
-            top = sorted(
-                ((tid, lp.decoded_token or "", lp.logprob, lp.rank or 0) for tid, lp in candidates.items()),
-                key=lambda t: t[3],
-            )
-            result.append(TokenLogprob(
-                token_id=token_id,
-                token=(chosen.decoded_token or "") if chosen else "",
-                logprob=chosen.logprob if chosen else float("-inf"),
-                top=[(tid, tok, lp) for tid, tok, lp, _ in top],
-            ))
-        return result
-
-    def _convert_prompt_logprobs(self, prompt_ids: list[int], positions: Any) -> list[PromptLogprob]:
-        """vLLM's prompt logprobs (one {token id: Logprob} per prompt token, None for the first), in
-        vLLM's order. A token vLLM did not decode is decoded as vLLM's server does (`decode(id)`)."""
-        result = []
-        for token_id, position in zip(prompt_ids, positions):
-            if position is None:
-                result.append(PromptLogprob(token_id, self._decode_one(token_id), None))
-                continue
-            candidates = [(tid, lp.decoded_token if lp.decoded_token is not None else self._decode_one(tid),
-                           lp.logprob, lp.rank or 0) for tid, lp in position.items()]
-            chosen = next((c for c in candidates if c[0] == token_id), None)
-            result.append(PromptLogprob(token_id, chosen[1] if chosen else self._decode_one(token_id),
-                                        chosen[2] if chosen else float("-inf"), candidates))
-        return result
 
     def _decode_one(self, token_id: int) -> str:
         return self._tokenizer.decode(token_id) if self._tokenizer is not None else ""
@@ -437,11 +298,7 @@ class VllmEngine(Engine):
             await self._llm.abort(engine_request_ids)
 
     def load(self) -> WorkerLoad:
-        r = self._recorder
-        hit_rate = r.prefix_hits / r.prefix_queries if r.prefix_queries else 0.0
-        return WorkerLoad(running=r.running, waiting=r.waiting, kv_cache_usage=r.kv_cache_usage,
-                          prefix_cache_hit_rate=hit_rate, output_tokens_per_s=r.tokens_per_s(),
-                          prefix_cache_queries=r.prefix_queries, prefix_cache_hits=r.prefix_hits)
+        return self._recorder.load()
 
     @property
     def healthy(self) -> bool:

