@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -208,27 +207,3 @@ def test_a_file_cut_short_is_not_kept(tmp_path):
     with pytest.raises(TokenizerFilesError, match="cut short"):
         files.finish()
     assert not (tmp_path / "dest" / "tokenizer.json").exists()
-
-
-def test_the_tokenizing_threads_find_their_copies_made_at_load(model_folders, monkeypatch):
-    # A tokenizer copy is a deepcopy holding the GIL for ~120 ms (49k vocabulary; more for larger
-    # ones). Made on a thread's first use, mid-traffic, each stalled every request in the gateway:
-    # on the H200, cache_aware's P90 TTFT sat 3x above prefix affinity's. The router's threads
-    # (TOKENIZE_THREADS of them) must find theirs made when the tokenizer loaded.
-    import concurrent.futures
-
-    import vllm_fleet.router.prompt_tokens as prompt_tokens
-
-    tokenizer = PromptTokenizer.load(model_folders["default"], copies=prompt_tokens.TOKENIZE_THREADS)
-    made = []
-    real_deepcopy = prompt_tokens.copy.deepcopy
-    monkeypatch.setattr(prompt_tokens.copy, "deepcopy", lambda obj, *a: made.append(1) or real_deepcopy(obj, *a))
-    barrier = threading.Barrier(prompt_tokens.TOKENIZE_THREADS)
-
-    def tokenize(i: int) -> list[int]:
-        barrier.wait(timeout=30)  # every thread at once, as a burst of requests
-        return tokenizer.completion_ids(f"prompt {i}: once upon a time")
-
-    with concurrent.futures.ThreadPoolExecutor(prompt_tokens.TOKENIZE_THREADS) as pool:
-        answers = list(pool.map(tokenize, range(prompt_tokens.TOKENIZE_THREADS)))
-    assert all(answers) and made == [], f"{len(made)} tokenizer copies made while tokenizing"

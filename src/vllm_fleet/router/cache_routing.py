@@ -16,7 +16,6 @@ routed by load alone, and a worker whose events are stale counts as holding noth
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -29,7 +28,6 @@ from vllm_fleet.router.cache_index import CacheIndex, RoutedHold
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.kv_follow import KvFollower
-from vllm_fleet.router.prompt_tokens import TOKENIZE_THREADS
 from vllm_fleet.router.segment_tokens import PartialIds
 
 logger = logging.getLogger(__name__)
@@ -67,8 +65,6 @@ class CacheRouting:
         self.head_chars = HEAD_CHARS      # 0: tokenize every prompt whole (with_cache)
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
         self._predicted: dict[str, list[int]] = {}  # address -> [predicted cached tokens, prompt tokens routed]
-        # with_cache's threads (stream.py): a fixed few, each with a tokenizer copy made at load.
-        self.executor = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="router-tokenize")
 
     # --- workers ------------------------------------------------------------------------
 

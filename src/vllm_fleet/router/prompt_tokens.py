@@ -62,33 +62,23 @@ _CHAT_FIELDS = ("tools", "chat_template_kwargs", "add_generation_prompt", "conti
                 "add_special_tokens", "documents", "reasoning_effort")
 
 
-# Threads the router tokenizes prompts on (CacheRouting.executor), each with its own copy of the
-# tokenizer made when the tokenizer loads: a copy is a deepcopy that holds the GIL ~120 ms for a
-# 49k vocabulary (more for larger ones), so making them on first use in asyncio's default pool
-# (up to cores + 4 threads, new ones spawned in bursts) stalled the event loop mid-traffic.
-TOKENIZE_THREADS = 4
-
-
 class PromptTokenizer:
     """One model's prompt rendering and tokenization, as its workers do it."""
 
-    def __init__(self, tokenizer: Any, *, piece_cache_chars: int = MAX_CHARS, copies: int = 0) -> None:
-        """`piece_cache_chars`: the bound of the piece cache in characters (0: no cache).
-        `copies`: per-thread tokenizer copies to make now (blocking), for the first threads."""
+    def __init__(self, tokenizer: Any, *, piece_cache_chars: int = MAX_CHARS) -> None:
+        """`piece_cache_chars`: the bound of the piece cache in characters (0: no cache)."""
         self._tokenizer = tokenizer
         self._local = threading.local()
-        self._spares = [copy.deepcopy(tokenizer) for _ in range(copies)]
-        self._spares_lock = threading.Lock()
         self._accepted = _apply_chat_template_params(tokenizer)
         self.pieces = SegmentTokenizer.build(tokenizer, max_chars=piece_cache_chars) if piece_cache_chars else None
 
     @classmethod
-    def load(cls, folder: str | Path, *, piece_cache_chars: int = MAX_CHARS, copies: int = 0) -> PromptTokenizer:
+    def load(cls, folder: str | Path, *, piece_cache_chars: int = MAX_CHARS) -> PromptTokenizer:
         """The tokenizer in `folder` (files from TokenizerFiles). Blocking: ~0.2-1 s."""
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-        return cls(tokenizer, piece_cache_chars=piece_cache_chars, copies=copies)
+        return cls(tokenizer, piece_cache_chars=piece_cache_chars)
 
     def chat_ids(self, messages: list[dict], *, tools: list[dict] | None = None,
                  chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
@@ -162,11 +152,7 @@ class PromptTokenizer:
     def _thread_tokenizer(self) -> Any:
         tokenizer = getattr(self._local, "tokenizer", None)
         if tokenizer is None:
-            with self._spares_lock:
-                tokenizer = self._spares.pop() if self._spares else None
-            if tokenizer is None:
-                tokenizer = copy.deepcopy(self._tokenizer)
-            self._local.tokenizer = tokenizer
+            tokenizer = self._local.tokenizer = copy.deepcopy(self._tokenizer)
         return tokenizer
 
 
@@ -237,8 +223,7 @@ class TokenizerCache:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             folder = Path(tempfile.mkdtemp(dir=self.cache_dir, prefix=_safe_name(model) + "-"))
             names = await source.tokenizer_files(folder, timeout=self.fetch_timeout_s)
-            tokenizer = await asyncio.to_thread(PromptTokenizer.load, folder, piece_cache_chars=self.piece_cache_chars,
-                                                copies=TOKENIZE_THREADS)
+            tokenizer = await asyncio.to_thread(PromptTokenizer.load, folder, piece_cache_chars=self.piece_cache_chars)
         except (FleetError, OSError, ValueError) as exc:  # the model routes without ids meanwhile
             self._failed_at[model] = time.monotonic()
             logger.warning("no tokenizer for %s at the router (next try in %.0f s): %s", model, self.retry_after_s, exc)

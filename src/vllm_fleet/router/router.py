@@ -137,8 +137,6 @@ class Router:
             await self.registry.close()
         if self._owns_clients:
             await self.clients.close()
-        if self._cache is not None:
-            self._cache.executor.shutdown(wait=False)
         if self._tokenizer_dir is not None:
             shutil.rmtree(self._tokenizer_dir, ignore_errors=True)
 

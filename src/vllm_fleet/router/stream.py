@@ -157,8 +157,7 @@ class RoutedStream:
             # Where the prompt's blocks are held: rendering and tokenizing a chat prompt takes
             # milliseconds, so it runs off the event loop; given token ids are read in place.
             if ctx.cache.needs_tokenizing(self.request):
-                self.features = await asyncio.get_running_loop().run_in_executor(
-                    ctx.cache.executor, ctx.cache.with_cache, self.request, self.features)
+                self.features = await asyncio.to_thread(ctx.cache.with_cache, self.request, self.features)
             else:
                 self.features = ctx.cache.with_cache(self.request, self.features)
         await self.admit()
