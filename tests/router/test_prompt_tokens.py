@@ -144,8 +144,10 @@ async def test_a_tokenizer_not_ready_gives_none_at_once(model_folders, tmp_path)
     assert task is not None and cache.ensure("smol", source) is task  # one fetch per model
     await source.asked.wait()  # the fetch has started and waits on the worker
     assert cache.ids_for("smol", body, messages=messages) is None  # answered without waiting
+    assert not cache.settled("smol")  # a batch router still waits for it
     source.release.set()
     assert await task is not None
+    assert cache.settled("smol")
     assert cache.ids_for("smol", body, messages=messages) == cache.get("smol").chat_ids(messages)
     assert cache.ensure("smol", source) is None and source.calls == 1
     # What the router cannot render as the worker would (media) routes without ids too.
@@ -159,6 +161,8 @@ async def test_a_failed_fetch_gives_none_and_waits_before_trying_again(tmp_path)
     source.release.set()
     assert await cache.ensure("mock", source) is None
     assert cache.ids_for("mock", {}, prompt="hi") is None
+    # A Spark executor's router waiting for the tokenizer stops waiting: retrying takes an hour.
+    assert cache.settled("mock")
     assert cache.ensure("mock", source) is None and source.calls == 1
 
 

@@ -109,12 +109,13 @@ class CacheRouting:
         return follower is not None and follower.fresh
 
     def ready(self, snapshot) -> bool:
-        """Every serving worker's events in step, and its model's tokenizer here (when fetched)."""
+        """Every serving worker's events in step, and its model's tokenizer here (when fetched)
+        or its fetch failed (then waiting longer would not help)."""
         serving = snapshot.eligible()
         if not serving:
             return False
         events = all(self.fresh(w.address) for w in serving)
-        tokenizers = self.tokenizers is None or all(self.tokenizers.get(w.model) is not None for w in serving)
+        tokenizers = self.tokenizers is None or all(self.tokenizers.settled(w.model) for w in serving)
         return events and tokenizers
 
     def stats(self) -> dict:

@@ -197,6 +197,11 @@ class TokenizerCache:
     def get(self, model: str) -> PromptTokenizer | None:
         return self._ready.get(model)
 
+    def settled(self, model: str) -> bool:
+        """Whether waiting for `model`'s tokenizer is over: loaded, or its last fetch failed
+        (the next try comes after `retry_after_s`; a wait should not last that long)."""
+        return model in self._ready or (model in self._failed_at and model not in self._fetching)
+
     def ensure(self, model: str, source: TokenizerSource, *,
                engine_version: str | None = None) -> asyncio.Task[PromptTokenizer | None] | None:
         """Start fetching `model`'s tokenizer from `source` if needed; the fetch task, or None

@@ -61,6 +61,10 @@ class SparkGenerateConfig(FleetModel):
         "row's answer is written whole, so one chunk per engine step only spends the workers' and executors' CPU, "
         "which the chat streams on the same workers need; 0: every engine step")
     connect_timeout_s: float = Field(30.0, gt=0, description="How long an executor (and the driver check) waits for a serving worker")
+    cache_ready_timeout_s: float = Field(
+        60.0, ge=0, description="cache_aware: how long an executor's router waits, once, before its first row, for "
+        "the model's tokenizer and the workers' KV events (loading the tokenizer imports transformers: ~6 s on a "
+        "2-core host, more under load); rows sent before that route by load alone and pay shared prefixes again")
     progress_address: str | None = Field(
         None, description="host:port of a progress listener on the driver (spark-run sets it): each task sends its "
         "rows and tokens done there every half second (spark/progress.py)")

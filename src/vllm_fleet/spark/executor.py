@@ -99,10 +99,13 @@ async def _start_router(config: SparkGenerateConfig) -> Router:
     await _wait_until_every_worker_answered(router, timeout=min(10.0, config.connect_timeout_s))
     try:
         # cache_aware: a task's first rows would otherwise go out before this router has the
-        # model's tokenizer and the workers' blocks (a second or two), routed by load alone, and
-        # a short job can end in that window. Rows are batch work: a bounded wait costs nothing
-        # an online request would feel, and online routers never wait for this.
-        await router.wait_cache_ready(min(10.0, config.connect_timeout_s))
+        # model's tokenizer and the workers' blocks, routed by load alone, and a short job can
+        # end in that window. Loading the tokenizer in a fresh executor process imports
+        # transformers (~6 s on a 2-core host; past 10 s under load, when a 10 s bound sent a
+        # third of a test job's rows blind and they paid their documents a third time). Rows are
+        # batch work: a bounded wait once per process costs nothing an online request would
+        # feel, and online routers never wait for this.
+        await router.wait_cache_ready(config.cache_ready_timeout_s)
     except NoWorkerError as exc:
         logger.warning("executor: %s; rows route by load until it is", exc)
     return router
