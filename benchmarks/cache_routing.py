@@ -21,7 +21,9 @@ Workloads (chat; every request's answer is `--max-tokens` long):
   words, each request one of them (uniform) plus a random suffix; single turn.
 - unique: no two requests share more than the chat template's first tokens.
 
-Figures per policy: TTFT P50/P90/P99 (Router.stream() to the first chunk with tokens), output
+Figures per policy: TTFT P50/P90/P99 (Router.stream() to the first chunk with tokens), the
+routing decision's time (Router.stream() to the first worker picked: tokenizing, index lookup,
+admission; RoutedStream.routed_at), output
 tokens/s over the run, cached share = sum(usage.cached_tokens) / sum(usage.prompt_tokens), and
 the best cached share the workload allows: each request's longest full-block prefix shared
 with any earlier request (an unbounded cache that every request reaches), computed from the
@@ -91,10 +93,12 @@ async def run_user(router: Router, turns: list[dict], user: int, args, salt: str
     history = [turns[0]]
     for turn, question in enumerate(turns[1:]):
         history.append(question)
-        request = build_request(f"{salt}-u{user}-t{turn}", [GenerateInput(messages=list(history))],
+        item = (GenerateInput(text=history[0]["content"] + " " + question["content"]) if args.completions
+                else GenerateInput(messages=list(history)))
+        request = build_request(f"{salt}-u{user}-t{turn}", [item],
                                 SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True),
                                 session_id=f"{salt}-user-{user}")
-        results["sent"].append(list(history))
+        results["sent"].append(item.text if args.completions else list(history))
         started = loop.time()
         first = None
         answer = []
@@ -108,6 +112,8 @@ async def run_user(router: Router, turns: list[dict], user: int, args, salt: str
                     results["prompt_tokens"] += chunk.usage.prompt_tokens
                     results["cached_tokens"] += chunk.usage.cached_tokens
         results["ttft"].append(first if first is not None else loop.time() - started)
+        if stream.routed_at is not None:
+            results["decide"].append(stream.routed_at - started)
         results["retried"] += stream.attempts - 1
         history.append({"role": "assistant", "content": "".join(answer)})
 
@@ -119,7 +125,8 @@ async def run_policy(policy: str, addresses: list[str], workload_kind: str, args
         policy=policy, prefix_chars=args.prefix_chars, cache_home_tokens=args.cache_home_tokens,
         stall_timeout_s=args.stall_timeout_s))
     await router.start()
-    results = {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0, "sent": []}
+    results = {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0, "sent": [],
+               "decide": []}
     try:
         await router.wait_ready(timeout=120)
         await router.wait_cache_ready(timeout=120)
@@ -144,17 +151,18 @@ async def run_policy(policy: str, addresses: list[str], workload_kind: str, args
         "cached_share": results["cached_tokens"] / max(1, results["prompt_tokens"]),
         "ttft_p50_ms": percentile(ttft, 50) * 1000, "ttft_p90_ms": percentile(ttft, 90) * 1000,
         "ttft_p99_ms": percentile(ttft, 99) * 1000, "router": stats,
+        "decide_ms": {p: round(percentile(results["decide"], p) * 1000, 1) for p in (50, 99, 100)},
     }
 
 
-def best_cached_share(sent: list[list[dict]], block_size: int) -> float:
+def best_cached_share(sent: list[list[dict] | str], block_size: int) -> float:
     """The cached share an unbounded cache reached by every request would give: each prompt's
     longest full-block prefix shared with any prompt sent before it (in send order)."""
     tokenizer = PromptTokenizer.load(resolve_model(None, None).path)
     seen: set[int] = set()
     cacheable = total = 0
     for messages in sent:
-        ids = tokenizer.chat_ids(messages)
+        ids = tokenizer.completion_ids(messages) if isinstance(messages, str) else tokenizer.chat_ids(messages)
         keys = block_keys(ids, block_size)
         held = 0
         while held < len(keys) and keys[held] in seen:
@@ -175,7 +183,7 @@ def worker_process(kind: str, cores: str, args) -> WorkerProcess:
     return WorkerProcess(["--engine", "mock", "--mock-kv-blocks", str(args.kv_blocks), "--block-size",
                           str(args.block_size), "--mock-prefill-ms-per-1k", f"{prefill_ms_per_1k:g}",
                           "--mock-tokens-per-s", "50", "--mock-ttft-ms", "5", "--max-model-len", str(args.max_model_len),
-                          "--max-num-seqs", "4", "--mock-tokenizer", resolve_model(None, None).path], env, cores=cores,
+                          "--max-num-seqs", str(args.mock_max_num_seqs), "--mock-tokenizer", resolve_model(None, None).path], env, cores=cores,
                          log_path=f"/tmp/cache-routing-mock-{cores}.log")
 
 
@@ -205,12 +213,14 @@ def report(results: list[dict]) -> None:
     counts = {r["policy"]: (r["requests"], r["output_tokens"]) for r in results}
     assert len(set(counts.values())) == 1, f"policies did different work: {counts}"
     print()
-    print("| policy | requests | TTFT P50 | TTFT P90 | TTFT P99 | output tok/s | cached share | best possible | retried |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| policy | requests | TTFT P50 | TTFT P90 | TTFT P99 | output tok/s | cached share | best possible | retried "
+          "| decision P50 / P99 / max |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['policy']} | {r['requests']} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | "
               f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {r['cached_share']:.1%} | "
-              f"{r['best_cached_share']:.1%} | {r['retried']} |")
+              f"{r['best_cached_share']:.1%} | {r['retried']} | {r['decide_ms'][50]} / {r['decide_ms'][99]} / "
+              f"{r['decide_ms'][100]} ms |")
     print_ratios(results, cached_of_possible=lambda r: r["cached_share"] / max(1e-9, r["best_cached_share"]),
                  output_tokens=lambda r: r["output_tokens"])
     print(flush=True)
@@ -245,6 +255,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=128, help="mock workers only (vLLM's CPU block is 128)")
     parser.add_argument("--mock-prefill-tokens-per-s", type=int, default=4000)
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--mock-max-num-seqs", type=int, default=4, help="mock workers only")
+    parser.add_argument("--completions", action="store_true",
+                        help="send each turn as prompt text (vllm bench's completions), not chat messages")
     parser.add_argument("--prefix-chars", type=int, default=256)
     parser.add_argument("--cache-home-tokens", type=int, default=512,
                         help="cache_aware: --cache-home-tokens (0: a miss goes to the least loaded worker)")

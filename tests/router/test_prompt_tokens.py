@@ -109,6 +109,38 @@ async def test_router_ids_equal_the_workers(renderers, template, name):
     assert router.request_ids(case["body"], messages=case.get("messages"), prompt=case.get("prompt")) == expected
 
 
+def test_many_threads_tokenize_at_once_without_copying_the_tokenizer(model_folders, monkeypatch):
+    """The router tokenizes on a thread pool. Each thread once got its own deepcopy of the
+    tokenizer on first use, holding the GIL 110-425 ms mid-traffic (every request on the event
+    loop waited); now the threads share one tokenizer, and their ids stay exact."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    tokenizer = PromptTokenizer.load(model_folders["tools"])
+    long_text = " ".join(f"clause {i} of the shared contract, ça va" for i in range(300))
+    cases = [(c["body"], c.get("messages"), c.get("prompt")) for c in CASES.values()]
+    cases += [({}, [{"role": "system", "content": long_text}, {"role": "user", "content": f"q{i}"}], None)
+              for i in range(4)] + [({}, None, long_text + f" tail {i}") for i in range(4)]
+    expected = [tokenizer.request_ids(b, messages=m, prompt=p) for b, m, p in cases]
+    fresh = PromptTokenizer.load(model_folders["tools"])   # piece cache empty: the threads fill it together
+
+    def no_copy(self, memo):
+        raise AssertionError("the tokenizer was copied")
+
+    monkeypatch.setattr(type(fresh._tokenizer), "__deepcopy__", no_copy, raising=False)
+    start = Barrier(8)
+
+    def run(thread: int) -> list:
+        start.wait(timeout=30)
+        order = cases[thread % len(cases):] + cases[:thread % len(cases)]
+        got = [fresh.request_ids(b, messages=m, prompt=p) for b, m, p in order * 3]
+        return [got[(i - thread) % len(cases)] for i in range(len(cases))]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, range(8)))
+    assert all(result == expected for result in results)
+
+
 def _served(folder: Path, dest: Path) -> Path:
     """What a router gets from TokenizerFiles for `folder`."""
     files = FileAssembler(dest)

@@ -32,7 +32,8 @@ its text (1-4 bytes a character) and its ids (4 bytes each, ~1 per 4 characters 
 ~200 bytes of bookkeeping: ~20 MB for 8 million ASCII characters, 74 MB at worst. Per model.
 
 Thread-safety: the cache is shared by the threads rendering prompts (one lock, held for dict
-operations only); each thread encodes with its own tokenizer (PromptTokenizer's copies).
+operations only); encoding goes through the backend the caller passes (PromptTokenizer passes
+one that lets one thread encode at a time).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class PartialIds:
     `rest_chars` characters are not tokenized yet; `chars_per_token` is what the tokenized part
     of the cut piece measured, for an estimate of the rest's tokens (`estimated_tokens`), which
     is only good for weighing costs, never for a limit. `complete()` tokenizes the rest (once;
-    the cut piece then enters the piece cache) and answers the whole text's ids; call it on the
-    thread that got this (it encodes with that thread's tokenizer copy)."""
+    the cut piece then enters the piece cache) and answers the whole text's ids; call it on any
+    thread (it encodes through the backend that made it)."""
 
     __slots__ = ("head", "rest_chars", "chars_per_token", "_finish", "_ids")
 
@@ -161,7 +162,7 @@ class SegmentTokenizer:
 
     def encode(self, backend: Any, text: str, *, add_special_tokens: bool,
                head_chars: int = 0) -> list[int] | PartialIds | None:
-        """`text`'s ids through `backend` (the calling thread's `tokenizers.Tokenizer`), or None
+        """`text`'s ids through `backend` (what `encode` of a `tokenizers.Tokenizer` does), or None
         when `add_special_tokens` adds ids this class cannot place (tokenize the whole text).
 
         `head_chars` > 0: the first piece not cached that is over twice as long is tokenized only

@@ -88,6 +88,7 @@ class RoutedStream:
         self.key = key
         self.deadline = deadline
         self.worker: str | None = None
+        self.routed_at: float | None = None       # loop time of the first pick: routing's own time ends here
         self.attempts = 0
         self.migrations = 0
         self._context = context
@@ -172,6 +173,8 @@ class RoutedStream:
                 address, lease = await self._pick_batch(tried) if self._batch else await self._pick_or_await_probe(tried)
                 self.attempts += 1
                 self.worker = address
+                if self.routed_at is None:
+                    self.routed_at = asyncio.get_running_loop().time()
                 tried.add(address)
                 # The prompt counts as cached there until the attempt's first token, then for the
                 # event delay; an attempt that ends before it stored nothing (released below).
