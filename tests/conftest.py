@@ -15,6 +15,16 @@ import pytest
 from support import WorkerProcess, vllm_worker_args, worker_env
 
 VLLM_START_TIMEOUT_S = 600.0
+# scripts/test.sh names a file here; each test's id is written to it as the test starts, so a run
+# that ends without a report for a test (an INTERNALERROR, a kill) still says where it was.
+PROGRESS_FILE_ENV = "VLLM_FLEET_TEST_PROGRESS"
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    path = os.environ.get(PROGRESS_FILE_ENV)
+    if path:
+        with open(path, "w") as out:
+            out.write(nodeid + "\n")
 
 
 class MockWorkers:
