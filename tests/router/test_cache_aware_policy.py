@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from fakes import addresses, snapshot, view
 from vllm_fleet.router import add_router_options, router_config_from_args
 from vllm_fleet.router.features import RequestFeatures
-from vllm_fleet.protocol import WorkerLoad
 from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy, ring_order
 
 A, B, C = addresses(3)
@@ -52,29 +50,6 @@ def test_copying_what_another_worker_holds_costs_its_cache_room_too():
     assert CacheAware(CacheCosts(load_bound=None)).rank(hit, far) == [B, A]
     # The default: the copy term on.
     assert make_policy("cache_aware").rank(hit, pool)[0] == A
-
-
-def waiting(worker, count: int):
-    """`worker` as its engine reports it: `count` requests waiting for a slot."""
-    return dataclasses.replace(worker, load=WorkerLoad(running=worker.load.running, waiting=count))
-
-
-def test_while_every_worker_queues_a_hit_stays_on_its_holder_against_a_load_difference():
-    # A holds 2,000 of the prompt's 2,100 tokens and has 4,300 tokens more work than B: at the full
-    # load weight the difference (worth two prefills of the shared part) moves the hit to B.
-    hit = features({A: 2000}, prompt_tokens=2100)
-    policy = CacheAware(CacheCosts(load_bound=None, saturated_load_weight=0.25))
-    a, b = fresh(A, outstanding=4300), fresh(B, outstanding=0)
-    assert policy.rank(hit, snapshot(a, b)) == [B, A]
-    # B has free slots (nothing waiting): moving there starts the request sooner; load keeps its weight.
-    assert policy.rank(hit, snapshot(waiting(a, 5), b)) == [B, A]
-    # Both queue: B would only be another wait, and the prefill the hit saves is what the pool lacks.
-    assert policy.rank(hit, snapshot(waiting(a, 5), waiting(b, 1))) == [A, B]
-    # The router's own count says B queues before its engine's next report does.
-    b_full = fresh(B, outstanding=0, in_flight=9, max_num_seqs=8)
-    assert policy.rank(hit, snapshot(waiting(a, 5), b_full)) == [A, B]
-    # Unset, the load weight is the same saturated or not.
-    assert make_policy("cache_aware").rank(hit, snapshot(waiting(a, 5), waiting(b, 1))) == [B, A]
 
 
 def test_others_queued_sequences_count_as_load():
@@ -162,9 +137,8 @@ def test_weights_and_bound_are_router_options():
     config = router_config_from_args(parser.parse_args([
         "--policy", "cache_aware", "--cache-prefill-weight", "2", "--cache-load-weight", "0.5",
         "--cache-queued-tokens", "64", "--cache-load-bound", "1.5", "--cache-index-max-entries", "1000",
-        "--cache-speculative-ttl-s", "1", "--cache-home-tokens", "128", "--cache-saturated-load-weight", "0.25"]))
+        "--cache-speculative-ttl-s", "1", "--cache-home-tokens", "128"]))
     assert config.policy == "cache_aware"
     assert (config.cache_prefill_weight, config.cache_load_weight, config.cache_queued_tokens) == (2.0, 0.5, 64)
     assert config.cache_load_bound == 1.5 and config.cache_index_max_entries == 1000
     assert config.cache_speculative_ttl_s == 1.0 and config.cache_home_tokens == 128
-    assert config.cache_saturated_load_weight == 0.25

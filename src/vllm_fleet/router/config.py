@@ -136,11 +136,6 @@ class RouterConfig(FleetModel):
         "this router's requests, plus --cache-queued-tokens per other sequence it runs or queues); raise it to "
         "spread load over saving prefill"
     )
-    cache_saturated_load_weight: float | None = Field(
-        None, ge=0, description="Cache-aware routing: the load weight used while every worker has requests "
-        "waiting (spreading then only moves the wait, and a hit saves compute the whole pool lacks), e.g. 0.25; "
-        "null: --cache-load-weight always"
-    )
     cache_queued_tokens: int = Field(
         256, ge=0, description="Cache-aware routing: tokens of load counted for each sequence a worker reports "
         "running or waiting beyond this router's own (other gateways' work, whose size is unknown here)"

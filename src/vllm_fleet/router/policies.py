@@ -168,7 +168,6 @@ class CacheCosts:
 
     prefill_weight: float = 1.0
     load_weight: float = 1.0
-    saturated_load_weight: float | None = None   # the load weight while every worker queues; None: load_weight
     queued_tokens: int = 256
     load_bound: float | None = 1.25
     home_tokens: int = 512
@@ -214,15 +213,7 @@ class CacheAware(Policy):
     went to the other worker and copied the prefix there: both held copies, the engines recomputed
     10-37% more tokens than were sent, and P90 TTFT was 9.5x prefix affinity's. With it, a hit
     leaves its holder only for a load difference worth two prefills of the shared part.
-    Prompts nobody holds (workload c) pay no copy, so it does not touch pure load balancing.
-
-    Saturated, load counts less (`saturated_load_weight`): while every worker has requests waiting
-    (its engine reports some, or this router has more open on it than it has sequence slots),
-    sending a request to the less loaded worker only moves where it waits, and the prefill a hit
-    saves is compute the whole pool is short of. On the H200 at 64 prompts/s of workload (a) the
-    full weight sent hits away to balance queues (P90 TTFT 1.9-2.2x prefix affinity's); a weight of
-    0.25 brought it to 0.79x, with 1.06x its throughput. Below saturation some worker has free
-    slots, and load keeps its full weight, which the runs at 24/s were measured with."""
+    Prompts nobody holds (workload c) pay no copy, so it does not touch pure load balancing."""
 
     name = "cache_aware"
 
@@ -233,17 +224,9 @@ class CacheAware(Policy):
         others = max(0, worker.queued - worker.in_flight)
         return worker.outstanding_tokens + self.costs.queued_tokens * others
 
-    def load_weight(self, workers: Sequence[WorkerView]) -> float:
-        """The load weight for this decision: `saturated_load_weight` while every worker queues."""
-        saturated = self.costs.saturated_load_weight
-        if saturated is None or not workers or not all(_queues(w) for w in workers):
-            return self.costs.load_weight
-        return saturated
-
     def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
         costs = self.costs
         loads = {w.address: self.load(w) for w in workers}
-        load_weight = self.load_weight(workers)
 
         def held(worker: WorkerView) -> int:
             return features.cached_tokens.get(worker.address, 0) if worker.kv_events_fresh else 0
@@ -262,7 +245,7 @@ class CacheAware(Policy):
             # Only workers holding no more of the prompt than the home pay for being away from it.
             away = home_worth if home is not None and worker is not home and cached <= held(home) else 0
             copy = costs.copy_weight * (most_held - cached)
-            return costs.prefill_weight * prefill + load_weight * loads[worker.address] + away + copy
+            return costs.prefill_weight * prefill + costs.load_weight * loads[worker.address] + away + copy
 
         rotated = _rotated(workers, features.ticket)
         if costs.load_bound is None:
@@ -271,14 +254,6 @@ class CacheAware(Policy):
         within = sorted((w for w in rotated if loads[w.address] <= bound), key=cost)
         over = sorted((w for w in rotated if loads[w.address] > bound), key=lambda w: loads[w.address])
         return within + over
-
-
-def _queues(worker: WorkerView) -> bool:
-    """Whether requests wait at `worker`: its engine's last report, or this router's own count
-    against its sequence slots (known at once, between load polls)."""
-    if worker.load is not None and worker.load.waiting > 0:
-        return True
-    return worker.max_num_seqs > 0 and worker.in_flight > worker.max_num_seqs
 
 
 POLICIES: dict[str, type[Policy]] = {

@@ -71,7 +71,6 @@ class Router:
         self._metrics = RouterMetrics.for_registry(metrics_registry)
         cache_costs = CacheCosts(
             prefill_weight=self.config.cache_prefill_weight, load_weight=self.config.cache_load_weight,
-            saturated_load_weight=self.config.cache_saturated_load_weight,
             queued_tokens=self.config.cache_queued_tokens, load_bound=self.config.cache_load_bound,
             home_tokens=self.config.cache_home_tokens, copy_weight=self.config.cache_copy_weight)
         self._policy = make_policy(self.config.policy, load_bound=self.config.affinity_load_bound,
