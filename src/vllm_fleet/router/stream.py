@@ -371,7 +371,8 @@ class RoutedStream:
         watchdog = StallWatchdog(lambda: ctx.pool.progressing(address))
         first = True
         gate = ctx.pool.batch
-        steer = not self._batch and gate.listening  # interactive latency steers batch (batch_gate.py)
+        # interactive latency steers batch (batch_gate.py)
+        steer = not self._batch and gate.listening and gate.samples_wanted(address)
         loop = asyncio.get_running_loop()
         last_at = loop.time()
         try:
