@@ -30,7 +30,7 @@ tokens sent per engine step (`stream_interval_ms` 0, as before it was 250 ms), w
 coalescing a batch row's chunks does to the chat streams' ITL, and `api-workers`: phase 5 again
 through a second gateway started with `--interactive-latency-from workers` (its batch steered by
 the workers' own latency reports only, not by its own samples of its chat streams; phase 4's
-capacity is its C; it runs before phase 5 when `--phases` names it first).
+capacity is its C).
 
 Figures: online TTFT P50/P99 and ITL P99 (gaps between a stream's content chunks) per phase and
 as ratios to phase 1; each job's rows/s, output tokens/s and share of what the idle capacity
@@ -237,12 +237,9 @@ async def run(args: argparse.Namespace) -> list[dict]:
                 if "api" in phases:
                     record("Batch API alone",
                            {f"job_{k}": v for k, v in (await batch_api_job(http, model, args, "api-alone")).items()})
-                # In the order --phases names them, so two runs can swap which goes first.
-                for phase in [p for p in args.phases if p in ("api", "api-workers")]:
-                    if phase == "api":
-                        record("online + Batch API, classes", await with_online(
-                            http, model, args, "api-cls", batch_api_job(http, model, args, "api-cls")))
-                        continue
+                    record("online + Batch API, classes",
+                           await with_online(http, model, args, "api-cls", batch_api_job(http, model, args, "api-cls")))
+                if "api-workers" in phases:
                     second = gateway_process("workers", "--interactive-latency-from", "workers")
                     async with second, httpx.AsyncClient(base_url=second.url, timeout=args.job_timeout_s) as other:
                         await second.wait_ready(120)
