@@ -25,12 +25,9 @@ another's prefix cache:
    without batch, and the phases after it would be judged against that.
 
 `--phases` picks which run after phase 1 (a device call is limited to ten minutes): `spark`
-(phases 2-3), `api` (4-5), `no-classes` (6), `spark-steps`: phase 3 again with the rows'
+(phases 2-3), `api` (4-5), `no-classes` (6), and `spark-steps`: phase 3 again with the rows'
 tokens sent per engine step (`stream_interval_ms` 0, as before it was 250 ms), which shows what
-coalescing a batch row's chunks does to the chat streams' ITL, and `api-workers`: phase 5 again
-through a second gateway started with `--interactive-latency-from workers` (its batch steered by
-the workers' own latency reports only, not by its own samples of its chat streams; phase 4's
-capacity is its C).
+coalescing a batch row's chunks does to the chat streams' ITL.
 
 Figures: online TTFT P50/P99 and ITL P99 (gaps between a stream's content chunks) per phase and
 as ratios to phase 1; each job's rows/s, output tokens/s and share of what the idle capacity
@@ -56,10 +53,6 @@ from vllm_fleet.bench import percentile
 from shared_pool import WORDS, add_worker_options, worker_process
 from worker_pair import worker_pair
 from vllm_fleet.processes import GatewayProcess
-
-
-PHASES = ("spark", "spark-steps", "api", "api-workers", "no-classes")
-API_WORKERS = "online + Batch API, classes, steered by the workers' reports"
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -200,15 +193,10 @@ async def run(args: argparse.Namespace) -> list[dict]:
               f"scheduling={info.settings.get('scheduling_policy', 'fcfs')}; spark {session.version} "
               f"local[{args.spark_cores}]", flush=True)
         with tempfile.TemporaryDirectory() as batch_dir:
-            def gateway_process(name: str, *extra: str) -> GatewayProcess:
-                return GatewayProcess(["--workers", ",".join(addresses), "--no-access-log",
-                                       "--batch-dir", os.path.join(batch_dir, name),
-                                       "--batch-concurrency", str(args.batch_api_concurrency),
-                                       *gateway_target_args(args), *args.gateway_arg, *extra],
-                                      {"VLLM_FLEET_LOG_LEVEL": "WARNING"},
-                                      log_path=f"/tmp/shared-pool-jobs-gateway-{name}.log")
-
-            gateway = gateway_process("main")
+            gateway = GatewayProcess(["--workers", ",".join(addresses), "--no-access-log", "--batch-dir", batch_dir,
+                                      "--batch-concurrency", str(args.batch_api_concurrency),
+                                      *gateway_target_args(args), *args.gateway_arg],
+                                     {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, log_path="/tmp/shared-pool-jobs-gateway.log")
             async with gateway, httpx.AsyncClient(base_url=gateway.url, timeout=args.job_timeout_s) as http:
                 await gateway.wait_ready(120)
                 model = info.model
@@ -239,12 +227,6 @@ async def run(args: argparse.Namespace) -> list[dict]:
                            {f"job_{k}": v for k, v in (await batch_api_job(http, model, args, "api-alone")).items()})
                     record("online + Batch API, classes",
                            await with_online(http, model, args, "api-cls", batch_api_job(http, model, args, "api-cls")))
-                if "api-workers" in phases:
-                    second = gateway_process("workers", "--interactive-latency-from", "workers")
-                    async with second, httpx.AsyncClient(base_url=second.url, timeout=args.job_timeout_s) as other:
-                        await second.wait_ready(120)
-                        record(API_WORKERS, await with_online(other, model, args, "api-wrk",
-                                                              batch_api_job(other, model, args, "api-wrk")))
                 if "no-classes" in phases:
                     # Last: its rows are interactive work, and latency learnt without batch (relative
                     # targets) would learn them as what interactive latency is on these workers.
@@ -281,14 +263,14 @@ def report(results: list[dict], args) -> None:
         print(f"| {r['phase']} | {online} | {job} |")
     print()
     for name in ("online + Spark, classes", "online + Spark, classes, per-step chunks", "online + Spark, no classes",
-                 "online + Batch API, classes", API_WORKERS):
+                 "online + Batch API, classes"):
         r = by.get(name)
         if r is None:
             continue
         print(f"{name}: online TTFT P99 {r['ttft_p99_ms'] / alone['ttft_p99_ms']:.2f}x alone, ITL P99 "
               f"{r['itl_p99_ms'] / alone['itl_p99_ms']:.2f}x alone (target <= 1.1x)")
     for job, mixed in (("Spark alone", "online + Spark, classes"), ("Spark alone", "online + Spark, classes, per-step chunks"),
-                       ("Batch API alone", "online + Batch API, classes"), ("Batch API alone", API_WORKERS)):
+                       ("Batch API alone", "online + Batch API, classes")):
         if job not in by or mixed not in by:
             continue
         capacity = by[job]["job_output_tokens"] / by[job]["job_wall_s"]
@@ -331,14 +313,12 @@ def parse_args() -> argparse.Namespace:
                         help="Passed to the gateway, e.g. --gateway-arg=--batch-max-kv-usage --gateway-arg=0.8")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--phases", type=lambda v: v.split(","), default=["spark", "api", "no-classes"],
-                        help=f"Which phases run after online alone: {', '.join(PHASES)} (comma-separated)")
+                        help="Which phases run after online alone: spark, spark-steps, api, no-classes (comma-separated)")
     add_worker_options(parser)
     args = parser.parse_args()
-    unknown = set(args.phases) - set(PHASES)
+    unknown = set(args.phases) - {"spark", "spark-steps", "api", "no-classes"}
     if unknown:
-        parser.error(f"unknown phase(s) {', '.join(sorted(unknown))}: choose from {', '.join(PHASES)}")
-    if "api-workers" in args.phases and "api" not in args.phases:
-        parser.error("the api-workers phase needs the api phase (its capacity C)")
+        parser.error(f"unknown phase(s) {', '.join(sorted(unknown))}: choose from spark, spark-steps, api, no-classes")
     if args.cuda_devices is not None and len(args.cuda_devices) != 2:
         parser.error("--cuda-devices takes one value per worker: two, e.g. 0,0 or 0,1")
     return args

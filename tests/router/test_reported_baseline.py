@@ -5,7 +5,6 @@ confidence bounds. Pure (a fake clock), then a worker process (the mock engine) 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 from fakes import FakeClock, started_router
@@ -97,44 +96,3 @@ async def test_the_worker_learns_without_batch_and_a_router_whose_batch_never_le
         assert executor._pool.batch.baseline(worker.address)[1] == pytest.approx(
             load.interactive_itl_baseline_ms / 1000, rel=0.5)
         await row
-
-
-def test_a_router_steered_by_the_workers_ignores_its_own_samples_once_a_worker_reports():
-    # A gateway running a Batch API job measures its chat streams' gaps behind its own batch work.
-    config = ServiceClassConfig(interactive_ttft_target_ms=1000.0, interactive_itl_target_ms=200.0,
-                                interactive_latency_from="workers")
-    gate = BatchGate(config, FakeClock())
-    for token in range(4):
-        gate.started("w", token, lambda: None)
-    assert gate.samples_wanted("w")                     # no report yet: its own samples are all it has
-    gate.reported("w", ttft_ms=60.0, itl_ms=30.0, share=SHARE)
-    assert not gate.samples_wanted("w") and gate.samples_wanted("other")
-    assert gate.cuts == 0
-    # The default keeps the router's own samples too.
-    default = busy_gate(FakeClock())
-    default.reported("w", ttft_ms=60.0, itl_ms=30.0, share=SHARE)
-    assert default.samples_wanted("w")
-
-
-@pytest.mark.parametrize("source", ["workers", "router"])
-async def test_which_latency_steers_a_routers_batch(mock_worker_factory, source):
-    worker = await mock_worker_factory.start(max_num_seqs=8, mock_tokens_per_s=40, mock_ttft_ms=1)
-    config = RouterConfig(load_poll_interval_s=0.1, health_poll_interval_s=0.2,
-                          classes=ServiceClassConfig(interactive_latency_from=source))
-    async with started_router([worker.address], config) as router:
-        gate = router._pool.batch
-        row = asyncio.create_task(stream(router, "row-1", "batch", max_tokens=400))
-        await wait_until(lambda: router.snapshot().get(worker.address).batch_in_flight == 1, timeout=30,
-                         message="the batch row runs")
-        await stream(router, "chat-1", "interactive", max_tokens=20)   # the worker reports it
-        await wait_until(lambda: not gate.samples_wanted(worker.address) or source == "router", timeout=30,
-                         message="the worker's latency report")
-        before = gate.own_samples
-        await stream(router, "chat-2", "interactive", max_tokens=20)
-        if source == "workers":
-            assert gate.own_samples == before      # its chat's gaps steer nothing: the worker's report does
-        else:
-            assert gate.own_samples >= before + 20
-        row.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await row

@@ -96,7 +96,6 @@ class BatchGate:
         self.paused = 0
         self.arrival_pauses = 0  # of `paused`, those for an interactive arrival (the rest: the controller's cuts)
         self.cuts = 0
-        self.own_samples = 0    # interactive latency samples this router took itself (observe, not judged)
         # address -> (cap, when it was set, where doubling stops); absent: the full share
         self._caps: dict[str, tuple[float, float, float]] = {}
         self._reported_at: dict[str, float] = {}         # address -> when a worker's report last cut
@@ -104,8 +103,6 @@ class BatchGate:
         self._recent: dict[tuple[str, str], collections.deque[tuple[float, float]]] = {}
         # address -> since when no batch of this router runs there (absent: none ever ran)
         self._batch_free_since: dict[str, float] = {}
-        # Workers whose Loads have carried interactive latency: they measure it themselves
-        self._reporting: set[str] = set()
         # address -> the worker's own (TTFT, ITL) baselines, seconds, from its last Load (None: none)
         self._reported_baselines: dict[str, tuple[float | None, float | None]] = {}
         # address -> baselines of (TTFT, ITL) without this router's batch there (relative targets)
@@ -180,8 +177,6 @@ class BatchGate:
         did. With relative targets, a sample taken while no batch of this router ran there (for
         as long as it covers) teaches that worker's baseline instead."""
         config = self.config
-        if not judged:
-            self.own_samples += 1
         if config.interactive_targets == "relative":
             covers = self.REPORTED_EVERY_S if judged else max(ttft_s or 0.0, itl_s or 0.0)
             if self._batch_free_for(address) >= covers:
@@ -232,7 +227,6 @@ class BatchGate:
         self._reported_baselines[address] = (ttft_baseline_ms / 1000 or None, itl_baseline_ms / 1000 or None)
         if not (ttft_ms or itl_ms):
             return
-        self._reporting.add(address)
         last = self._reported_at.get(address)
         if last is not None and self._clock() - last < self.REPORTED_EVERY_S:
             return
@@ -245,14 +239,6 @@ class BatchGate:
         if self.observe(address, ttft_s=ttft_judged / 1000 or None, itl_s=itl_judged / 1000 or None,
                         share=share, judged=True):
             self._reported_at[address] = self._clock()
-
-    def samples_wanted(self, address: str) -> bool:
-        """Whether this router's own samples of interactive latency on `address` should steer batch
-        (`interactive_latency_from`): always from "router"; from "workers" only while that worker has
-        reported none. A router's samples carry its own process's delays: a gateway running a Batch
-        API job measures its chat streams' gaps behind its own batch work, which the engine's
-        step time, the interference batch can cut, does not include."""
-        return self.config.interactive_latency_from == "router" or address not in self._reporting
 
     @property
     def listening(self) -> bool:

@@ -94,11 +94,6 @@ class ServiceClassConfig(FleetModel):
         200.0, gt=0, description="Batch backs off a worker where over 10% of the last second's gaps between an "
         "interactive stream's tokens passed this (null: ITL does not steer batch); with relative targets, only "
         "until the worker's latency without batch is known")
-    interactive_latency_from: Literal["workers", "router"] = Field(
-        "router", description="What interactive latency steers batch: workers: each worker's own report (measured "
-        "where its engine's tokens come out), this router's samples only for a worker that reports none; router: "
-        "this router's samples of its interactive streams too (they include its own process's delays, which its "
-        "batch work in the same process adds to)")
     batch_raise_every_s: float = Field(
         1.0, gt=0, description="A latency miss halves a worker's batch cap (what batch holds there); each quiet "
         "window this long doubles it back up to half the level that missed, then adds one request per window")

@@ -371,8 +371,7 @@ class RoutedStream:
         watchdog = StallWatchdog(lambda: ctx.pool.progressing(address))
         first = True
         gate = ctx.pool.batch
-        # interactive latency steers batch (batch_gate.py)
-        steer = not self._batch and gate.listening and gate.samples_wanted(address)
+        steer = not self._batch and gate.listening  # interactive latency steers batch (batch_gate.py)
         loop = asyncio.get_running_loop()
         last_at = loop.time()
         try:
