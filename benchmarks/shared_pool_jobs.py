@@ -29,6 +29,13 @@ another's prefix cache:
 tokens sent per engine step (`stream_interval_ms` 0, as before it was 250 ms), which shows what
 coalescing a batch row's chunks does to the chat streams' ITL.
 
+`--api-variant NAME='GATEWAY ARGS'` (repeatable, with `api`) runs phase 5 again through a second
+gateway started with those extra arguments, before phase 5 itself (phase 4's rate is its C too):
+an option A/B'd in one run on the same workers. The variant goes first, so if a phase run later
+does better for being later (a CPU run showed that once), the default gets that advantage.
+Each Batch API phase also reports its gateway's controller counters over the phase (cuts of a
+worker's batch cap, withdrawals, pauses; the router's /metrics).
+
 Figures: online TTFT P50/P99 and ITL P99 (gaps between a stream's content chunks) per phase and
 as ratios to phase 1; each job's rows/s, output tokens/s and share of what the idle capacity
 allows, C x (1 - U), U = online output tokens/s in phase 1 / C (as shared_pool.py computes it).
@@ -42,6 +49,7 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import sys
 import tempfile
 import time
@@ -53,6 +61,11 @@ from vllm_fleet.bench import percentile
 from shared_pool import WORDS, add_worker_options, worker_process
 from worker_pair import worker_pair
 from vllm_fleet.processes import GatewayProcess
+
+
+# The gateway's router counters reported per Batch API phase (summed over workers).
+COUNTERS = {"cuts": "vllm_fleet_router_batch_cap_cuts_total", "withdrawals": "vllm_fleet_router_batch_withdrawals_total",
+            "pauses": "vllm_fleet_router_batch_pauses_total"}
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -158,6 +171,25 @@ async def batch_api_job(http: httpx.AsyncClient, model: str, args, salt: str) ->
             "output_tokens": sum(tokens), "wall_s": wall}
 
 
+async def controller_counters(http: httpx.AsyncClient) -> dict[str, float]:
+    text = (await http.get("/metrics")).raise_for_status().text
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for key, metric in COUNTERS.items():
+            if name == metric:
+                totals[key] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+async def counted(http: httpx.AsyncClient, result) -> dict:
+    """`result` (a coroutine's dict) with the gateway's controller counters over its run."""
+    before = await controller_counters(http)
+    done = await result
+    after = await controller_counters(http)
+    return {**done, **{f"gateway_{key}": after[key] - before[key] for key in COUNTERS}}
+
+
 def controller_targets(args) -> dict:
     """The latency controller's targets, the same for the gateway and the Spark job's routers."""
     return {"interactive_targets": args.targets, "interactive_ttft_target_ms": args.ttft_target_ms,
@@ -193,10 +225,15 @@ async def run(args: argparse.Namespace) -> list[dict]:
               f"scheduling={info.settings.get('scheduling_policy', 'fcfs')}; spark {session.version} "
               f"local[{args.spark_cores}]", flush=True)
         with tempfile.TemporaryDirectory() as batch_dir:
-            gateway = GatewayProcess(["--workers", ",".join(addresses), "--no-access-log", "--batch-dir", batch_dir,
-                                      "--batch-concurrency", str(args.batch_api_concurrency),
-                                      *gateway_target_args(args), *args.gateway_arg],
-                                     {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, log_path="/tmp/shared-pool-jobs-gateway.log")
+            def gateway_process(name: str, extra: list[str]) -> GatewayProcess:
+                return GatewayProcess(["--workers", ",".join(addresses), "--no-access-log",
+                                       "--batch-dir", os.path.join(batch_dir, name),
+                                       "--batch-concurrency", str(args.batch_api_concurrency),
+                                       *gateway_target_args(args), *args.gateway_arg, *extra],
+                                      {"VLLM_FLEET_LOG_LEVEL": "WARNING"},
+                                      log_path=f"/tmp/shared-pool-jobs-gateway-{name}.log")
+
+            gateway = gateway_process("main", [])
             async with gateway, httpx.AsyncClient(base_url=gateway.url, timeout=args.job_timeout_s) as http:
                 await gateway.wait_ready(120)
                 model = info.model
@@ -225,8 +262,14 @@ async def run(args: argparse.Namespace) -> list[dict]:
                 if "api" in phases:
                     record("Batch API alone",
                            {f"job_{k}": v for k, v in (await batch_api_job(http, model, args, "api-alone")).items()})
-                    record("online + Batch API, classes",
-                           await with_online(http, model, args, "api-cls", batch_api_job(http, model, args, "api-cls")))
+                    for name, extra in args.api_variant:
+                        other = gateway_process(name, extra)
+                        async with other, httpx.AsyncClient(base_url=other.url, timeout=args.job_timeout_s) as via:
+                            await other.wait_ready(120)
+                            record(api_variant_phase(name), await counted(via, with_online(
+                                via, model, args, f"api-{name}", batch_api_job(via, model, args, f"api-{name}"))))
+                    record("online + Batch API, classes", await counted(http, with_online(
+                        http, model, args, "api-cls", batch_api_job(http, model, args, "api-cls"))))
                 if "no-classes" in phases:
                     # Last: its rows are interactive work, and latency learnt without batch (relative
                     # targets) would learn them as what interactive latency is on these workers.
@@ -234,6 +277,10 @@ async def run(args: argparse.Namespace) -> list[dict]:
                            await with_online(http, model, args, "spark-old", spark("spark-old", "interactive")))
     session.stop()
     return results
+
+
+def api_variant_phase(name: str) -> str:
+    return f"online + Batch API, classes, variant {name}"
 
 
 def spark_session(cores: int):
@@ -262,15 +309,21 @@ def report(results: list[dict], args) -> None:
             if "ttft_p99_ms" in r else "- | - | - | -"
         print(f"| {r['phase']} | {online} | {job} |")
     print()
+    variants = [api_variant_phase(name) for name, _ in args.api_variant]
+    for r in results:
+        if "gateway_cuts" in r:
+            print(f"{r['phase']}: the gateway's controller cut a worker's batch cap {r['gateway_cuts']:.0f} times, "
+                  f"withdrew {r['gateway_withdrawals']:.0f} and paused {r['gateway_pauses']:.0f} batch requests")
     for name in ("online + Spark, classes", "online + Spark, classes, per-step chunks", "online + Spark, no classes",
-                 "online + Batch API, classes"):
+                 "online + Batch API, classes", *variants):
         r = by.get(name)
         if r is None:
             continue
         print(f"{name}: online TTFT P99 {r['ttft_p99_ms'] / alone['ttft_p99_ms']:.2f}x alone, ITL P99 "
               f"{r['itl_p99_ms'] / alone['itl_p99_ms']:.2f}x alone (target <= 1.1x)")
     for job, mixed in (("Spark alone", "online + Spark, classes"), ("Spark alone", "online + Spark, classes, per-step chunks"),
-                       ("Batch API alone", "online + Batch API, classes")):
+                       ("Batch API alone", "online + Batch API, classes"),
+                       *(("Batch API alone", variant) for variant in variants)):
         if job not in by or mixed not in by:
             continue
         capacity = by[job]["job_output_tokens"] / by[job]["job_wall_s"]
@@ -286,6 +339,13 @@ def report(results: list[dict], args) -> None:
           f"{args.max_tokens} tokens; 0 online errors): {same}", flush=True)
     if not same:
         raise SystemExit("a job or the online traffic did not do the same work: the ratios compare nothing")
+
+
+def api_variant(spec: str) -> tuple[str, list[str]]:
+    name, sep, extra = spec.partition("=")
+    if not sep or not name.strip() or not name.replace("_", "").replace("-", "").isalnum():
+        raise argparse.ArgumentTypeError(f"{spec!r}: give NAME=GATEWAY ARGS, e.g. 'one=--batch-raise-fraction 0'")
+    return name.strip(), shlex.split(extra)
 
 
 def parse_args() -> argparse.Namespace:
@@ -311,6 +371,9 @@ def parse_args() -> argparse.Namespace:
                         help="--interactive-itl-target-ms, for the gateway and the Spark job")
     parser.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
                         help="Passed to the gateway, e.g. --gateway-arg=--batch-max-kv-usage --gateway-arg=0.8")
+    parser.add_argument("--api-variant", action="append", default=[], metavar="NAME=ARGS", type=api_variant,
+                        help="With the api phase: run its online + Batch API phase first through a second gateway "
+                        "with these extra arguments, e.g. 'one=--batch-raise-fraction 0' (repeatable)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--phases", type=lambda v: v.split(","), default=["spark", "api", "no-classes"],
                         help="Which phases run after online alone: spark, spark-steps, api, no-classes (comma-separated)")
@@ -319,6 +382,8 @@ def parse_args() -> argparse.Namespace:
     unknown = set(args.phases) - {"spark", "spark-steps", "api", "no-classes"}
     if unknown:
         parser.error(f"unknown phase(s) {', '.join(sorted(unknown))}: choose from spark, spark-steps, api, no-classes")
+    if args.api_variant and "api" not in args.phases:
+        parser.error("--api-variant needs the api phase (its capacity C and the default to compare with)")
     if args.cuda_devices is not None and len(args.cuda_devices) != 2:
         parser.error("--cuda-devices takes one value per worker: two, e.g. 0,0 or 0,1")
     return args

@@ -24,6 +24,11 @@ mkdir -p "$OUT"
 variant_args=()
 IFS=';' read -ra variant_specs <<<"${VARIANTS:-}"
 for spec in "${variant_specs[@]}"; do [[ -n $spec ]] && variant_args+=(--variant "$spec"); done
+# API_VARIANTS='NAME=GATEWAY ARGS;...' (jobs, with PHASES naming api): the online + Batch API phase
+# again through a gateway with those arguments (e.g. API_VARIANTS='one=--batch-raise-fraction 0').
+api_variant_args=()
+IFS=';' read -ra api_variant_specs <<<"${API_VARIANTS:-}"
+for spec in "${api_variant_specs[@]}"; do [[ -n $spec ]] && api_variant_args+=(--api-variant "$spec"); done
 case ${1:?cache, unique or jobs} in
 unique)
     PROMPTS=${PROMPTS:-160} RATE=${RATE:-8} POLICIES=${POLICIES:-round_robin,least_outstanding,cache_aware}
@@ -44,6 +49,6 @@ jobs)
     $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 \
         --seconds 30 --rate ${RATE:-8} --rows ${ROWS:-3000} --max-tokens 64 --batch-words 200 \
-        --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 --phases ${PHASES:-spark,api,no-classes} \
+        --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 --phases ${PHASES:-spark,api,no-classes} "${api_variant_args[@]}" \
         --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-50} 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
 esac

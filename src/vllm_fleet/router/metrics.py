@@ -27,6 +27,8 @@ class RouterMetrics:
                                    "interactive work, and requeued", **common)
         self.pauses = Counter("batch_pauses", "Running batch requests paused for interactive work (their tokens "
                               "kept) and requeued to resume where they stopped", **common)
+        self.batch_cuts = Counter("batch_cap_cuts", "Interactive latency misses that halved a worker's batch cap "
+                                  "(router/batch_gate.py), by worker", ["worker"], **common)
         self.migrations = Counter("migrations", "Streams continued on another worker after tokens were sent", **common)
         self.rejections = Counter("rejections", "Requests refused, by reason (requests_per_min, tokens_per_min, "
                                   "queue_full, queue_timeout, no_worker, retry_budget)", ["reason"], **common)
@@ -81,7 +83,7 @@ class RouterMetrics:
     def forget_worker(self, address: str) -> None:
         for gauge in (self.breaker_state, self.in_flight, self.outstanding_tokens, self.worker_up,
                       self.kv_events_fresh, self.engine_prefix_hits, self.engine_prefix_queries,
-                      self.predicted_cached_tokens, self.routed_prompt_tokens):
+                      self.predicted_cached_tokens, self.routed_prompt_tokens, self.batch_cuts):
             try:
                 gauge.remove(address)
             except KeyError:
