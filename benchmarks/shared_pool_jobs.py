@@ -344,7 +344,7 @@ def report(results: list[dict], args) -> None:
 def api_variant(spec: str) -> tuple[str, list[str]]:
     name, sep, extra = spec.partition("=")
     if not sep or not name.strip() or not name.replace("_", "").replace("-", "").isalnum():
-        raise argparse.ArgumentTypeError(f"{spec!r}: give NAME=GATEWAY ARGS, e.g. 'one=--batch-raise-fraction 0'")
+        raise argparse.ArgumentTypeError(f"{spec!r}: give NAME=GATEWAY ARGS, e.g. 'lenient=--interactive-slowdown-target 1.25'")
     return name.strip(), shlex.split(extra)
 
 
@@ -373,7 +373,7 @@ def parse_args() -> argparse.Namespace:
                         help="Passed to the gateway, e.g. --gateway-arg=--batch-max-kv-usage --gateway-arg=0.8")
     parser.add_argument("--api-variant", action="append", default=[], metavar="NAME=ARGS", type=api_variant,
                         help="With the api phase: run its online + Batch API phase first through a second gateway "
-                        "with these extra arguments, e.g. 'one=--batch-raise-fraction 0' (repeatable)")
+                        "with these extra arguments, e.g. 'lenient=--interactive-slowdown-target 1.25' (repeatable)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--phases", type=lambda v: v.split(","), default=["spark", "api", "no-classes"],
                         help="Which phases run after online alone: spark, spark-steps, api, no-classes (comma-separated)")

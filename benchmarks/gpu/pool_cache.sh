@@ -25,7 +25,7 @@ variant_args=()
 IFS=';' read -ra variant_specs <<<"${VARIANTS:-}"
 for spec in "${variant_specs[@]}"; do [[ -n $spec ]] && variant_args+=(--variant "$spec"); done
 # API_VARIANTS='NAME=GATEWAY ARGS;...' (jobs, with PHASES naming api): the online + Batch API phase
-# again through a gateway with those arguments (e.g. API_VARIANTS='one=--batch-raise-fraction 0').
+# again through a gateway with those arguments (e.g. API_VARIANTS='lenient=--interactive-slowdown-target 1.25').
 api_variant_args=()
 IFS=';' read -ra api_variant_specs <<<"${API_VARIANTS:-}"
 for spec in "${api_variant_specs[@]}"; do [[ -n $spec ]] && api_variant_args+=(--api-variant "$spec"); done

@@ -173,28 +173,6 @@ def test_after_a_step_down_the_cap_doubles_back_to_half_the_level_that_missed_th
     assert caps == [2, 4, 8, 9, 10]
 
 
-def test_on_an_engine_with_many_slots_the_cap_climbs_back_in_as_many_windows_as_on_a_small_one():
-    # An H200 engine with 256 slots: a batch share of 192. One cut at the full share, then quiet.
-    clock = Clock()
-    gate = BatchGate(ServiceClassConfig(interactive_targets="absolute", interactive_ttft_target_ms=500,
-                                        batch_raise_every_s=1.0), clock)
-    share = lambda: 192  # noqa: E731
-    gate.observe("w", ttft_s=2.0, share=share)
-    assert gate.cap("w", 192) == 96
-    caps = []
-    for _ in range(9):
-        clock.now += 1.0
-        caps.append(gate.cap("w", 192))
-    # Past half the level that missed, a sixteenth of the share (12) a window: back to the share in
-    # 8 windows, as a 16-slot engine's 12 takes 6. One request a window would take 96 windows.
-    assert caps == [108, 120, 132, 144, 156, 168, 180, 192, 192]
-    one_at_a_time = BatchGate(ServiceClassConfig(interactive_targets="absolute", interactive_ttft_target_ms=500,
-                                                 batch_raise_fraction=0), clock)
-    one_at_a_time.observe("w", ttft_s=2.0, share=share)
-    clock.now += 3.0
-    assert one_at_a_time.cap("w", 192) == 99
-
-
 def test_each_cut_of_a_workers_batch_cap_is_counted_on_metrics_per_worker():
     from prometheus_client import CollectorRegistry
 

@@ -38,17 +38,13 @@ The latency controller: each worker has a cap on this router's batch requests th
 * **Increase**: each quiet window of `batch_raise_every_s` with no miss doubles the cap
   (from 0: one) up to half the level that missed (TCP's slow-start threshold; the level is
   where the episode of cuts began: cuts in a row, with no quiet window between, keep the
-  first one's), then adds a sixteenth of the worker's batch share per window
-  (`batch_raise_fraction`; at least one request) up to that share. So paused work comes back
-  within a few windows once the signals are clean, and the level that interfered is
-  approached in small steps. Doubling straight back to the level that missed (the controller
-  before) returned to it within ~2 s, to be cut again: 27 cuts and 58 pauses in 45 s on the
-  CPU run of 2026-12-03. Why a share of the slots and not one request: on a CPU engine with
-  16 slots (a batch share of 12) one request a window climbs from half the share back to it
-  in 6 windows; on an H200 engine with 64 slots it took 24, with 256 slots 96, so one cut held
-  a job below the level it came from for most of a minute: the Batch API job (one router)
-  reached 38% of the idle capacity while the chat streams' gaps stayed at 0.96x of alone's,
-  where a Spark job's 8 routers, each adding one, reached 65%.
+  first one's), then adds one per window up to the worker's batch share. So paused work
+  comes back within a few windows once the signals are clean, and the level that
+  interfered is approached one request at a time. Doubling straight back to the level that
+  missed (the controller before) returned to it within ~2 s, to be cut again: 27 cuts and
+  58 pauses in 45 s on the CPU run of 2026-12-03. (Adding a sixteenth of the batch share per
+  window instead, for engines with many slots, was measured on the H200 and showed no effect of
+  its own: the job's share followed how often the controller cut, 3 to 173 times a phase.)
 
 Why this one: interference between co-running requests is mostly step time (every sequence
 in the engine's batch slows every step), which slot counts do not show and which differs by
@@ -123,9 +119,8 @@ class BatchGate:
             return float(share)
         cap, since, ceiling = state
         windows = int((self._clock() - since) // self.config.batch_raise_every_s)
-        step = max(1, math.floor(share * self.config.batch_raise_fraction))
         while windows > 0 and cap < share:
-            cap = max(1.0, min(cap * 2, ceiling)) if cap < ceiling else cap + step
+            cap = max(1.0, min(cap * 2, ceiling)) if cap < ceiling else cap + 1
             windows -= 1
         return min(float(share), cap)
 

@@ -96,12 +96,7 @@ class ServiceClassConfig(FleetModel):
         "until the worker's latency without batch is known")
     batch_raise_every_s: float = Field(
         1.0, gt=0, description="A latency miss halves a worker's batch cap (what batch holds there); each quiet "
-        "window this long doubles it back up to half the level that missed, then adds --batch-raise-fraction of "
-        "the worker's batch share per window")
-    batch_raise_fraction: float = Field(
-        1 / 16, ge=0, le=1, description="Past half the level that missed, each quiet window adds this share of the "
-        "worker's batch share to its cap (at least one request; 0: one request a window), so climbing back "
-        "takes as many windows on a 256-slot GPU engine as on a 16-slot CPU one")
+        "window this long doubles it back up to half the level that missed, then adds one request per window")
 
 
 def slots(view: WorkerView) -> int:
