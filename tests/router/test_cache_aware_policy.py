@@ -30,10 +30,10 @@ def test_prefers_the_worker_holding_the_longest_prefix():
 def test_saved_prefill_is_weighed_against_load():
     pool = snapshot(fresh(A, outstanding=3000), fresh(B, outstanding=0))
     # A saves 1,500 prompt tokens but has 3,000 tokens of work ahead: B is cheaper (no copy cost).
-    no_copy = CacheAware(CacheCosts(copy_weight=0))
+    no_copy = CacheAware(CacheCosts(load_weight=1.0, copy_weight=0))
     assert no_copy.rank(features({A: 1500}), pool) == [B, A]
     # Prefill weighed 3x: A's saving now outweighs its load.
-    heavy_prefill = CacheAware(CacheCosts(prefill_weight=3.0, load_bound=None, copy_weight=0))
+    heavy_prefill = CacheAware(CacheCosts(prefill_weight=3.0, load_weight=1.0, load_bound=None, copy_weight=0))
     assert heavy_prefill.rank(features({A: 1500}), pool) == [A, B]
 
 
@@ -43,12 +43,22 @@ def test_copying_what_another_worker_holds_costs_its_cache_room_too():
     # prefix into its cache, evicting another: the copy term keeps the hit on its holder.
     pool = snapshot(fresh(A, outstanding=2200), fresh(B, outstanding=0))
     hit = features({A: 2000}, prompt_tokens=2100)
-    assert CacheAware(CacheCosts(copy_weight=0, load_bound=None)).rank(hit, pool) == [B, A]
-    assert CacheAware(CacheCosts(load_bound=None)).rank(hit, pool) == [A, B]
+    assert CacheAware(CacheCosts(load_weight=1.0, copy_weight=0, load_bound=None)).rank(hit, pool) == [B, A]
+    assert CacheAware(CacheCosts(load_weight=1.0, load_bound=None)).rank(hit, pool) == [A, B]
     # A load difference worth more than two prefills of the shared part still moves it.
     far = snapshot(fresh(A, outstanding=4300), fresh(B, outstanding=0))
-    assert CacheAware(CacheCosts(load_bound=None)).rank(hit, far) == [B, A]
+    assert CacheAware(CacheCosts(load_weight=1.0, load_bound=None)).rank(hit, far) == [B, A]
     # The default: the copy term on.
+    assert make_policy("cache_aware").rank(hit, pool)[0] == A
+
+
+def test_when_every_worker_queues_a_hit_stays_on_its_holder_a_few_requests_behind():
+    # Both workers deep in work (the H200 at 64/s); A holds 2,000 of the prompt's 2,100 tokens and
+    # is two prefills behind B. Counting load as prefill (1.0), B wins and copies the prefix; at
+    # the default quarter the hit stays where the prefix is, which saved the pair's throughput.
+    pool = snapshot(fresh(A, outstanding=7500), fresh(B, outstanding=3000))
+    hit = features({A: 2000}, prompt_tokens=2100)
+    assert CacheAware(CacheCosts(load_weight=1.0)).rank(hit, pool)[0] == B
     assert make_policy("cache_aware").rank(hit, pool)[0] == A
 
 
@@ -112,11 +122,12 @@ def test_the_home_yields_to_a_cache_hit_and_to_a_real_load_difference():
     pool = snapshot(fresh(A), fresh(B))
     # The other worker holds 1,024 tokens of the prompt: saved prefill beats the home.
     assert make_policy("cache_aware").rank(features({other: 1024}, frontier_key="101"), pool)[0] == other
-    # The home has 2,000 more tokens of work ahead: the other takes the miss.
-    busy_home = snapshot(fresh(home, outstanding=2000), fresh(other))
+    # The home has 3,000 more tokens of work ahead (750 at the default load weight of a quarter,
+    # more than the home's 512): the other takes the miss.
+    busy_home = snapshot(fresh(home, outstanding=3000), fresh(other))
     assert make_policy("cache_aware").rank(features({}, frontier_key="101"), busy_home)[0] == other
-    # ... but 300 more only: the home keeps it.
-    near = snapshot(fresh(home, outstanding=300), fresh(other))
+    # ... but 1,200 more only (300 weighted): the home keeps it.
+    near = snapshot(fresh(home, outstanding=1200), fresh(other))
     assert make_policy("cache_aware").rank(features({}, frontier_key="101"), near)[0] == home
     # A short prompt's home is worth only what it would cache there: 100 tokens, less than 300.
     assert make_policy("cache_aware").rank(features({}, prompt_tokens=100, frontier_key="101"), near)[0] == other

@@ -132,7 +132,7 @@ class RouterConfig(FleetModel):
         "(the prompt less the leading tokens its KV cache holds)"
     )
     cache_load_weight: float = Field(
-        1.0, ge=0, description="Cache-aware routing: cost of one token of load on a worker (outstanding tokens of "
+        0.25, ge=0, description="Cache-aware routing: cost of one token of load on a worker (outstanding tokens of "
         "this router's requests, plus --cache-queued-tokens per other sequence it runs or queues); raise it to "
         "spread load over saving prefill"
     )
