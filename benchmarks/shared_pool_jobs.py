@@ -172,13 +172,19 @@ async def batch_api_job(http: httpx.AsyncClient, model: str, args, salt: str) ->
 
 
 async def controller_counters(http: httpx.AsyncClient) -> dict[str, float]:
+    """The COUNTERS summed over workers, and the cuts by "signal/source" too (cuts:ttft/router ...)."""
     text = (await http.get("/metrics")).raise_for_status().text
     totals = dict.fromkeys(COUNTERS, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         for key, metric in COUNTERS.items():
             if name == metric:
-                totals[key] += float(line.rsplit(" ", 1)[1])
+                value = float(line.rsplit(" ", 1)[1])
+                totals[key] += value
+                labels = dict(part.split("=", 1) for part in line.partition("{")[2].partition("}")[0].split(",") if "=" in part)
+                if key == "cuts" and "signal" in labels:
+                    by = f"cuts:{labels['signal'].strip(chr(34))}/{labels.get('source', '').strip(chr(34))}"
+                    totals[by] = totals.get(by, 0.0) + value
     return totals
 
 
@@ -187,7 +193,7 @@ async def counted(http: httpx.AsyncClient, result) -> dict:
     before = await controller_counters(http)
     done = await result
     after = await controller_counters(http)
-    return {**done, **{f"gateway_{key}": after[key] - before[key] for key in COUNTERS}}
+    return {**done, **{f"gateway_{key}": after[key] - before.get(key, 0.0) for key in after}}
 
 
 def controller_targets(args) -> dict:
@@ -312,8 +318,11 @@ def report(results: list[dict], args) -> None:
     variants = [api_variant_phase(name) for name, _ in args.api_variant]
     for r in results:
         if "gateway_cuts" in r:
-            print(f"{r['phase']}: the gateway's controller cut a worker's batch cap {r['gateway_cuts']:.0f} times, "
-                  f"withdrew {r['gateway_withdrawals']:.0f} and paused {r['gateway_pauses']:.0f} batch requests")
+            by = ", ".join(f"{key[len('gateway_cuts:'):]} {value:.0f}" for key, value in sorted(r.items())
+                           if key.startswith("gateway_cuts:") and value)
+            print(f"{r['phase']}: the gateway's controller cut a worker's batch cap {r['gateway_cuts']:.0f} times "
+                  f"({by or 'none'}; signal/whose samples), withdrew {r['gateway_withdrawals']:.0f} and paused "
+                  f"{r['gateway_pauses']:.0f} batch requests")
     for name in ("online + Spark, classes", "online + Spark, classes, per-step chunks", "online + Spark, no classes",
                  "online + Batch API, classes", *variants):
         r = by.get(name)

@@ -173,7 +173,7 @@ def test_after_a_step_down_the_cap_doubles_back_to_half_the_level_that_missed_th
     assert caps == [2, 4, 8, 9, 10]
 
 
-def test_each_cut_of_a_workers_batch_cap_is_counted_on_metrics_per_worker():
+def test_each_cut_of_a_workers_batch_cap_is_counted_by_worker_signal_and_source():
     from prometheus_client import CollectorRegistry
 
     from vllm_fleet.registry import StaticRegistry
@@ -183,10 +183,16 @@ def test_each_cut_of_a_workers_batch_cap_is_counted_on_metrics_per_worker():
     registry = CollectorRegistry()
     config = RouterConfig(classes=ServiceClassConfig(interactive_targets="absolute", interactive_ttft_target_ms=500))
     pool = Pool(StaticRegistry.from_spec("10.0.0.1:50051"), None, config, RouterMetrics(registry))
-    assert pool.batch.observe("10.0.0.1:50051", ttft_s=2.0, share=lambda: 12)
+    assert pool.batch.observe("10.0.0.1:50051", ttft_s=2.0, share=lambda: 12)       # the router's own sample
     assert not pool.batch.observe("10.0.0.2:50051", ttft_s=0.1, share=lambda: 12)
-    assert registry.get_sample_value("vllm_fleet_router_batch_cap_cuts_total", {"worker": "10.0.0.1:50051"}) == 1
-    assert registry.get_sample_value("vllm_fleet_router_batch_cap_cuts_total", {"worker": "10.0.0.2:50051"}) is None
+    pool.batch.reported("10.0.0.2:50051", ttft_ms=0, itl_ms=900, share=lambda: 12)  # the worker's report
+    cuts = "vllm_fleet_router_batch_cap_cuts_total"
+    assert registry.get_sample_value(cuts, {"worker": "10.0.0.1:50051", "signal": "ttft", "source": "router"}) == 1
+    assert registry.get_sample_value(cuts, {"worker": "10.0.0.2:50051", "signal": "itl", "source": "worker"}) == 1
+    assert registry.get_sample_value(cuts, {"worker": "10.0.0.2:50051", "signal": "ttft", "source": "router"}) is None
+    pool.metrics.forget_worker("10.0.0.1:50051")                                     # a worker that left
+    assert registry.get_sample_value(cuts, {"worker": "10.0.0.1:50051", "signal": "ttft", "source": "router"}) is None
+    assert registry.get_sample_value(cuts, {"worker": "10.0.0.2:50051", "signal": "itl", "source": "worker"}) == 1
 
 
 def test_one_slow_gap_among_many_is_not_a_miss_but_a_slow_second_is():

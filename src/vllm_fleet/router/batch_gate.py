@@ -84,12 +84,14 @@ class BatchGate:
     MISS_WINDOW_S = {"ttft": 2.0, "itl": 1.0}  # the router's own samples are judged over these windows
 
     def __init__(self, config: ServiceClassConfig | None = None, clock: Callable[[], float] | None = None,
-                 *, on_cut: Callable[[str], None] | None = None) -> None:
+                 *, on_cut: Callable[[str, str, str], None] | None = None) -> None:
         import time
 
         self.config = config or ServiceClassConfig()
         self._clock = clock or time.monotonic
-        self._on_cut = on_cut  # told the worker's address at each cut (the router's metric)
+        # told at each cut: the worker's address, which signal missed ("ttft", "itl" or "both") and
+        # whose samples showed it ("router": this router's own, "worker": the worker's report)
+        self._on_cut = on_cut
         self.running: dict[str, int] = {}
         # Per worker, token → the callable that makes that attempt step aside: before its first
         # token (withdraw) and after it (pause; only attempts that can resume are listed).
@@ -211,7 +213,8 @@ class BatchGate:
         self._caps[address] = (cap, now, ceiling)
         self.cuts += 1
         if self._on_cut is not None:
-            self._on_cut(address)
+            signal = "both" if ttft_miss and itl_miss else "ttft" if ttft_miss else "itl"
+            self._on_cut(address, signal, "worker" if judged else "router")
         if running > cap:
             # The excess over the new cap steps aside now, so the interactive streams feel the cut
             # at their next step, not when batch answers end; the rest keeps running.

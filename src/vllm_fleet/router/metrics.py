@@ -28,7 +28,10 @@ class RouterMetrics:
         self.pauses = Counter("batch_pauses", "Running batch requests paused for interactive work (their tokens "
                               "kept) and requeued to resume where they stopped", **common)
         self.batch_cuts = Counter("batch_cap_cuts", "Interactive latency misses that halved a worker's batch cap "
-                                  "(router/batch_gate.py), by worker", ["worker"], **common)
+                                  "(router/batch_gate.py), by worker, by the signal that missed (ttft, itl, both) "
+                                  "and by whose samples showed it (router: this router's own; worker: the "
+                                  "worker's latency report)", ["worker", "signal", "source"], **common)
+        self._cut_labels: set[tuple[str, str, str]] = set()  # the children of batch_cuts, to forget a worker's
         self.migrations = Counter("migrations", "Streams continued on another worker after tokens were sent", **common)
         self.rejections = Counter("rejections", "Requests refused, by reason (requests_per_min, tokens_per_min, "
                                   "queue_full, queue_timeout, no_worker, retry_budget)", ["reason"], **common)
@@ -83,11 +86,19 @@ class RouterMetrics:
     def forget_worker(self, address: str) -> None:
         for gauge in (self.breaker_state, self.in_flight, self.outstanding_tokens, self.worker_up,
                       self.kv_events_fresh, self.engine_prefix_hits, self.engine_prefix_queries,
-                      self.predicted_cached_tokens, self.routed_prompt_tokens, self.batch_cuts):
+                      self.predicted_cached_tokens, self.routed_prompt_tokens):
             try:
                 gauge.remove(address)
             except KeyError:
                 pass
+        for labels in [labels for labels in self._cut_labels if labels[0] == address]:
+            self.batch_cuts.remove(*labels)
+            self._cut_labels.discard(labels)
+
+    def count_cut(self, address: str, signal: str, source: str) -> None:
+        """One cut of a worker's batch cap (batch_gate.BatchGate's on_cut)."""
+        self._cut_labels.add((address, signal, source))
+        self.batch_cuts.labels(address, signal, source).inc()
 
     def watch_queue(self, workload_class: str, depth: Callable[[], int]) -> None:
         self.queue_depth.labels(workload_class).set_function(lambda: float(depth()))
