@@ -318,10 +318,10 @@ def report(results: list[dict], args) -> None:
     variants = [api_variant_phase(name) for name, _ in args.api_variant]
     for r in results:
         if "gateway_cuts" in r:
-            by = ", ".join(f"{key[len('gateway_cuts:'):]} {value:.0f}" for key, value in sorted(r.items())
-                           if key.startswith("gateway_cuts:") and value)
+            breakdown = ", ".join(f"{key[len('gateway_cuts:'):]} {value:.0f}" for key, value in sorted(r.items())
+                                  if key.startswith("gateway_cuts:") and value)
             print(f"{r['phase']}: the gateway's controller cut a worker's batch cap {r['gateway_cuts']:.0f} times "
-                  f"({by or 'none'}; signal/whose samples), withdrew {r['gateway_withdrawals']:.0f} and paused "
+                  f"({breakdown or 'none'}; signal/whose samples), withdrew {r['gateway_withdrawals']:.0f} and paused "
                   f"{r['gateway_pauses']:.0f} batch requests")
     for name in ("online + Spark, classes", "online + Spark, classes, per-step chunks", "online + Spark, no classes",
                  "online + Batch API, classes", *variants):
