@@ -61,11 +61,7 @@ from vllm_fleet.bench import percentile
 from shared_pool import WORDS, add_worker_options, worker_process
 from worker_pair import worker_pair
 from vllm_fleet.processes import GatewayProcess
-
-
-# The gateway's router counters reported per Batch API phase (summed over workers).
-COUNTERS = {"cuts": "vllm_fleet_router_batch_cap_cuts_total", "withdrawals": "vllm_fleet_router_batch_withdrawals_total",
-            "pauses": "vllm_fleet_router_batch_pauses_total"}
+from gateway_counters import counted
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -169,31 +165,6 @@ async def batch_api_job(http: httpx.AsyncClient, model: str, args, salt: str) ->
     return {"status": batch["status"], "rows": len(output), "distinct_ids": len({line["custom_id"] for line in output}),
             "row_errors": batch["request_counts"]["failed"], "short": sum(1 for t in tokens if t != args.max_tokens),
             "output_tokens": sum(tokens), "wall_s": wall}
-
-
-async def controller_counters(http: httpx.AsyncClient) -> dict[str, float]:
-    """The COUNTERS summed over workers, and the cuts by "signal/source" too (cuts:ttft/router ...)."""
-    text = (await http.get("/metrics")).raise_for_status().text
-    totals = dict.fromkeys(COUNTERS, 0.0)
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        for key, metric in COUNTERS.items():
-            if name == metric:
-                value = float(line.rsplit(" ", 1)[1])
-                totals[key] += value
-                labels = dict(part.split("=", 1) for part in line.partition("{")[2].partition("}")[0].split(",") if "=" in part)
-                if key == "cuts" and "signal" in labels:
-                    by = f"cuts:{labels['signal'].strip(chr(34))}/{labels.get('source', '').strip(chr(34))}"
-                    totals[by] = totals.get(by, 0.0) + value
-    return totals
-
-
-async def counted(http: httpx.AsyncClient, result) -> dict:
-    """`result` (a coroutine's dict) with the gateway's controller counters over its run."""
-    before = await controller_counters(http)
-    done = await result
-    after = await controller_counters(http)
-    return {**done, **{f"gateway_{key}": after[key] - before.get(key, 0.0) for key in after}}
 
 
 def controller_targets(args) -> dict:

@@ -165,8 +165,7 @@ class Pool:
         )
         self._changed = asyncio.Event()
         self.cache = cache        # cache_aware: follows each worker's KV-cache events
-        # batch per worker; its latency controller
-        self.batch = BatchGate(config.classes, clock, on_cut=metrics.count_cut)
+        self.batch = BatchGate(config.classes, clock, on_cut=metrics.count_cut)  # batch per worker; its controller
         # batch requests waiting for slack, and why (batch_wait.py)
         self.batch_waits = BatchWaits(lambda model, pool: why_no_slack(self.snapshot(), self.batch, model, pool),
                                       metrics.batch_waiting, clock)
