@@ -7,13 +7,17 @@ One RouterMetrics exists per prometheus registry: two routers in one process sha
 
 from __future__ import annotations
 
+import weakref
+
 from collections.abc import Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 BREAKER_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
-_by_registry: dict[int, RouterMetrics] = {}
+# Keyed by the registry itself, held weakly: keyed by id(), a registry made after another was
+# dropped could reuse its id and be handed the dropped one's metrics (whose counts it never sees).
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, RouterMetrics] = weakref.WeakKeyDictionary()
 
 
 class RouterMetrics:
@@ -65,9 +69,9 @@ class RouterMetrics:
     @classmethod
     def for_registry(cls, registry: CollectorRegistry | None = None) -> RouterMetrics:
         registry = registry or REGISTRY
-        metrics = _by_registry.get(id(registry))
+        metrics = _by_registry.get(registry)
         if metrics is None:
-            metrics = _by_registry[id(registry)] = cls(registry)
+            metrics = _by_registry[registry] = cls(registry)
         return metrics
 
     def watch_worker(self, address: str, *, breaker: Callable[[], str], in_flight: Callable[[], int],

@@ -9,9 +9,13 @@ One QuotaMetrics exists per prometheus registry, as for RouterMetrics.
 
 from __future__ import annotations
 
+import weakref
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-_by_registry: dict[int, QuotaMetrics] = {}
+# Keyed by the registry itself, held weakly: keyed by id(), a registry made after another was
+# dropped could reuse its id and be handed the dropped one's metrics (whose counts it never sees).
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, QuotaMetrics] = weakref.WeakKeyDictionary()
 
 
 class QuotaMetrics:
@@ -26,7 +30,7 @@ class QuotaMetrics:
     @classmethod
     def for_registry(cls, registry: CollectorRegistry | None = None) -> QuotaMetrics:
         registry = registry or REGISTRY
-        metrics = _by_registry.get(id(registry))
+        metrics = _by_registry.get(registry)
         if metrics is None:
-            metrics = _by_registry[id(registry)] = cls(registry)
+            metrics = _by_registry[registry] = cls(registry)
         return metrics
