@@ -248,15 +248,36 @@ async def test_batch_withdrawn_by_the_latency_controller_is_answered_not_refused
     assert router._pool.batch.cuts >= 1 and sum(s.withdrawals for _, s in results) >= 1
 
 
-def test_a_latency_miss_pauses_running_batch_down_to_the_new_cap():
-    clock = Clock()
-    gate = BatchGate(ServiceClassConfig(interactive_itl_target_ms=100), clock)
-    stepped: list[str] = []
-    for token in range(6):  # six batch attempts on "w": two still waiting, four streaming
+def _six_batch_attempts_two_waiting_four_streaming_one_constrained(gate: BatchGate, stepped: list[str]) -> None:
+    for token in range(6):  # six batch attempts on "w"
         gate.started("w", token, lambda t=token: stepped.append(f"withdraw {t}"))
         if token >= 2:
             gate.first_token("w", token, pause=lambda t=token: stepped.append(f"pause {t}"))
     gate.first_token("w", 6)  # a constrained one (no pause callable) is never paused
+
+
+def test_a_latency_miss_withdraws_only_batch_without_a_first_token_and_lets_the_rest_end():
+    # A paused request prefills again when it resumes: on a compute-bound engine that is more of the
+    # interference the cut is for. So by default a cut takes back only what has not started.
+    clock = Clock()
+    gate = BatchGate(ServiceClassConfig(interactive_itl_target_ms=100), clock)
+    stepped: list[str] = []
+    _six_batch_attempts_two_waiting_four_streaming_one_constrained(gate, stepped)
+    gate.observe("w", itl_s=0.5, share=lambda: 8)  # 6 run: cap 3; only the two waiting ones step aside
+    assert sorted(stepped) == ["withdraw 0", "withdraw 1"] and gate.paused == 0 and gate.withdrawn == 2
+    for token in (0, 1):
+        gate.ended("w", token)
+    assert gate.cap("w", 8) == 3 and gate.running["w"] == 4  # the streaming ones end as they would
+    clock.now += 0.6
+    gate.observe("w", itl_s=0.5, share=lambda: 8)  # a second miss: cap 1, still nothing paused
+    assert gate.paused == 0 and gate.cap("w", 8) == 1 and len(stepped) == 2
+
+
+def test_with_pause_on_cut_a_latency_miss_pauses_running_batch_down_to_the_new_cap():
+    clock = Clock()
+    gate = BatchGate(ServiceClassConfig(interactive_itl_target_ms=100, pause_batch_on_cut=True), clock)
+    stepped: list[str] = []
+    _six_batch_attempts_two_waiting_four_streaming_one_constrained(gate, stepped)
     gate.observe("w", itl_s=0.5, share=lambda: 8)  # 6 run: cap 3; the excess of 3 steps aside
     assert sorted(stepped) == ["pause 5", "withdraw 0", "withdraw 1"] and gate.paused == 1
     for token in (0, 1, 5):

@@ -32,9 +32,15 @@ The latency controller: each worker has a cap on this router's batch requests th
 * **Decrease** (at most once per `CUT_EVERY_S`: one slow step must not count many times): the
   cap becomes half of what batch holds there (the cap, or the running count when fewer run:
   halving a cap above what runs would change nothing, as TCP halves its flight size, not an
-  unused window). Only the excess over the new cap steps aside, the attempts without a first
-  token first (nothing to redo), then, with `preempt_batch`, the newest running ones (paused:
-  they resume later after the tokens they have). A miss never takes batch below its cap.
+  unused window). Only the excess over the new cap steps aside, and only the attempts without a
+  first token (nothing to redo); running ones end as they would, and no new batch starts there
+  until fewer than the cap run. With `pause_batch_on_cut` the newest running ones over the cap
+  also pause (they resume later after the tokens they have). That was the default until a CPU
+  run of 2026-12-04: a paused request prefills again when it resumes, which on a compute-bound
+  engine is more of the interference that caused the cut; the controller cut 501 times and
+  paused 439 requests in one Batch API phase (job at 33% of idle capacity), and without
+  pausing cut 221 times (62%, online ITL P99 0.82x of alone's). A miss never takes batch
+  below its cap.
 * **Increase**: each quiet window of `batch_raise_every_s` with no miss doubles the cap
   (from 0: one) up to half the level that missed (TCP's slow-start threshold; the level is
   where the episode of cuts began: cuts in a row, with no quiet window between, keep the
@@ -218,7 +224,7 @@ class BatchGate:
         if running > cap:
             # The excess over the new cap steps aside now, so the interactive streams feel the cut
             # at their next step, not when batch answers end; the rest keeps running.
-            self.step_aside(address, running - cap, pause=config.preempt_batch)
+            self.step_aside(address, running - cap, pause=config.preempt_batch and config.pause_batch_on_cut)
         return True
 
     def reported(self, address: str, *, ttft_ms: float, itl_ms: float, share: Callable[[], int],

@@ -76,8 +76,12 @@ class ServiceClassConfig(FleetModel):
         "interactive request finds its worker without room")
     preempt_batch: bool = Field(
         True, description="Also pause running batch requests (their tokens kept; each resumes where it stopped, "
-        "as a migration does) when interactive work finds no room or its latency misses the targets; "
-        "grammar-constrained batch is never paused")
+        "as a migration does) when interactive work finds no free slot; grammar-constrained batch is never paused")
+    pause_batch_on_cut: bool = Field(
+        False, description="When interactive latency misses its targets, also pause the running batch requests over "
+        "the worker's new batch cap (off: only those without a first token step aside, and the rest end as they "
+        "would; each paused request prefills again when it resumes, which on compute-bound engines is more "
+        "interference)")
     interactive_targets: Literal["relative", "absolute"] = Field(
         "relative", description="relative: batch backs off a worker where interactive latency passes "
         "interactive_slowdown_target x what it is there without batch (the worker's own baseline, learnt while no "
