@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -21,6 +22,7 @@ from vllm_fleet.router.cache_routing import CacheRouting
 from vllm_fleet.router.chat_render import Unrenderable
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import features_of
+from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.head_cut import all_cuts, cut_before, exact_cuts
 from vllm_fleet.router.policies import make_policy
 from vllm_fleet.router.prompt_tokens import PromptTokenizer
@@ -120,7 +122,8 @@ class OneModel:
 
 
 def _routing(folder: Path, head_chars: int) -> CacheRouting:
-    routing = CacheRouting(RouterConfig(policy="cache_aware"), connect=lambda address: None, metrics=None,
+    routing = CacheRouting(RouterConfig(policy="cache_aware"), connect=lambda address: None,
+                           metrics=RouterMetrics(CollectorRegistry()),
                            tokenizers=OneModel(PromptTokenizer.load(folder)))
     routing.head_chars = head_chars
     for address in WORKERS:
@@ -181,6 +184,31 @@ def test_a_fresh_long_prompt_is_keyed_from_a_head_and_routes_as_whole_tokenizati
     assert features.frontier_key == expected.frontier_key
     assert abs(features.prompt_tokens - expected.prompt_tokens) < 0.25 * expected.prompt_tokens
     assert worker == expected_worker
+
+
+def test_a_head_keyed_prompt_is_held_whole_where_it_went_soon_after_the_pick(folder):
+    # The decision keys only the head of a new document; the next request for the same document
+    # (the next Spark row sharing it, before the engine's events) must still find all of it where
+    # the first one went, or it weighs a few blocks against the load and may go elsewhere.
+    head, whole = _routing(folder, 250), _routing(folder, 0)
+    messages = _chat("Answer from the document.", _document(9))
+    features, _, _ = _decide(head, messages)
+    expected, _, _ = _decide(whole, messages)
+    assert features.prompt_ids_len == 0 and len(features.block_keys) < len(expected.block_keys) // 3
+    hold = head.routed("w3", features)
+    head.close(wait=True)  # the rest is keyed on the router's keying thread
+    held = head.index.matched_tokens(MODEL, list(expected.block_keys))
+    assert held == {"w3": len(expected.block_keys) * BS}
+    hold.release()  # no first token: nothing was stored, every entry goes, the rest's too
+    assert head.index.matched_tokens(MODEL, list(expected.block_keys)) == {}
+
+
+def test_the_rest_of_an_attempt_that_already_ended_is_not_held(folder):
+    routing = _routing(folder, 250)
+    hold = routing.index.note_routed("w1", MODEL, [11, 12])
+    hold.release()
+    routing.index.extend_hold(hold, "w1", MODEL, [13, 14])
+    assert routing.index.matched_tokens(MODEL, [11, 12, 13, 14]) == {}
 
 
 def test_a_prompt_held_past_the_head_is_tokenized_whole(folder):

@@ -237,7 +237,17 @@ class CacheIndex:
         later), or until its `release()` before a first token; refresh the blocks it holds already."""
         now = self._clock() if now is None else now
         self._expire(now)
-        state = self._worker(worker, model)
+        return RoutedHold(self, self._note_pending(self._worker(worker, model), keys), ttl_s)
+
+    @_locked
+    def extend_hold(self, hold: RoutedHold, worker: str, model: str, keys: Sequence[int]) -> None:
+        """More of the prompt of `hold`'s attempt at `worker` (the rest of a head-keyed one): held
+        as its first keys are. An attempt that has ended by now adds nothing: one that got its
+        first token has its events on the way, one without stored nothing."""
+        if hold._open:
+            hold._entries.extend(self._note_pending(self._worker(worker, model), keys))
+
+    def _note_pending(self, state: _Worker, keys: Sequence[int]) -> list[tuple[_Worker, int, list]]:
         bit = 1 << state.bit
         pending = state.pending
         mine: list[tuple[_Worker, int, list]] = []
@@ -260,7 +270,7 @@ class CacheIndex:
             mine.append((state, key, entry))
             if self._total > self.max_entries:
                 self._evict()
-        return RoutedHold(self, mine, ttl_s)
+        return mine
 
     @_locked
     def _end_pending(self, entries: list[tuple[_Worker, int, list]], started: bool, ttl_s: float,

@@ -16,6 +16,7 @@ routed by load alone, and a worker whose events are stale counts as holding noth
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -48,7 +49,9 @@ def cache_salt(request: GenerateRequest) -> str:
 # character of new words): 1,000 -> 250 took the fresh case's P50 1.5 -> 0.8 ms side by side, and
 # the token count estimated from the head stayed within 10% of the exact one
 # (benchmarks/results/router-decision-2026-12-04b/head_chars.txt).
-HEAD_CHARS = 1000  # 250 measured faster (RESULTS) but shortened the speculative entries a Spark test relies on
+# Only the decision waits for the head: the rest of a head-keyed prompt is keyed after the pick
+# (`routed`), so the speculative entries still cover the whole prompt.
+HEAD_CHARS = 250
 
 
 class CacheRouting:
@@ -65,6 +68,7 @@ class CacheRouting:
         self.head_chars = HEAD_CHARS      # 0: tokenize every prompt whole (with_cache)
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
         self._predicted: dict[str, list[int]] = {}  # address -> [predicted cached tokens, prompt tokens routed]
+        self._keying: concurrent.futures.ThreadPoolExecutor | None = None  # the rest of head-keyed prompts
 
     # --- workers ------------------------------------------------------------------------
 
@@ -168,10 +172,11 @@ class CacheRouting:
         A long new text is tokenized head first (`head_chars`, router/segment_tokens.py): when
         some block of the head is held by no worker, the lookup has already stopped there and the
         keys past it cannot change who holds what nor the frontier, so the rest is never
-        tokenized. Then `block_keys` (and so the speculative entries of `routed`) cover the head
-        only, `prompt_tokens` is an estimate from the rest's characters (for weighing costs; the
-        worker checks the context length), and `prompt_ids_len` is 0 (no count to check against
-        the engine's)."""
+        tokenized for the decision. Then `block_keys` cover the head only, `prompt_tokens` is an
+        estimate from the rest's characters (for weighing costs; the worker checks the context
+        length), `prompt_ids_len` is 0 (no count to check against the engine's), and `rest_keys`
+        computes the whole prompt's keys, which `routed` adds to the speculative entries off the
+        decision path."""
         model = features.model or ""
         block_size = self.index.block_size(model) or self._block_sizes.get(model, 0)
         ids = self.prompt_ids(request, features.model, head_chars=self.head_chars) if block_size else None
@@ -183,7 +188,9 @@ class CacheRouting:
             keys = block_keys(ids.head, block_size, lora=lora, salt=salt)
             held = self.index.matched_tokens(model, keys) if keys else {}
             if keys and max(held.values(), default=0) < len(keys) * block_size:
-                return self._with_keys(request, features, block_size, keys, held, ids.estimated_tokens, 0)
+                features = self._with_keys(request, features, block_size, keys, held, ids.estimated_tokens, 0)
+                return dataclasses.replace(features, rest_keys=lambda: block_keys(ids.complete(), block_size,
+                                                                                  lora=lora, salt=salt))
             ids = ids.complete()   # every block of the head is held somewhere: the rest may match too
         keys = block_keys(ids, block_size, lora=lora, salt=salt)
         held = self.index.matched_tokens(model, keys) if keys else {}
@@ -199,6 +206,27 @@ class CacheRouting:
         return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
                                    prompt_ids_len=ids_len, frontier_key=frontier)
 
+    def _key_rest(self, hold: RoutedHold, address: str, model: str, rest_keys: Callable[[], list[int]],
+                  keyed: int) -> None:
+        """Add the rest of a head-keyed prompt's blocks to its hold, on this router's keying thread.
+        The decision needed only the head (no worker held all of it); the whole prompt's entries
+        are what pulls the next request for the same new document (the next Spark row of a shared
+        text, arriving before the engine's events) to where its prefill is going. One thread: the
+        rest of a ~2,000-token text takes ~1-3 ms, far less than the event delay it covers."""
+        def extend() -> None:
+            try:
+                self.index.extend_hold(hold, address, model, rest_keys()[keyed:])
+            except Exception:  # a routing hint only: the request runs either way
+                logger.exception("keying the rest of a prompt for %s failed", address)
+        if self._keying is None:
+            self._keying = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-keys")
+        self._keying.submit(extend)
+
+    def close(self, *, wait: bool = False) -> None:
+        """Stop the keying thread; work queued on it finishes (`wait`: before this returns)."""
+        if self._keying is not None:
+            self._keying.shutdown(wait=wait)
+
     def routed(self, address: str, features: RequestFeatures) -> RoutedHold | None:
         """A request went to `address`: count its prefix as held there until events confirm. The
         caller calls the hold's `first_token()` at the attempt's first token and `release()` when
@@ -208,6 +236,8 @@ class CacheRouting:
         model = features.model or ""
         hold = self.index.note_routed(address, model, list(features.block_keys),
                                       ttl_s=self.config.cache_speculative_ttl_s)
+        if features.rest_keys is not None:
+            self._key_rest(hold, address, model, features.rest_keys, len(features.block_keys))
         predicted = features.cached_tokens.get(address, 0) if self.fresh(address) else 0
         self._metrics.predicted_cached_tokens.labels(address).inc(predicted)
         self._metrics.routed_prompt_tokens.labels(address).inc(features.prompt_tokens)

@@ -1,14 +1,15 @@
 """What routing and admission need to know about a request, computed once per request.
 
-The router never tokenizes (the worker owns the tokenizer), so prompt sizes are estimates:
-about four characters per token for text, the exact count for token ids. It reads only what it
+Here the router does not tokenize (the worker owns the tokenizer), so prompt sizes are estimates:
+about four characters per token for text, the exact count for token ids; cache_aware's
+CacheRouting.with_cache replaces them with its own count. It reads only what it
 needs to route: the envelope (inputs, n, session) and its routing hints (the answer length asked
 for, `GenerateRequest.hints`), never the body, whose meaning is vLLM's on the worker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, content_text
@@ -48,6 +49,10 @@ class RequestFeatures:
     # cache_aware: the key of the prompt's first block that no worker holds (its last block when
     # every block is held somewhere); its point on the hash ring is where a miss goes ("" = none)
     frontier_key: str = ""
+    # When only a head of a long new text was keyed (prompt_ids_len 0): the whole prompt's block
+    # keys, computed on call. CacheRouting.routed() calls it off the decision path, so the
+    # speculative entries cover the whole prompt a few milliseconds after the pick.
+    rest_keys: Callable[[], list[int]] | None = field(default=None, hash=False, compare=False)
 
     @property
     def cost_tokens(self) -> int:

@@ -133,6 +133,8 @@ class Router:
 
     async def close(self) -> None:
         await self._pool.close()
+        if self._cache is not None:
+            self._cache.close()
         if self._owns_registry:
             await self.registry.close()
         if self._owns_clients:
