@@ -4,13 +4,22 @@ tokens/s, and the engines' prefix-cache hits against the best the workload allow
     flock /tmp/vllm-fleet-heavy.lock python benchmarks/cache_routing.py --workers vllm \
         --workload shared-start --policies round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware
 
-Two workers on disjoint cores: real vLLM engines (`--workers vllm`, prefix caching on, the KV
-cache capped at `--kv-blocks` blocks so that one worker cannot hold every prefix but the pair
-can), or mock engines with a simulated prefix cache of the same size (`--workers mock`, for
-rehearsing the sequence; their times are a model, not an engine). Each policy runs the same
-workload through one in-process Router, with its own salt so no run hits another's cache.
+Two workers (gpu_pair.py): real vLLM engines on CPU cores 0 and 1 or on GPUs (`--cuda-devices`),
+prefix caching on, the KV cache capped at `--kv-blocks` blocks so that one worker cannot hold
+every prefix but the pair can; or mock engines with a simulated prefix cache of the same size
+(`--workers mock`, for rehearsing the sequence; their times are a model, not an engine). Each
+policy runs the same workload through one in-process Router, with its own salt so no run hits
+another's cache.
 
-Workloads (chat; every request's answer is `--max-tokens` long):
+On a GPU host, both workers on GPU 0, a model folder with random weights and
+benchmarks/gpu/make_model.py's stand-in tokenizer (no chat template, hence --completions; it
+knows only the words t<N>, hence --stand-in-words); benchmarks/gpu/pool_cache.sh shared sizes it:
+
+    python benchmarks/cache_routing.py --cuda-devices 0,0 --model DIR --worker-arg=--load-format \
+        --worker-arg=dummy --completions --stand-in-words --kv-blocks 1600 --tenants 24 --doc-words 1700
+
+Workloads (chat, or with `--completions` each turn's messages joined into one prompt text; every
+request's answer is `--max-tokens` long):
 - shared-start: the llm-d shape scaled down. One system text every request starts with, then
   the tenant's document (`--tenants`, `--doc-words` each), then a user's question; users arrive
   as a Poisson process (`--rate` per second) and each asks `--turns` questions in turn, the
@@ -19,15 +28,16 @@ Workloads (chat; every request's answer is `--max-tokens` long):
   request to one worker here; real cache knowledge splits tenants across both.
 - prefix-repetition: vLLM's bench dataset of that name: `--tenants` prefixes of `--doc-words`
   words, each request one of them (uniform) plus a random suffix; single turn.
-- unique: no two requests share more than the chat template's first tokens.
+- unique: no two requests share more than the chat template's first tokens (with
+  `--completions`: nothing).
 
 Figures per policy: TTFT P50/P90/P99 (Router.stream() to the first chunk with tokens), the
 routing decision's time (Router.stream() to the first worker picked: tokenizing, index lookup,
 admission; RoutedStream.routed_at), output
 tokens/s over the run, cached share = sum(usage.cached_tokens) / sum(usage.prompt_tokens), and
-the best cached share the workload allows: each request's longest full-block prefix shared
-with any earlier request (an unbounded cache that every request reaches), computed from the
-router's token ids.
+the best cached share the workload allows: each request's longest full-block prefix (the
+workers' block size) shared with any earlier request (an unbounded cache that every request
+reaches), computed from the prompts tokenized as the router does.
 """
 
 from __future__ import annotations
@@ -37,11 +47,10 @@ import asyncio
 import json
 import random
 import time
+import zlib
 
+from gpu_pair import add_worker_options, cache_pair, tokenizer_folder
 from vllm_fleet.bench import percentile
-from worker_pair import worker_pair
-from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
-from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.sampling import SamplingParams, build_request
 from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.registry import StaticRegistry
@@ -59,8 +68,27 @@ QUESTIONS = ("What does the document say about {w}?", "Summarise the part on {w}
              "Which clause covers {w}?", "List what relates to {w}.")
 
 
+# Where --stand-in-words spells words: t<N> for N in [1000, 101000), inside the vocabulary of every
+# model config in benchmarks/gpu/configs (the smallest has 151,936 tokens).
+STAND_IN_FIRST, STAND_IN_IDS = 1000, 100_000
+
+
 def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def stand_in(text: str) -> str:
+    """`text` with every word spelled t<N>, N from the word's CRC32: make_model.py's stand-in
+    tokenizer reads t<N> as token N and any other word as one unknown token, which would make
+    every document, salt and question the same tokens. Distinct words stay distinct tokens (bar
+    rare collisions), one token each."""
+    return " ".join(f"t{STAND_IN_FIRST + zlib.crc32(w.encode()) % STAND_IN_IDS}" for w in text.split())
+
+
+def prompt_text(history: list[dict]) -> str:
+    """The conversation so far as one completion prompt: every message's text in order, so each
+    turn resends the history (answers included) as a chat request does."""
+    return "\n\n".join(message["content"] for message in history)
 
 
 class Workload:
@@ -68,13 +96,15 @@ class Workload:
 
     def __init__(self, kind: str, args: argparse.Namespace, salt: str) -> None:
         rng = random.Random(f"{args.seed}-{kind}")  # same texts for every policy; the salt differs
+        spell = stand_in if args.stand_in_words else str
         self.kind = kind
         self.users: list[list[dict]] = []
         docs = [f"[{salt} doc {t}] " + words(rng, args.doc_words) for t in range(args.tenants)]
         for user in range(args.users):
             if kind == "shared-start":
                 tenant = rng.randrange(args.tenants)
-                system = f"{SYSTEM}\n\nDocument:\n{docs[tenant]}"
+                # The salt first: the system text every request starts with is this run's own too.
+                system = f"[{salt}] {SYSTEM}\n\nDocument:\n{docs[tenant]}"
                 turns = args.turns
             elif kind == "prefix-repetition":
                 system = docs[rng.randrange(args.tenants)]
@@ -84,8 +114,8 @@ class Workload:
                 turns = 1
             questions = [rng.choice(QUESTIONS).format(w=rng.choice(WORDS)) + " " + words(rng, args.question_words)
                          for _ in range(turns)]
-            self.users.append([{"role": "system", "content": system}, *({"role": "user", "content": q}
-                                                                         for q in questions)])
+            self.users.append([{"role": "system", "content": spell(system)},
+                               *({"role": "user", "content": spell(q)} for q in questions)])
 
 
 async def run_user(router: Router, turns: list[dict], user: int, args, salt: str, results: dict) -> None:
@@ -93,8 +123,7 @@ async def run_user(router: Router, turns: list[dict], user: int, args, salt: str
     history = [turns[0]]
     for turn, question in enumerate(turns[1:]):
         history.append(question)
-        item = (GenerateInput(text=history[0]["content"] + " " + question["content"]) if args.completions
-                else GenerateInput(messages=list(history)))
+        item = GenerateInput(text=prompt_text(history)) if args.completions else GenerateInput(messages=list(history))
         request = build_request(f"{salt}-u{user}-t{turn}", [item],
                                 SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True),
                                 session_id=f"{salt}-user-{user}")
@@ -118,7 +147,8 @@ async def run_user(router: Router, turns: list[dict], user: int, args, salt: str
         history.append({"role": "assistant", "content": "".join(answer)})
 
 
-async def run_policy(policy: str, addresses: list[str], workload_kind: str, args) -> dict:
+async def run_policy(policy: str, addresses: list[str], workload_kind: str, block_size: int, args) -> dict:
+    """One policy's run; `block_size`: the workers' KV block, in tokens (for the best cached share)."""
     salt = f"{policy}-{time.time_ns() % 100000}"
     workload = Workload(workload_kind, args, salt)
     router = Router(StaticRegistry.from_spec(addresses), RouterConfig(
@@ -142,10 +172,9 @@ async def run_policy(policy: str, addresses: list[str], workload_kind: str, args
     finally:
         await router.close()
     ttft = results["ttft"]
-    best = best_cached_share(results["sent"], args.block_size)
+    best = best_cached_share(results["sent"], block_size, tokenizer_folder(args))
     return {
-        "best_cached_share": best, 
-        "policy": policy, "workload": workload_kind, "requests": len(ttft), "wall_s": wall,
+        "best_cached_share": best, "policy": policy, "workload": workload_kind, "requests": len(ttft), "wall_s": wall,
         "retried": results["retried"], "output_tokens": results["output_tokens"],
         "output_tok_s": results["output_tokens"] / wall, "prompt_tokens": results["prompt_tokens"],
         "cached_share": results["cached_tokens"] / max(1, results["prompt_tokens"]),
@@ -155,10 +184,10 @@ async def run_policy(policy: str, addresses: list[str], workload_kind: str, args
     }
 
 
-def best_cached_share(sent: list[list[dict] | str], block_size: int) -> float:
+def best_cached_share(sent: list[list[dict] | str], block_size: int, tokenizer_folder: str) -> float:
     """The cached share an unbounded cache reached by every request would give: each prompt's
     longest full-block prefix shared with any prompt sent before it (in send order)."""
-    tokenizer = PromptTokenizer.load(resolve_model(None, None).path)
+    tokenizer = PromptTokenizer.load(tokenizer_folder)
     seen: set[int] = set()
     cacheable = total = 0
     for messages in sent:
@@ -173,31 +202,18 @@ def best_cached_share(sent: list[list[dict] | str], block_size: int) -> float:
     return cacheable / total if total else 0.0
 
 
-def worker_process(kind: str, cores: str, args) -> WorkerProcess:
-    env = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}
-    if kind == "vllm":
-        extra = ["--enable-prefix-caching", "--engine-arg", f"num_gpu_blocks_override={args.kv_blocks}"]
-        return WorkerProcess([*small_vllm_args(max_model_len=args.max_model_len), *extra], env, cores=cores,
-                             log_path=f"/tmp/cache-routing-worker-{cores}.log")
-    prefill_ms_per_1k = 1e6 / args.mock_prefill_tokens_per_s
-    return WorkerProcess(["--engine", "mock", "--mock-kv-blocks", str(args.kv_blocks), "--block-size",
-                          str(args.block_size), "--mock-prefill-ms-per-1k", f"{prefill_ms_per_1k:g}",
-                          "--mock-tokens-per-s", "50", "--mock-ttft-ms", "5", "--max-model-len", str(args.max_model_len),
-                          "--max-num-seqs", str(args.mock_max_num_seqs), "--mock-tokenizer", resolve_model(None, None).path], env, cores=cores,
-                         log_path=f"/tmp/cache-routing-mock-{cores}.log")
-
-
 async def main(args: argparse.Namespace) -> None:
-    async with worker_pair(lambda cores: worker_process(args.workers, cores, args)) as (addresses, info):
+    async with cache_pair(args) as (addresses, info):
         print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
-              f"kv_events={info.kv_events} kv_blocks={args.kv_blocks}")
+              f"kv_events={info.kv_events} kv_blocks={args.kv_blocks} (= {args.kv_blocks * info.kv_block_size} "
+              f"tokens each)", flush=True)
         for rate in rates(args):
             args.rate = rate
             print(f"workload: {args.workload}, {args.users} users, {args.tenants} tenants x {args.doc_words} words, "
                   f"{args.turns} turns, Poisson {args.rate}/s, max_tokens {args.max_tokens}", flush=True)
             results = []
             for policy in args.policies.split(","):
-                result = await run_policy(policy, addresses, args.workload, args)
+                result = await run_policy(policy, addresses, args.workload, info.kv_block_size, args)
                 results.append(result)
                 print(json.dumps(result), flush=True)
             report(results)
@@ -239,7 +255,6 @@ def print_ratios(results: list[dict], *, cached_of_possible, output_tokens) -> N
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", choices=("vllm", "mock"), default="vllm")
     parser.add_argument("--workload", choices=("shared-start", "prefix-repetition", "unique"), default="shared-start")
     parser.add_argument("--policies", default="round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware")
     parser.add_argument("--users", type=int, default=48)
@@ -252,12 +267,12 @@ def parse_args() -> argparse.Namespace:
                         "the same workers (a calibration; overrides --rate)")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--kv-blocks", type=int, default=96, help="KV-cache blocks per worker")
-    parser.add_argument("--block-size", type=int, default=128, help="mock workers only (vLLM's CPU block is 128)")
-    parser.add_argument("--mock-prefill-tokens-per-s", type=int, default=4000)
-    parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--mock-max-num-seqs", type=int, default=4, help="mock workers only")
     parser.add_argument("--completions", action="store_true",
-                        help="send each turn as prompt text (vllm bench's completions), not chat messages")
+                        help="send each turn as one prompt text, the messages so far joined (vllm bench's "
+                             "completions; for models without a chat template), not chat messages")
+    parser.add_argument("--stand-in-words", action="store_true",
+                        help="spell every word of the prompts t<N>, the only words benchmarks/gpu/make_model.py's "
+                             "stand-in tokenizer tells apart")
     parser.add_argument("--prefix-chars", type=int, default=256)
     parser.add_argument("--cache-home-tokens", type=int, default=512,
                         help="cache_aware: --cache-home-tokens (0: a miss goes to the least loaded worker)")
@@ -265,6 +280,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stall-timeout-s", type=float, default=60.0,
                         help="The router's stall watchdog; long, so a busy one-core engine's slow prefill is not "
                         "taken for a stall and retried elsewhere (a retry doubles the work and blurs the comparison)")
+    add_worker_options(parser)
     return parser.parse_args()
 
 

