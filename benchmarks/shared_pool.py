@@ -20,7 +20,9 @@ to rehearse the sequence), each with its own texts so no phase hits another's pr
 3. online + batch with classes: phase 2's arrivals, and the batch loop as class "batch".
 4. online + batch without classes: the same, batch sent as "interactive" (before this change).
 5. step-up: phase 3, with the online rate doubled halfway through; how long after the step the
-   online TTFT (over a sliding 2 s window of first tokens) is back under its P99 target.
+   online TTFT (the P99 of a sliding 2 s window of first tokens) is back under `--ttft-target-ms`,
+   and under `--slowdown-target` times online alone's P99 (the issue's target; on a slow machine
+   the absolute one can sit below what online alone gets, and then says nothing about batch).
 
 Figures: online TTFT P50/P99 and ITL P99 (gaps between a stream's chunks), E2E P99; batch
 output tokens/s. "What the idle capacity allows" = C × (1 − U), where U = online output
@@ -146,7 +148,7 @@ def summary(stats: Online) -> dict:
 
 
 async def phase(name: str, addresses: list[str], args, *, online: bool, batch_class: str | None,
-                step_at: float | None = None) -> dict:
+                step_at: float | None = None, alone_ttft_p99_ms: float | None = None) -> dict:
     classes = ServiceClassConfig(interactive_ttft_target_ms=args.ttft_target_ms,
                                  interactive_itl_target_ms=args.itl_target_ms,
                                  interactive_targets=args.targets, interactive_slowdown_target=args.slowdown_target)
@@ -179,6 +181,9 @@ async def phase(name: str, addresses: list[str], args, *, online: bool, batch_cl
         result["online_output_tok_s"] = stats.output_tokens / wall
         if step_at is not None:
             result["recovery_s"] = recovery(stats, step_at, args.ttft_target_ms / 1000, started_at=stats.first_at)
+            if alone_ttft_p99_ms:  # the issue's target: within 1.1x online alone's P99 (the absolute one can sit below it)
+                result["recovery_relative_s"] = recovery(stats, step_at, args.slowdown_target * alone_ttft_p99_ms / 1000,
+                                                         started_at=stats.first_at)
     return result
 
 
@@ -237,6 +242,8 @@ async def main(args: argparse.Namespace) -> None:
                          ("online + batch, classes", dict(online=True, batch_class="batch")),
                          ("online + batch, no classes", dict(online=True, batch_class="interactive")),
                          ("step-up, classes", dict(online=True, batch_class="batch", step_at=args.seconds / 2))]:
+            if "step_at" in kw:
+                kw["alone_ttft_p99_ms"] = next(r["ttft_p99_ms"] for r in results if r["phase"] == "online alone")
             result = await phase(name, addresses, args, **kw)
             results.append(result)
             print(json.dumps(result), flush=True)
@@ -260,7 +267,9 @@ async def main(args: argparse.Namespace) -> None:
           f"C x (1 - U) = {allowed:.1f} tok/s; batch with classes reached {mixed['batch_output_tok_s']:.1f} "
           f"= {mixed['batch_output_tok_s'] / allowed if allowed else 0:.0%} (target >= 70%)")
     print(f"step-up recovery: online P99 TTFT back under {args.ttft_target_ms:.0f} ms within "
-          f"{by['step-up, classes'].get('recovery_s')} s of the step (target <= 2 s)")
+          f"{by['step-up, classes'].get('recovery_s')} s of the step (target <= 2 s); under "
+          f"{args.slowdown_target:g}x online alone's P99 ({args.slowdown_target * alone['ttft_p99_ms']:.0f} ms) within "
+          f"{by['step-up, classes'].get('recovery_relative_s')} s")
 
 
 def add_worker_options(parser: argparse.ArgumentParser) -> None:

@@ -33,6 +33,8 @@ coalescing a batch row's chunks does to the chat streams' ITL.
 gateway started with those extra arguments, before phase 5 itself (phase 4's rate is its C too):
 an option A/B'd in one run on the same workers. The variant goes first, so if a phase run later
 does better for being later (a CPU run showed that once), the default gets that advantage.
+`--spark-variant NAME='JSON'` (repeatable, with `spark`) does the same for phase 3: the job's
+routers get those service-class settings on top of the targets, e.g. '{"pause_batch_on_cut": true}'.
 Each Batch API phase also reports its gateway's controller counters over the phase (cuts of a
 worker's batch cap, withdrawals, pauses; the router's /metrics).
 
@@ -121,7 +123,7 @@ def job_prompts(args, salt: str) -> list[str]:
 
 
 def spark_job(session, addresses: list[str], args, salt: str, service_class: str, rows: int,
-              stream_interval_ms: int = 250) -> dict:
+              stream_interval_ms: int = 250, classes: dict | None = None) -> dict:
     from vllm_fleet.spark import generate
 
     df = session.createDataFrame(list(enumerate(job_prompts(args, salt)[:rows])), "id long, prompt string") \
@@ -131,7 +133,7 @@ def spark_job(session, addresses: list[str], args, salt: str, service_class: str
     rows = generate(df, prompt_col="prompt", id_col="id", workers=addresses, service_class=service_class,
                     params={"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True},
                     max_in_flight=args.spark_in_flight, stream_interval_ms=stream_interval_ms,
-                    router={"classes": controller_targets(args)}).select("id", "error", "completion_tokens").collect()
+                    router={"classes": {**controller_targets(args), **(classes or {})}}).select("id", "error", "completion_tokens").collect()
     wall = time.perf_counter() - started
     df.unpersist()
     errors = [r.error for r in rows if r.error]
@@ -223,14 +225,17 @@ async def run(args: argparse.Namespace) -> list[dict]:
                 start = time.perf_counter()
                 stats = await online_traffic(http, model, args, "alone", lambda: time.perf_counter() - start > args.seconds)
                 record("online alone", online_summary(stats, time.perf_counter() - start))
-                spark = lambda salt, service_class, rows=args.rows, interval=250: asyncio.to_thread(  # noqa: E731
-                    spark_job, session, addresses, args, salt, service_class, rows, interval)
+                spark = lambda salt, service_class, rows=args.rows, interval=250, classes=None: asyncio.to_thread(  # noqa: E731
+                    spark_job, session, addresses, args, salt, service_class, rows, interval, classes)
                 phases = set(args.phases)
                 if phases & {"spark", "spark-steps", "no-classes"}:
                     # Warm-up: Spark's Python workers start and build their routers once; C is the steady rate.
                     await spark("warm-up", "batch", 4 * args.spark_cores)
                 if "spark" in phases:
                     record("Spark alone", {f"job_{k}": v for k, v in (await spark("spark-alone", "batch")).items()})
+                    for name, classes in args.spark_variant:
+                        record(spark_variant_phase(name), await with_online(
+                            http, model, args, f"spark-{name}", spark(f"spark-{name}", "batch", classes=classes)))
                     record("online + Spark, classes",
                            await with_online(http, model, args, "spark-cls", spark("spark-cls", "batch")))
                 if "spark-steps" in phases:
@@ -254,6 +259,10 @@ async def run(args: argparse.Namespace) -> list[dict]:
                            await with_online(http, model, args, "spark-old", spark("spark-old", "interactive")))
     session.stop()
     return results
+
+
+def spark_variant_phase(name: str) -> str:
+    return f"online + Spark, classes, variant {name}"
 
 
 def api_variant_phase(name: str) -> str:
@@ -287,6 +296,7 @@ def report(results: list[dict], args) -> None:
         print(f"| {r['phase']} | {online} | {job} |")
     print()
     variants = [api_variant_phase(name) for name, _ in args.api_variant]
+    spark_variants = [spark_variant_phase(name) for name, _ in args.spark_variant]
     for r in results:
         if "gateway_cuts" in r:
             breakdown = ", ".join(f"{key[len('gateway_cuts:'):]} {value:.0f}" for key, value in sorted(r.items())
@@ -295,7 +305,7 @@ def report(results: list[dict], args) -> None:
                   f"({breakdown or 'none'}; signal/whose samples), withdrew {r['gateway_withdrawals']:.0f} and paused "
                   f"{r['gateway_pauses']:.0f} batch requests")
     for name in ("online + Spark, classes", "online + Spark, classes, per-step chunks", "online + Spark, no classes",
-                 "online + Batch API, classes", *variants):
+                 "online + Batch API, classes", *variants, *spark_variants):
         r = by.get(name)
         if r is None:
             continue
@@ -303,7 +313,8 @@ def report(results: list[dict], args) -> None:
               f"{r['itl_p99_ms'] / alone['itl_p99_ms']:.2f}x alone (target <= 1.1x)")
     for job, mixed in (("Spark alone", "online + Spark, classes"), ("Spark alone", "online + Spark, classes, per-step chunks"),
                        ("Batch API alone", "online + Batch API, classes"),
-                       *(("Batch API alone", variant) for variant in variants)):
+                       *(("Batch API alone", variant) for variant in variants),
+                       *(("Spark alone", variant) for variant in spark_variants)):
         if job not in by or mixed not in by:
             continue
         capacity = by[job]["job_output_tokens"] / by[job]["job_wall_s"]
@@ -319,6 +330,17 @@ def report(results: list[dict], args) -> None:
           f"{args.max_tokens} tokens; 0 online errors): {same}", flush=True)
     if not same:
         raise SystemExit("a job or the online traffic did not do the same work: the ratios compare nothing")
+
+
+def spark_variant(spec: str) -> tuple[str, dict]:
+    name, sep, settings = spec.partition("=")
+    try:
+        classes = json.loads(settings) if sep and name.strip() else None
+    except json.JSONDecodeError:
+        classes = None
+    if not isinstance(classes, dict):
+        raise argparse.ArgumentTypeError(f"{spec!r}: give NAME=JSON object, e.g. 'cutpause={{\"pause_batch_on_cut\": true}}'")
+    return name.strip(), classes
 
 
 def api_variant(spec: str) -> tuple[str, list[str]]:
@@ -354,6 +376,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--api-variant", action="append", default=[], metavar="NAME=ARGS", type=api_variant,
                         help="With the api phase: run its online + Batch API phase first through a second gateway "
                         "with these extra arguments, e.g. 'lenient=--interactive-slowdown-target 1.25' (repeatable)")
+    parser.add_argument("--spark-variant", action="append", default=[], metavar="NAME=JSON", type=spark_variant,
+                        help="With the spark phase: run its online + Spark phase first with these service-class "
+                        "settings for the job's routers, e.g. 'cutpause={\"pause_batch_on_cut\": true}' (repeatable)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--phases", type=lambda v: v.split(","), default=["spark", "api", "no-classes"],
                         help="Which phases run after online alone: spark, spark-steps, api, no-classes (comma-separated)")
@@ -362,6 +387,8 @@ def parse_args() -> argparse.Namespace:
     unknown = set(args.phases) - {"spark", "spark-steps", "api", "no-classes"}
     if unknown:
         parser.error(f"unknown phase(s) {', '.join(sorted(unknown))}: choose from spark, spark-steps, api, no-classes")
+    if args.spark_variant and "spark" not in args.phases:
+        parser.error("--spark-variant needs the spark phase (its capacity C and the default to compare with)")
     if args.api_variant and "api" not in args.phases:
         parser.error("--api-variant needs the api phase (its capacity C and the default to compare with)")
     if args.cuda_devices is not None and len(args.cuda_devices) != 2:
