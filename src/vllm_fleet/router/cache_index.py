@@ -133,6 +133,11 @@ class RoutedHold:
         self._ttl_s = ttl_s
         self._open = True
 
+    @property
+    def is_open(self) -> bool:
+        """Neither `first_token()` nor `release()` yet: entries added now still count."""
+        return self._open
+
     def first_token(self, *, now: float | None = None) -> None:
         """The engine prefilled the prompt: it holds the blocks, and its events are on their way."""
         self._end(started=True, now=now)
@@ -244,7 +249,7 @@ class CacheIndex:
         """More of the prompt of `hold`'s attempt at `worker` (the rest of a head-keyed one): held
         as its first keys are. An attempt that has ended by now adds nothing: one that got its
         first token has its events on the way, one without stored nothing."""
-        if hold._open:
+        if hold.is_open:
             hold._entries.extend(self._note_pending(self._worker(worker, model), keys))
 
     def _note_pending(self, state: _Worker, keys: Sequence[int]) -> list[tuple[_Worker, int, list]]:

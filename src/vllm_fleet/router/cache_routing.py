@@ -214,6 +214,8 @@ class CacheRouting:
         text, arriving before the engine's events) to where its prefill is going. One thread: the
         rest of a ~2,000-token text takes ~1-3 ms, far less than the event delay it covers."""
         def extend() -> None:
+            if not hold.is_open:  # its attempt ended while this waited in the queue: nothing to add
+                return
             try:
                 self.index.extend_hold(hold, address, model, rest_keys()[keyed:])
             except Exception:  # a routing hint only: the request runs either way
