@@ -234,7 +234,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                 if "spark" in phases:
                     record("Spark alone", {f"job_{k}": v for k, v in (await spark("spark-alone", "batch")).items()})
                     for name, classes in args.spark_variant:
-                        record(spark_variant_phase(name), await with_online(
+                        record(variant_phase("Spark", name), await with_online(
                             http, model, args, f"spark-{name}", spark(f"spark-{name}", "batch", classes=classes)))
                     record("online + Spark, classes",
                            await with_online(http, model, args, "spark-cls", spark("spark-cls", "batch")))
@@ -248,7 +248,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                         other = gateway_process(name, extra)
                         async with other, httpx.AsyncClient(base_url=other.url, timeout=args.job_timeout_s) as via:
                             await other.wait_ready(120)
-                            record(api_variant_phase(name), await counted(via, with_online(
+                            record(variant_phase("Batch API", name), await counted(via, with_online(
                                 via, model, args, f"api-{name}", batch_api_job(via, model, args, f"api-{name}"))))
                     record("online + Batch API, classes", await counted(http, with_online(
                         http, model, args, "api-cls", batch_api_job(http, model, args, "api-cls"))))
@@ -261,12 +261,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
     return results
 
 
-def spark_variant_phase(name: str) -> str:
-    return f"online + Spark, classes, variant {name}"
-
-
-def api_variant_phase(name: str) -> str:
-    return f"online + Batch API, classes, variant {name}"
+def variant_phase(job: str, name: str) -> str:
+    return f"online + {job}, classes, variant {name}"
 
 
 def spark_session(cores: int):
@@ -295,8 +291,7 @@ def report(results: list[dict], args) -> None:
             if "ttft_p99_ms" in r else "- | - | - | -"
         print(f"| {r['phase']} | {online} | {job} |")
     print()
-    variants = [api_variant_phase(name) for name, _ in args.api_variant]
-    spark_variants = [spark_variant_phase(name) for name, _ in args.spark_variant]
+    mixed_phases = [r["phase"] for r in results if r["phase"].startswith("online + ")]
     for r in results:
         if "gateway_cuts" in r:
             breakdown = ", ".join(f"{key[len('gateway_cuts:'):]} {value:.0f}" for key, value in sorted(r.items())
@@ -304,17 +299,12 @@ def report(results: list[dict], args) -> None:
             print(f"{r['phase']}: the gateway's controller cut a worker's batch cap {r['gateway_cuts']:.0f} times "
                   f"({breakdown or 'none'}; signal/whose samples), withdrew {r['gateway_withdrawals']:.0f} and paused "
                   f"{r['gateway_pauses']:.0f} batch requests")
-    for name in ("online + Spark, classes", "online + Spark, classes, per-step chunks", "online + Spark, no classes",
-                 "online + Batch API, classes", *variants, *spark_variants):
-        r = by.get(name)
-        if r is None:
-            continue
+    for name in mixed_phases:
+        r = by[name]
         print(f"{name}: online TTFT P99 {r['ttft_p99_ms'] / alone['ttft_p99_ms']:.2f}x alone, ITL P99 "
               f"{r['itl_p99_ms'] / alone['itl_p99_ms']:.2f}x alone (target <= 1.1x)")
-    for job, mixed in (("Spark alone", "online + Spark, classes"), ("Spark alone", "online + Spark, classes, per-step chunks"),
-                       ("Batch API alone", "online + Batch API, classes"),
-                       *(("Batch API alone", variant) for variant in variants),
-                       *(("Spark alone", variant) for variant in spark_variants)):
+    for mixed in (name for name in mixed_phases if "no classes" not in name):  # the job's share, of its own C
+        job = f"{mixed.split(',')[0].removeprefix('online + ')} alone"
         if job not in by or mixed not in by:
             continue
         capacity = by[job]["job_output_tokens"] / by[job]["job_wall_s"]
@@ -387,10 +377,9 @@ def parse_args() -> argparse.Namespace:
     unknown = set(args.phases) - {"spark", "spark-steps", "api", "no-classes"}
     if unknown:
         parser.error(f"unknown phase(s) {', '.join(sorted(unknown))}: choose from spark, spark-steps, api, no-classes")
-    if args.spark_variant and "spark" not in args.phases:
-        parser.error("--spark-variant needs the spark phase (its capacity C and the default to compare with)")
-    if args.api_variant and "api" not in args.phases:
-        parser.error("--api-variant needs the api phase (its capacity C and the default to compare with)")
+    for variants, phase in ((args.spark_variant, "spark"), (args.api_variant, "api")):
+        if variants and phase not in args.phases:
+            parser.error(f"--{phase}-variant needs the {phase} phase (its capacity C and the default to compare with)")
     if args.cuda_devices is not None and len(args.cuda_devices) != 2:
         parser.error("--cuda-devices takes one value per worker: two, e.g. 0,0 or 0,1")
     return args
