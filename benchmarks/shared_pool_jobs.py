@@ -197,12 +197,13 @@ async def with_online(http, model: str, args, salt: str, job) -> dict:
 
 async def run(args: argparse.Namespace) -> list[dict]:
     sharing_a_gpu = bool(args.cuda_devices) and len(set(args.cuda_devices)) == 1
-    session = spark_session(args.spark_cores)
+    # Only phases with a Spark job start Spark: the Batch API phases then run where no JVM is staged.
+    session = spark_session(args.spark_cores) if set(args.phases) & SPARK_PHASES else None
     async with worker_pair(lambda cores: worker_process(args.workers, cores, args),
                            one_after_another=sharing_a_gpu) as (addresses, info):
         print(f"workers: {args.workers} {addresses} model={info.model} max_num_seqs={info.settings.get('max_num_seqs')} "
-              f"scheduling={info.settings.get('scheduling_policy', 'fcfs')}; spark {session.version} "
-              f"local[{args.spark_cores}]", flush=True)
+              f"scheduling={info.settings.get('scheduling_policy', 'fcfs')}; "
+              + (f"spark {session.version} local[{args.spark_cores}]" if session else "no spark"), flush=True)
         with tempfile.TemporaryDirectory() as batch_dir:
             def gateway_process(name: str, extra: list[str]) -> GatewayProcess:
                 return GatewayProcess(["--workers", ",".join(addresses), "--no-access-log",
@@ -228,7 +229,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                 spark = lambda salt, service_class, rows=args.rows, interval=250, classes=None: asyncio.to_thread(  # noqa: E731
                     spark_job, session, addresses, args, salt, service_class, rows, interval, classes)
                 phases = set(args.phases)
-                if phases & {"spark", "spark-steps", "no-classes"}:
+                if phases & SPARK_PHASES:
                     # Warm-up: Spark's Python workers start and build their routers once; C is the steady rate.
                     await spark("warm-up", "batch", 4 * args.spark_cores)
                 if "spark" in phases:
@@ -257,8 +258,12 @@ async def run(args: argparse.Namespace) -> list[dict]:
                     # targets) would learn them as what interactive latency is on these workers.
                     record("online + Spark, no classes",
                            await with_online(http, model, args, "spark-old", spark("spark-old", "interactive")))
-    session.stop()
+    if session:
+        session.stop()
     return results
+
+
+SPARK_PHASES = {"spark", "spark-steps", "no-classes"}
 
 
 def variant_phase(job: str, name: str) -> str:

@@ -28,6 +28,7 @@
 #        workers of the real SmolLM2-135M sharing GPU 0 (chat needs a chat template: the stand-in
 #        tokenizers have none). PHASES=spark,spark-steps,api,no-classes picks the phases after
 #        online alone (shared_pool_jobs.py --phases; all of them do not fit one ten-minute call).
+#        PHASES=api starts no Spark: it needs only the core staging, not the spark bundle.
 # The issue asks for one worker per H200; only the one-GPU machine is lent, so both share GPU 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
