@@ -18,8 +18,11 @@ Three request shapes, each with the piece cache (router/segment_tokens.py) on an
   shared     8 tenants' ~1,950-token system prompts (documents), each seen before, and a new
              ~40-token question (the llm-d "shared prefix" workload shape)
   next-turn  a conversation's next turn: the earlier turns (~1,800 tokens) were sent in the
-             previous request; new are the assistant's last answer (~100 tokens, which the router
-             never tokenized) and the user's next message (~50 tokens)
+             previous request, whose answer (~100 tokens) this router streamed back, so it
+             tokenized the answer after it ended (CacheRouting.answered, untimed); new is the
+             user's next message (~50 tokens)
+  next-turn-unseen  the same, but the previous answer came through another router (or none
+             was kept): the router tokenizes the answer in the decision
 
 Each request is decided by both settings in turn, the order rotating, so both see the same
 machine load. Wall-clock per decision (perf_counter), one thread, garbage collection on. The
@@ -124,7 +127,7 @@ def chat(request_id: str, messages: list[dict]):
 def fresh_requests(rng: random.Random, count: int) -> list[tuple[list[dict] | None, list[dict]]]:
     """(request sent before it, untimed; the timed request)."""
     return [(None, [{"role": "system", "content": "You are a careful assistant. " + word(rng)},
-                    {"role": "user", "content": fresh_text(rng, 1950) + "\n\nSummarise the document."}])
+                    {"role": "user", "content": fresh_text(rng, 1950) + "\n\nSummarise the document."}], None)
             for _ in range(count)]
 
 
@@ -133,10 +136,11 @@ def shared_requests(rng: random.Random, count: int) -> list[tuple[list[dict] | N
                  for _ in range(8)]
     warm = [[doc, {"role": "user", "content": "What is it about?"}] for doc in documents]
     timed = [[documents[n % 8], {"role": "user", "content": fresh_text(rng, 40) + "?"}] for n in range(count)]
-    return [(warm[n] if n < 8 else None, messages) for n, messages in enumerate(timed)]
+    return [(warm[n] if n < 8 else None, messages, None) for n, messages in enumerate(timed)]
 
 
-def next_turn_requests(rng: random.Random, count: int) -> list[tuple[list[dict] | None, list[dict]]]:
+def next_turn_requests(rng: random.Random, count: int, *, answer_seen: bool = True):
+    """(the previous request, the timed next turn, the previous answer where this router saw it)."""
     out = []
     for _ in range(count):
         turns = [{"role": "system", "content": "You are a helpful assistant."}]
@@ -145,7 +149,8 @@ def next_turn_requests(rng: random.Random, count: int) -> list[tuple[list[dict] 
                       {"role": "assistant", "content": fresh_text(rng, 200)}]
         previous = turns[:-1]                          # the last request: up to the user's message
         answer = {"role": "assistant", "content": fresh_text(rng, 100)}
-        out.append((previous, previous + [answer, {"role": "user", "content": fresh_text(rng, 50)}]))
+        out.append((previous, previous + [answer, {"role": "user", "content": fresh_text(rng, 50)}],
+                    answer["content"] if answer_seen else None))
     return out
 
 
@@ -186,8 +191,9 @@ class Setting:
         self.lookup = routing.index.matched_tokens = Timed(routing.index.matched_tokens)
         self.ticket = 0
 
-    def decide(self, messages: list[dict], views: PoolSnapshot) -> tuple[list[float], object]:
-        """([whole, render+tokenize, block keys, index lookup] seconds, the request's features)."""
+    def decide(self, messages: list[dict], views: PoolSnapshot, answer: str | None = None) -> tuple[list[float], object]:
+        """([whole, render+tokenize, block keys, index lookup] seconds, the request's features).
+        `answer`: the request's answer reached the caller through this router (untimed)."""
         self.ticket += 1
         request = chat(f"r{self.ticket}", messages)
         config, admission = self.config, self.config.admission
@@ -200,6 +206,10 @@ class Setting:
         worker = self.policy.rank(features, views)[0]
         parts = [time.perf_counter() - start, self.ids_for.last, self.keys_fn.last, self.lookup.last]
         self.engines.store(worker, self.routing.prompt_ids(request, MODEL))   # untimed: what its engine stores
+        if answer is not None:
+            done = self.routing.answered(request, features, answer)
+            assert done is not None, "the router did not take the answer"
+            done.result()
         return parts, features
 
 
@@ -208,13 +218,13 @@ def run_case(settings: dict[str, Setting], requests, rng: random.Random) -> dict
     views = PoolSnapshot(tuple(WorkerView(a, model=MODEL, kv_events_fresh=True, outstanding_tokens=rng.randrange(6000))
                                for a in WORKERS))
     times = {name: {"whole": [], "tokenize": [], "keys": [], "lookup": [], "tokens": [], "hit": [], "head only": []} for name in settings}
-    for before, _ in requests:      # requests seen before the timed ones (none for fresh text)
+    for before, _, answer in requests:   # requests seen before the timed ones (none for fresh text)
         if before is not None:
             for setting in settings.values():
-                setting.decide(before, views)
+                setting.decide(before, views, answer)
     gc.collect()                    # not the garbage of what came before
     order = list(settings)
-    for _, messages in requests:
+    for _, messages, _ in requests:
         order = order[1:] + order[:1]
         for name in order:
             parts, features = settings[name].decide(messages, views)
@@ -238,14 +248,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300, help="timed decisions per case and setting")
     parser.add_argument("--fill-entries", type=int, default=500_000, help="(worker, block) entries of other prompts")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cases", default="fresh,shared,next-turn", help="comma-separated: fresh, shared, next-turn")
+    parser.add_argument("--cases", default="fresh,shared,next-turn,next-turn-unseen",
+                        help="comma-separated: fresh, shared, next-turn, next-turn-unseen")
     args = parser.parse_args()
     folder = Path(resolve_model(None, None).path)
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     print(f"python {sys.version.split()[0]}; model {folder.name}; {len(WORKERS)} workers, block size {BLOCK}; "
           f"load average at start {' '.join(load)}")
-    builders = {"fresh": fresh_requests, "shared": shared_requests, "next-turn": next_turn_requests}
+    builders = {"fresh": fresh_requests, "shared": shared_requests, "next-turn": next_turn_requests,
+                "next-turn-unseen": lambda rng, count: next_turn_requests(rng, count, answer_seen=False)}
     keys_fn = cache_routing.block_keys = Timed(block_keys)
     with tempfile.TemporaryDirectory() as tmp:
         settings = {}

@@ -120,6 +120,9 @@ class OneModel:
     def ids_for(self, model, body, **kwargs):
         return self.tokenizer.request_ids(body, **kwargs)
 
+    def warm_next_turn(self, model, body, messages, answer):
+        self.tokenizer.warm_next_turn(body, messages, answer)
+
 
 def _routing(folder: Path, head_chars: int) -> CacheRouting:
     routing = CacheRouting(RouterConfig(policy="cache_aware"), connect=lambda address: None,

@@ -26,13 +26,16 @@ class _Sample:
     delivered_before: int = 0   # tokens delivered by earlier attempts
     chars: int = 0              # characters of Chunk.text delivered
     parsed: bool = False        # a parser shaped the text (reasoning, tool calls): chars are not the model's
+    tool_calls: bool = False    # a tool call was delivered (the answer is not its text alone)
+    text: list[str] | None = None  # the text deltas, where the Delivered keeps them (`keep_text`)
 
 
 class Delivered:
     """The caller's side of one request's samples, across attempts (the module docstring)."""
 
-    def __init__(self, request: GenerateRequest) -> None:
+    def __init__(self, request: GenerateRequest, *, keep_text: bool = False) -> None:
         self.request = request
+        self.keep_text = keep_text                # keep each sample's text for `answer_text`
         self.any = False                          # whether any chunk reached the caller
         self._samples: dict[tuple[int, int], _Sample] = {}
         self._prompt_tokens: dict[int, int] = {}  # per input, as the worker counted them
@@ -40,7 +43,8 @@ class Delivered:
     def start(self) -> None:
         """Expect every (input, sample) of the request: `request.n` samples of each input."""
         n = max(1, self.request.n)
-        self._samples = {(i, s): _Sample() for i in range(len(self.request.inputs)) for s in range(n)}
+        self._samples = {(i, s): _Sample(text=[] if self.keep_text else None)
+                         for i in range(len(self.request.inputs)) for s in range(n)}
 
     def tokens(self) -> int:
         """Tokens delivered so far, all samples together."""
@@ -82,7 +86,10 @@ class Delivered:
         progress = self._samples[(chunk.index, chunk.sample)]
         progress.token_ids.extend(chunk.token_ids)
         progress.chars += len(chunk.text)
+        if progress.text is not None:
+            progress.text.append(chunk.text)
         progress.parsed = progress.parsed or bool(chunk.reasoning or chunk.tool_calls)
+        progress.tool_calls = progress.tool_calls or bool(chunk.tool_calls)
         self.any = True
         if chunk.finish_reason is not None:
             progress.finished = True
@@ -95,6 +102,16 @@ class Delivered:
                     cached_tokens=chunk.usage.cached_tokens,
                 )
         return chunk
+
+    def answer_text(self) -> str | None:
+        """The one answer's whole text as the caller got it (`keep_text`, one input, one sample,
+        finished, no tool call); None otherwise."""
+        if len(self._samples) != 1:
+            return None
+        (sample,) = self._samples.values()
+        if sample.text is None or not sample.finished or sample.tool_calls:
+            return None
+        return "".join(sample.text)
 
     def used_tokens(self, prompt_estimate: int) -> int:
         """Tokens to settle the key's reservation with: the workers' prompt counts where a

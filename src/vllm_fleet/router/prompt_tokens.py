@@ -143,6 +143,21 @@ class PromptTokenizer:
         return self.completion_ids(prompt, add_special_tokens=body.get("add_special_tokens", True),
                                    head_chars=head_chars)
 
+    def warm_next_turn(self, body: Mapping[str, Any], messages: list[dict], answer: str) -> None:
+        """Put the pieces of `messages` + the assistant's `answer` + a user's next message into
+        the piece cache, rendered as the next turn's prompt will render them (the answer no longer
+        last, so a template that treats the last assistant message apart renders it as history).
+        Nothing to do without a piece cache; a conversation the router cannot render is left alone."""
+        if self.pieces is None:
+            return
+        fields = {k: body[k] for k in _CHAT_FIELDS if body.get(k) is not None and k != "continue_final_message"}
+        fields["add_generation_prompt"] = True
+        turn = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": "."}]
+        try:
+            self.chat_ids(turn, **fields)
+        except Unrenderable as exc:
+            logger.debug("the next turn's pieces not cached: %s", exc)
+
     def _encode(self, text: str, add_special_tokens: bool, head_chars: int = 0) -> list[int] | PartialIds:
         """`text`'s ids: from the piece cache where it applies, else the tokenizer on the whole text."""
         if self.pieces is not None:
@@ -266,6 +281,13 @@ class TokenizerCache:
         except Unrenderable as exc:
             logger.debug("%s: prompt not tokenized at the router: %s", model, exc)
             return None
+
+
+    def warm_next_turn(self, model: str, body: Mapping[str, Any], messages: list[dict], answer: str) -> None:
+        """PromptTokenizer.warm_next_turn with `model`'s tokenizer, when it is ready and renders chat."""
+        tokenizer = self._ready.get(model)
+        if tokenizer is not None and model not in self._completions_only:
+            tokenizer.warm_next_turn(body, messages, answer)
 
 
 def _mirrored(engine_version: str) -> bool:

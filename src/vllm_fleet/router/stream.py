@@ -94,7 +94,9 @@ class RoutedStream:
         self._context = context
         self._ticket: Ticket | None = None
         self._gen: AsyncIterator[Chunk] | None = None
-        self._delivered = Delivered(request)      # what the caller has of each sample (delivered.py)
+        # What the caller has of each sample (delivered.py); with the answer's text where the
+        # router tokenizes the next turn's prompt (CacheRouting.answered).
+        self._delivered = Delivered(request, keep_text=context.cache is not None and context.cache.wants_answer(request))
         self._closed = False
         self.withdrawals = 0                      # batch attempts withdrawn or paused for interactive work
         self.pauses = 0                           # of those, the ones paused after tokens were delivered
@@ -231,6 +233,8 @@ class RoutedStream:
                     if self._batch:
                         ctx.pool.batch.ended(address, token)
             outcome = "ok"
+            if self._delivered.keep_text and ctx.cache is not None:
+                ctx.cache.answered(self.request, self.features, self._delivered.answer_text())
         except (asyncio.CancelledError, GeneratorExit):
             outcome = "cancelled"
             raise
