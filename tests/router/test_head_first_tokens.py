@@ -158,8 +158,8 @@ def _chat(system: str, document: str) -> list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": document}]
 
 
-def test_a_fresh_long_prompt_is_keyed_from_a_head_and_routes_as_whole_tokenization(folder, monkeypatch):
-    head, whole = _routing(folder, 1000), _routing(folder, 0)
+def encoding_counted(monkeypatch) -> list[int]:
+    """From now on, the characters each prompt's pieces sent through the tokenizer (one entry a prompt)."""
     encoded: list[int] = []
     original = SegmentTokenizer._join
 
@@ -169,6 +169,12 @@ def test_a_fresh_long_prompt_is_keyed_from_a_head_and_routes_as_whole_tokenizati
             return original(self, counter, *args)
         finally:
             encoded.append(counter.chars)
+    monkeypatch.setattr(SegmentTokenizer, "_join", counting)
+    return encoded
+
+
+def test_a_fresh_long_prompt_is_keyed_from_a_head_and_routes_as_whole_tokenization(folder, monkeypatch):
+    head, whole = _routing(folder, 1000), _routing(folder, 0)
 
     # A system prompt held on w2 (several blocks), then a document nobody has seen.
     system = "You are a careful assistant. Answer briefly and cite the document. " * 5
@@ -177,7 +183,7 @@ def test_a_fresh_long_prompt_is_keyed_from_a_head_and_routes_as_whole_tokenizati
         _, _, request = _decide(routing, held)
         _store(routing, "w2", routing.prompt_ids(request, MODEL), 1)
     messages = _chat(system, _document(7))
-    monkeypatch.setattr(SegmentTokenizer, "_join", counting)
+    encoded = encoding_counted(monkeypatch)
     features, worker, request = _decide(head, messages)
     assert sum(encoded) < 1200                                     # the head only, of ~8,000 characters
     expected, expected_worker, _ = _decide(whole, messages)

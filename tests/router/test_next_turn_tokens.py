@@ -13,13 +13,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from support import wait_until
-from test_head_first_tokens import Counting, _decide, _document, _routing, _store
+from test_head_first_tokens import _decide, _document, _routing, _store, encoding_counted
 from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.segment_tokens import SegmentTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -39,20 +38,6 @@ def _conversation(seed: int) -> tuple[list[dict], str, str]:
     return turns, _document(rng.randrange(10**6), 420), "And then? " + _document(rng.randrange(10**6), 200)
 
 
-def _encoding_counted(monkeypatch) -> list[int]:
-    encoded: list[int] = []
-    original = SegmentTokenizer._join
-
-    def counting(self, backend, *args):
-        counter = Counting(backend)
-        try:
-            return original(self, counter, *args)
-        finally:
-            encoded.append(counter.chars)
-    monkeypatch.setattr(SegmentTokenizer, "_join", counting)
-    return encoded
-
-
 def test_the_next_turn_tokenizes_only_the_new_message_once_the_answer_was_seen(folder, monkeypatch):
     seen, unseen, whole = _routing(folder, 250), _routing(folder, 250), _routing(folder, 0)
     earlier, answer, question = _conversation(3)
@@ -62,7 +47,7 @@ def test_the_next_turn_tokenizes_only_the_new_message_once_the_answer_was_seen(f
         if routing is seen:
             routing.answered(request, features, answer).result()
     next_turn = [*earlier, {"role": "assistant", "content": answer}, {"role": "user", "content": question}]
-    encoded = _encoding_counted(monkeypatch)
+    encoded = encoding_counted(monkeypatch)
     features, _, _ = _decide(seen, next_turn)
     assert 0 < sum(encoded) <= len(question) + 20            # the new message (and the template's bits)
     encoded.clear()
@@ -101,7 +86,7 @@ async def test_a_streamed_chat_answer_reaches_the_piece_cache(mock_worker_factor
         assert answer
         router._cache.close(wait=True)   # the answer is tokenized on the keying thread
         next_turn = [*earlier, {"role": "assistant", "content": answer}, {"role": "user", "content": question}]
-        encoded = _encoding_counted(monkeypatch)
+        encoded = encoding_counted(monkeypatch)
         tokenizer = router._cache.tokenizers.get(model)
         tokenizer.chat_ids(next_turn)
         assert 0 < sum(encoded) <= len(question) + 20
