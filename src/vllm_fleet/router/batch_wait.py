@@ -1,7 +1,7 @@
 """Why batch waits: the batch requests waiting for a worker with slack, and the reason per worker.
 
-A batch request waits in the router until some worker has slack (classes.py; stream.py
-`_pick_batch`), and it is never failed for it. So a Spark job or a Batch API batch on a fleet
+A batch request waits in the router until some worker has slack (classes.py; pick.py
+`pick_batch`), and it is never failed for it. So a Spark job or a Batch API batch on a fleet
 with no batch capacity simply stops moving; this module says why, in words a person can act
 on: "no worker of model m has batch slack: w1 has 3 requests waiting in its engine; w2 KV-cache
 usage 0.97 >= batch_max_kv_usage 0.9; ...".

@@ -1,6 +1,6 @@
 """RoutedStream: one request's chunks, surviving worker failures without losing or repeating a token.
 
-The loop: admit → pick a worker (policy ranking, breaker) → stream from it → on a
+The loop: admit → pick a worker (policy ranking, breaker; pick.py) → stream from it → on a
 recoverable failure, pick another worker and carry on:
 
 * Before anything reached the caller (failover), the same request is sent again.
@@ -41,7 +41,6 @@ from vllm_fleet.errors import (
     DeadlineExceededError,
     InvalidRequestError,
     MigrationUnsupportedError,
-    NoWorkerError,
     RateLimitedError,
     WorkerError,
     WorkerOverloadedError,
@@ -49,22 +48,18 @@ from vllm_fleet.errors import (
 )
 from vllm_fleet.protocol.types import Chunk, GenerateRequest
 from vllm_fleet.router.admission import Ticket
-from vllm_fleet.router.cache_index import RoutedHold
-from vllm_fleet.router.classes import BATCH, INTERACTIVE, batch_share, guaranteed_batch, has_slack
+from vllm_fleet.router.classes import BATCH, batch_share
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.delivered import Delivered
 from vllm_fleet.router.features import RequestFeatures
+from vllm_fleet.router.pick import pick_batch, pick_or_await_probe
 from vllm_fleet.router.pool import Lease
-from vllm_fleet.router.snapshot import HALF_OPEN
+from vllm_fleet.router.routed_holds import RoutedHold
 from vllm_fleet.router.watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
 
 DEADLINE_SLACK_S = 0.05
-# Batch waiting for slack looks again at least this often, even if no Load or finished attempt woke it.
-BATCH_RECHECK_S = 1.0
-# How often a request that found every worker's probe slot taken looks again.
-PROBE_WAIT_POLL_S = 0.02
 
 
 class _Withdrawn(Exception):
@@ -172,7 +167,7 @@ class RoutedStream:
             while True:
                 if self.request.adapter and ctx.adapters is not None:  # a LoRA request: some worker holds it
                     await ctx.adapters.place(self.request.adapter, self.features.model or "", self.features.pool)
-                address, lease = await self._pick_batch(tried) if self._batch else await self._pick_or_await_probe(tried)
+                address, lease = await self._pick(tried)
                 self.attempts += 1
                 self.worker = address
                 if self.routed_at is None:
@@ -244,81 +239,18 @@ class RoutedStream:
                 self._ticket.finish(used)
             ctx.metrics.requests.labels(self.features.model or "", outcome).inc()
 
-    async def _pick_or_await_probe(self, tried: set[str]) -> tuple[str, Lease]:
-        """`_pick`, but when every routable worker refused only because a half-open breaker's
-        one probe is in flight (a worker just back from a crash), wait for that probe's first
-        output instead of failing: streams migrating off a dead worker all at once must not
-        fail because the one survivor is still proving itself."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._context.config.first_chunk_timeout_s
-        while True:
-            try:
-                return self._pick(tried)
-            except NoWorkerError:
-                eligible = self._context.pool.snapshot().eligible(self.features.model, self.features.pool)
-                if loop.time() >= deadline or not any(w.breaker == HALF_OPEN for w in eligible):
-                    raise
-            await asyncio.sleep(PROBE_WAIT_POLL_S)
-
-    def _pick(self, tried: set[str]) -> tuple[str, Lease]:
-        """The best-ranked worker not tried yet whose breaker lets this request through."""
+    async def _pick(self, tried: set[str]) -> tuple[str, Lease]:
+        """The worker for the next attempt and its lease (pick.py): batch waits for slack, and
+        other work for a half-open breaker's probe rather than failing at once."""
         ctx = self._context
-        snapshot = ctx.pool.snapshot()
-        ranked = ctx.policy.rank(self.features, snapshot)
-        if self.request.adapter and ctx.adapters is not None:
-            ranked = ctx.adapters.prefer_holders(self.request.adapter, ranked, snapshot)
-        for address in [a for a in ranked if a not in tried] + [a for a in ranked if a in tried]:
-            lease = ctx.pool.try_acquire(address, self._remaining_cost(address))
-            if lease is not None:
-                if self.features.service_class == INTERACTIVE:
-                    view = snapshot.get(address)
-                    if view is not None:
-                        ctx.pool.batch.interactive_arrives(view)  # batch makes room if it must (classes.py)
-                return address, lease
-        ctx.metrics.rejections.labels("no_worker").inc()
-        model = f" for model {self.features.model!r}" if self.features.model else ""
-        raise NoWorkerError(f"no serving worker{model} can take the request now", retry_after=ctx.pool.retry_after())
+        if self._batch:
+            return await pick_batch(ctx, self.request, self.features, tried, self._remaining_cost, self._waited)
+        return await pick_or_await_probe(ctx, self.request, self.features, tried, self._remaining_cost)
 
-    async def _pick_batch(self, tried: set[str]) -> tuple[str, Lease]:
-        """A worker with slack for a batch request, waiting for one as long as the deadline allows
-        (router/classes.py); the starvation guard lets a few through regardless. While it waits it
-        is on the pool's account of waiting batch (batch_wait.py), which says why."""
-        ctx = self._context
-        config = ctx.config.classes
-        waits = ctx.pool.batch_waits
-        waiting: int | None = None
-        try:
-            while True:
-                snapshot = ctx.pool.snapshot()
-                ranked = ctx.policy.rank(self.features, snapshot)
-                if not ranked:
-                    return self._pick(tried)  # no serving worker at all: NoWorkerError, as for interactive
-                if self.request.adapter and ctx.adapters is not None:
-                    ranked = ctx.adapters.prefer_holders(self.request.adapter, ranked, snapshot)
-                views = {a: snapshot.get(a) for a in ranked}
-                gate = ctx.pool.batch
-                open_ = [a for a in ranked
-                         if has_slack(views[a], config, gate.cap(a, batch_share(views[a], config)))]
-                if not open_ and ctx.pool.batch.total < guaranteed_batch(views.values(), config):
-                    open_ = ranked  # starvation guard
-                for address in [a for a in open_ if a not in tried] + [a for a in open_ if a in tried]:
-                    lease = ctx.pool.try_acquire(address, self._remaining_cost(address))
-                    if lease is not None:
-                        return address, lease
-                if waiting is None:
-                    waiting = waits.start(self.request.request_id, self.features.model, self.features.pool)
-                else:
-                    waits.tick()
-                # Time spent waiting for slack does not count against a batch request's deadline: the
-                # deadline bounds its work, not its queue, so the wait never fails it.
-                loop = asyncio.get_running_loop()
-                waited_from = loop.time()
-                await ctx.pool.batch.wait(BATCH_RECHECK_S)
-                if self.deadline is not None:
-                    self.deadline += loop.time() - waited_from
-        finally:
-            if waiting is not None:
-                waits.end(waiting)
+    def _waited(self, seconds: float) -> None:
+        """A batch request waited `seconds` for slack: the deadline bounds its work, not its queue."""
+        if self.deadline is not None:
+            self.deadline += seconds
 
     def _batch_share(self, address: str) -> int:
         view = self._context.pool.snapshot().get(address)
