@@ -23,8 +23,8 @@ from vllm_fleet.protocol.types import GenerateRequest
 from vllm_fleet.router.classes import INTERACTIVE, batch_share, guaranteed_batch, has_slack
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
-from vllm_fleet.router.pool import Lease
 from vllm_fleet.router.snapshot import HALF_OPEN
+from vllm_fleet.router.worker_state import Lease
 
 # Batch waiting for slack looks again at least this often, even if no Load or finished attempt woke it.
 BATCH_RECHECK_S = 1.0

@@ -20,6 +20,9 @@ Progress (what earns a slow stream patience, see watchdog.py) is output, never h
 worker whose engine wedged keeps reporting the requests it holds (`running > 0`) while it
 produces nothing. A worker progresses while it is SERVING (or draining) and it produced output
 lately: a chunk to one of this router's streams, or output tokens in a fresh Load.
+
+The per-worker record (WorkerState) and an attempt's claim on a worker (Lease) are in
+worker_state.py; the pool makes and keeps them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from collections.abc import Callable
 from vllm_fleet.client import ClientPool
 from vllm_fleet.client.loads import late_after
 from vllm_fleet.errors import FleetError, NoWorkerError
-from vllm_fleet.protocol.types import REQUEST_FORM, WorkerInfo, WorkerLoad
+from vllm_fleet.protocol.types import REQUEST_FORM, WorkerLoad
 from vllm_fleet.registry import Registry, WorkerRecord
 from vllm_fleet.router.batch_gate import BatchGate
 from vllm_fleet.router.batch_wait import BatchWaits, why_no_slack
@@ -43,7 +46,8 @@ from vllm_fleet.router.classes import batch_share
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.ejection import OutlierDetector
 from vllm_fleet.router.metrics import RouterMetrics
-from vllm_fleet.router.snapshot import DOWN, DRAINING, EJECTED, HALF_OPEN, SERVING, PoolSnapshot, WorkerView
+from vllm_fleet.router.snapshot import HALF_OPEN, SERVING, PoolSnapshot
+from vllm_fleet.router.worker_state import Lease, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -53,100 +57,6 @@ INFO_TIMEOUT_S = 5.0
 HEALTH_MISSES_TO_LEAVE = 2
 # A Load answer younger than this shows the worker process is responsive.
 LOAD_FRESH_MIN_S = 5.0
-
-
-class WorkerState:
-    """Everything the router tracks about one worker (mutable; policies see WorkerView copies)."""
-
-    def __init__(self, record: WorkerRecord, breaker: CircuitBreaker) -> None:
-        self.record = record
-        self.breaker = breaker
-        self.info: WorkerInfo | None = None
-        self.old_form_logged = False     # an older release's worker was refused (logged once)
-        self.load: WorkerLoad | None = None
-        self.load_at = 0.0              # when `load` came
-        self.loads = 0                  # Loads taken so far
-        self.output_at = float("-inf")  # when a stream of ours last got a chunk from it
-        self.health = "UNKNOWN"
-        self.missed = 0                 # health checks in a row with no answer
-        self.request_failed = False     # a request to it failed since its last health answer
-        self.in_flight = 0
-        self.outstanding_tokens = 0
-        self.wake = asyncio.Event()     # set to have its health service asked now
-        self.tasks: list[asyncio.Task] = []
-
-    @property
-    def address(self) -> str:
-        return self.record.address
-
-    def state(self, ejected: bool) -> str:
-        if self.info is None or self.health != "SERVING":
-            return DOWN
-        if self.load is not None and self.load.draining:
-            return DRAINING
-        return EJECTED if ejected else SERVING
-
-    def view(self, ejected: bool, batch_in_flight: int = 0, cache: CacheRouting | None = None) -> WorkerView:
-        info = self.info
-        settings = info.settings if info else {}
-        return WorkerView(
-            address=self.address,
-            model=info.model if info else self.record.model,
-            # The worker's own word (Info, from its --pool) wins; the registry record covers the time before Info.
-            pool=info.pool if info and info.pool else self.record.pool,
-            state=self.state(ejected),
-            breaker=self.breaker.state,
-            health=self.health,
-            load=self.load,
-            in_flight=self.in_flight,
-            outstanding_tokens=self.outstanding_tokens,
-            max_model_len=info.max_model_len if info else 0,
-            max_num_seqs=int(settings.get("max_num_seqs") or 0),
-            schedules_by_priority=settings.get("scheduling_policy") == "priority",
-            batch_in_flight=batch_in_flight,
-            kv_events_fresh=cache is not None and cache.fresh(self.address),
-            cache_events=cache.events_state(self.address) if cache is not None else "",
-            predicted_hit_rate=cache.predicted_hit_rate(self.address) if cache is not None else None,
-        )
-
-
-class Lease:
-    """One attempt's claim on a worker: counts it in flight with its outstanding tokens."""
-
-    __slots__ = ("_worker", "_clock", "remaining", "probe", "credited")
-
-    def __init__(self, worker: WorkerState, tokens: int, clock: Callable[[], float] = time.monotonic,
-                 probe: bool = False) -> None:
-        self._worker = worker
-        self._clock = clock
-        self.remaining = tokens
-        self.probe = probe          # holds a half-open breaker's one probe slot
-        self.credited = False       # ... and its first output already counted as the probe's success
-        worker.in_flight += 1
-        worker.outstanding_tokens += tokens
-
-    def progress(self, tokens: int) -> None:
-        """A chunk came: `tokens` of the claim are done, and the worker is producing."""
-        if self._worker is None:
-            return
-        if self.probe and not self.credited:
-            # A probe proves the worker serves at its first output, not at its end: a stream
-            # holding the one probe slot for its whole answer would keep a recovered worker to
-            # one request at a time for minutes.
-            self.credited = True
-            self._worker.breaker.record_success()
-        self._worker.output_at = self._clock()
-        done = min(tokens, self.remaining)
-        self.remaining -= done
-        self._worker.outstanding_tokens -= done
-
-    def release(self) -> None:
-        if self._worker is None:
-            return
-        self._worker.in_flight -= 1
-        self._worker.outstanding_tokens -= self.remaining
-        self.remaining = 0
-        self._worker = None
 
 
 class Pool:

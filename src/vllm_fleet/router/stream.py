@@ -53,9 +53,9 @@ from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.delivered import Delivered
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pick import pick_batch, pick_or_await_probe
-from vllm_fleet.router.pool import Lease
 from vllm_fleet.router.routed_holds import RoutedHold
 from vllm_fleet.router.watchdog import StallWatchdog
+from vllm_fleet.router.worker_state import Lease
 
 logger = logging.getLogger(__name__)
 
