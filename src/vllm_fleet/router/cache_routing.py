@@ -69,6 +69,7 @@ class CacheRouting:
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
         self._predicted: dict[str, list[int]] = {}  # address -> [predicted cached tokens, prompt tokens routed]
         self._keying: concurrent.futures.ThreadPoolExecutor | None = None  # the rest of head-keyed prompts
+        self._id_takers: dict[str, str] = {}  # address -> tokenizer digest, of workers that take router ids
 
     # --- workers ------------------------------------------------------------------------
 
@@ -79,6 +80,10 @@ class CacheRouting:
             # The router repeats vLLM 0.32's rendering; the mock renders with its tokenizer's template.
             version = info.engine_version if info.engine == "vllm" else None
             self.tokenizers.ensure(info.model, self._connect(address), engine_version=version)
+        if info.takes_router_ids and info.tokenizer_digest:
+            self._id_takers[address] = info.tokenizer_digest
+        else:
+            self._id_takers.pop(address, None)
         if not info.kv_events:
             return None
         return self.follow(address, model, info.kv_block_size)
@@ -106,6 +111,7 @@ class CacheRouting:
         """The worker left the pool: its entries go with it."""
         self.followers.pop(address, None)
         self._predicted.pop(address, None)
+        self._id_takers.pop(address, None)
         self.index.drop_worker(address)
 
     def fresh(self, address: str) -> bool:
@@ -194,7 +200,10 @@ class CacheRouting:
             ids = ids.complete()   # every block of the head is held somewhere: the rest may match too
         keys = block_keys(ids, block_size, lora=lora, salt=salt)
         held = self.index.matched_tokens(model, keys) if keys else {}
-        return self._with_keys(request, features, block_size, keys, held, len(ids), len(ids))
+        features = self._with_keys(request, features, block_size, keys, held, len(ids), len(ids))
+        if self._id_takers and request.inputs[0].token_ids is None:  # rendered here: a worker may skip it
+            features = dataclasses.replace(features, prompt_ids=tuple(ids))
+        return features
 
     @staticmethod
     def _with_keys(request: GenerateRequest, features: RequestFeatures, block_size: int, keys: list[int],
@@ -227,6 +236,20 @@ class CacheRouting:
         if self._keying is None:
             self._keying = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-keys")
         return self._keying
+
+    def attempt_request(self, address: str, request: GenerateRequest, features: RequestFeatures) -> GenerateRequest:
+        """`request` (an attempt's, input 0 the caller's own and not resumed) with the router's ids of
+        input 0 on it when `address` takes router ids rendered with the files this router rendered with
+        (the digests agree): the worker may then skip rendering the prompt (worker/router_ids.py). Set per
+        attempt, on a copy: a retry elsewhere goes without them where that worker does not take them."""
+        ids = features.prompt_ids
+        digest = self._id_takers.get(address)
+        if ids is None or digest is None or self.tokenizers is None or features.model is None:
+            return request
+        if digest != self.tokenizers.digest(features.model) or request.inputs[0].resume_token_ids:
+            return request
+        first = dataclasses.replace(request.inputs[0], router_token_ids=list(ids), router_ids_digest=digest)
+        return dataclasses.replace(request, inputs=[first, *request.inputs[1:]])
 
     def wants_answer(self, request: GenerateRequest) -> bool:
         """Whether `answered` would use this request's answer: a chat request of one input and
