@@ -42,7 +42,7 @@ def cache_salt(request: GenerateRequest) -> str:
     salt = json.loads(request.body.body_json).get("cache_salt")
     return salt if isinstance(salt, str) else ""
 
-# A new text piece over twice this long is tokenized head first (with_cache). 250 characters is
+# A new text piece over twice `head_chars` long is tokenized head first (with_cache). 250 characters is
 # ~60-115 tokens, 4-7 blocks of 16: past the first block no worker holds in a new document, which
 # is nearly always within the first few blocks (when every block of the head is held, the rest
 # is tokenized then, as before). The head is what a fresh decision spends most on (~0.5 us a
@@ -50,8 +50,8 @@ def cache_salt(request: GenerateRequest) -> str:
 # the token count estimated from the head stayed within 10% of the exact one
 # (benchmarks/results/router-decision-2026-12-04b/head_chars.txt).
 # Only the decision waits for the head: the rest of a head-keyed prompt is keyed after the pick
-# (`routed`), so the speculative entries still cover the whole prompt.
-HEAD_CHARS = 250
+# (`routed`), so the speculative entries still cover the whole prompt. The value is
+# RouterConfig.cache_head_chars (default 250).
 
 
 class CacheRouting:
@@ -65,7 +65,7 @@ class CacheRouting:
         self._on_change = on_change
         self.followers: dict[str, KvFollower] = {}
         self.unknown_ids = 0              # requests routed without token ids (tokenizer not ready)
-        self.head_chars = HEAD_CHARS      # 0: tokenize every prompt whole (with_cache)
+        self.head_chars = config.cache_head_chars  # 0: tokenize every prompt whole (with_cache)
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
         self._predicted: dict[str, list[int]] = {}  # address -> [predicted cached tokens, prompt tokens routed]
         self._keying: concurrent.futures.ThreadPoolExecutor | None = None  # the rest of head-keyed prompts
@@ -80,7 +80,7 @@ class CacheRouting:
             # The router repeats vLLM 0.32's rendering; the mock renders with its tokenizer's template.
             version = info.engine_version if info.engine == "vllm" else None
             self.tokenizers.ensure(info.model, self._connect(address), engine_version=version)
-        if info.takes_router_ids and info.tokenizer_digest:
+        if info.takes_router_ids and info.tokenizer_digest and self.config.cache_send_prompt_ids:
             self._id_takers[address] = info.tokenizer_digest
         else:
             self._id_takers.pop(address, None)
