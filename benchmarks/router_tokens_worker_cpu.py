@@ -19,12 +19,18 @@ before and after. Output tokens and prompt tokens must be equal on both sides.
 
     flock /tmp/vllm-fleet-heavy.lock env PYTHONPATH=src python benchmarks/router_tokens_worker_cpu.py \
         [--requests-per-round 20] [--rounds 6] [--words 1500]
+
+`--render-only` measures just the step the ids replace, in process and without an engine: the
+worker's VllmRenderer (vLLM's HfRenderer for the model, as in a running worker) rendering each
+prompt (`render`) against taking its ids (`render_ids`): CPU time of the whole process per call
+(vLLM's renderer tokenizes on a thread of its own, which a thread clock would miss).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import sys
@@ -51,9 +57,8 @@ SYSTEM = "You are a concise assistant. Answer in one word."
 
 
 def cpu_of(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads), from /proc/<pid>/stat."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    import os
-
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -89,7 +94,6 @@ def metric(port: int, outcome: str) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    from vllm_fleet.config import WorkerConfig  # noqa: F401 (the options below are its fields)
     from vllm_fleet.processes import free_port
 
     metrics_port = free_port("127.0.0.1")
@@ -146,14 +150,54 @@ async def main(args: argparse.Namespace) -> None:
         saved = statistics.mean(totals["none"]["main"]) - statistics.mean(totals["ids"]["main"])
         print(f"\nworker main process CPU saved with ids: {1e3 * saved:.2f} ms/request "
               f"({100 * saved / statistics.mean(totals['none']['main']):.1f} %)")
-        same = (totals["ids"]["output"] == totals["none"]["output"]
-                and sum(totals["ids"]["prompt"]) / len(totals["ids"]["prompt"]) > 0)
-        print(f"output tokens equal on both sides: {totals['ids']['output'] == totals['none']['output']}"
-              f" ({totals['ids']['output']} vs {totals['none']['output']})" + ("" if same else "  <-- CHECK"))
+        same = totals["ids"]["output"] == totals["none"]["output"]
+        print(f"output tokens equal on both sides: {same} ({totals['ids']['output']} vs {totals['none']['output']})"
+              + ("" if same else "  <-- CHECK"))
     finally:
         for router in routers.values():
             await router.close()
         worker.stop()
+
+
+async def render_only(args: argparse.Namespace) -> None:
+    """CPU per call of the worker's render vs render_ids on the same prompts (no engine)."""
+    import json
+    from types import SimpleNamespace
+
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.renderers import renderer_from_config
+
+    from vllm_fleet.models import resolve_model
+    from vllm_fleet.protocol.types import GenerateRequest, RequestBody
+    from vllm_fleet.worker.openai.render import VllmRenderer
+    from vllm_fleet.worker.openai.request import build_vllm_request
+
+    folder = str(resolve_model(None, None).path)
+    config = VllmConfig(model_config=ModelConfig(model=folder, tokenizer=folder, max_model_len=4096))
+    hf = renderer_from_config(config)
+    renderer = VllmRenderer(SimpleNamespace(renderer=hf, vllm_config=config), hf.get_tokenizer())
+    rng = random.Random(args.seed)
+    times: dict[str, list[float]] = {"render": [], "render_ids": []}
+    lengths = []
+    for n in range(args.warmup + args.rounds * args.requests_per_round):
+        item = GenerateInput(messages=[{"role": "system", "content": SYSTEM},
+                                       {"role": "user", "content": user_text(rng, args.words)}])
+        request = build_vllm_request(GenerateRequest("r", [item], RequestBody("chat", json.dumps({"max_tokens": 1})
+                                                                               .encode())), item)
+        started = time.process_time()
+        ids = (await renderer.render(request)).token_ids
+        middle = time.process_time()
+        assert (await renderer.render_ids(request, ids)).token_ids == ids
+        ended = time.process_time()
+        if n >= args.warmup:
+            times["render"].append(middle - started)
+            times["render_ids"].append(ended - middle)
+            lengths.append(len(ids))
+    print(f"{len(lengths)} chat prompts, {statistics.mean(lengths):.0f} tokens on average, process CPU (all threads):")
+    for name, values in times.items():
+        ordered = sorted(values)
+        print(f"  {name:10s}: mean {1e3 * statistics.mean(values):6.2f} ms, median {1e3 * ordered[len(ordered) // 2]:6.2f} "
+              f"ms, p90 {1e3 * ordered[int(0.9 * len(ordered))]:6.2f} ms CPU per call")
 
 
 if __name__ == "__main__":
@@ -164,4 +208,6 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=8, help="requests per side before measuring")
     parser.add_argument("--verify-first", type=int, default=8, help="the worker's --router-ids-verify-first")
     parser.add_argument("--seed", type=int, default=0)
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--render-only", action="store_true", help="only the render step, in process (no worker)")
+    parsed = parser.parse_args()
+    asyncio.run(render_only(parsed) if parsed.render_only else main(parsed))

@@ -134,3 +134,12 @@ def test_ids_go_per_attempt_only_where_the_digests_agree():
     assert cache.attempt_request("same", request, RequestFeatures(model="m")) is request  # only a head known
     cache.forget("same")
     assert cache.attempt_request("same", request, features) is request
+
+
+def test_a_router_told_not_to_send_ids_sends_none():
+    cache = CacheRouting(RouterConfig(policy="cache_aware", cache_send_prompt_ids=False), lambda address: None,
+                         RouterMetrics.for_registry(CollectorRegistry()), tokenizers=_Tokenizers())
+    cache.on_info("same", WorkerInfo(model="m", max_model_len=4096, engine="vllm", engine_version="0.32.0",
+                                     tokenizer_digest="sha256:router-files", takes_router_ids=True), lambda: "m")
+    request = build_request("r", [GenerateInput(text="hello there")], SamplingParams(max_tokens=2))
+    assert cache.attempt_request("same", request, RequestFeatures(model="m", prompt_ids=(1, 2, 3))) is request
