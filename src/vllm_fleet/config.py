@@ -226,6 +226,20 @@ class WorkerConfig(FleetModel):
         60.0, gt=0, description="Engine stall: longest silence allowed while the engine's processes keep using CPU "
         "(a slow step, not a hang; a stopped or blocked engine process uses none)"
     )
+    # Off by default: the engine then runs exactly what `vllm serve` renders, always. On, a prompt the
+    # router rendered with this worker's own tokenizer files (same digest) skips the worker's
+    # rendering; the first ones and a sample after are rendered anyway and compared, and one
+    # mismatch ends the trust for the worker's life (worker/router_ids.py).
+    accept_router_ids: bool = Field(
+        False, description="Run a router's prompt token ids (rendered with this worker's tokenizer files) instead "
+        "of rendering the prompt here, verifying some; saves the worker's CPU per request"
+    )
+    router_ids_verify_first: int = Field(
+        32, ge=0, description="With --accept-router-ids: render and compare the first this many prompts that carry ids"
+    )
+    router_ids_verify_every: int = Field(
+        100, ge=1, description="With --accept-router-ids: after the first ones, render and compare 1 prompt in this many"
+    )
     max_message_mb: int = Field(64, ge=1, description="Largest gRPC message, in MiB")
     tls_cert: str | None = Field(None, description="PEM certificate: serve gRPC over TLS")
     tls_key: str | None = Field(None, description="PEM private key for --tls-cert")

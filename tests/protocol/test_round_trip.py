@@ -63,9 +63,15 @@ messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(CHAT_ROLES) |
                     max_size=4)
 # Exactly one kind per input, including the empty one of each (an empty prompt stays a prompt).
 delivered = st.none() | u32
+# The router's ids come with the digest of the files that rendered them, or not at all (canonical:
+# None and "", never an empty list); an input of token ids never carries them.
+router_ids = st.one_of(st.just({}), st.fixed_dictionaries({"router_token_ids": st.lists(u32, min_size=1, max_size=8),
+                                                           "router_ids_digest": text}))
 inputs = st.one_of(
-    st.builds(GenerateInput, text=text, resume_token_ids=ids, resume_delivered_chars=delivered),
-    st.builds(GenerateInput, messages=messages, resume_token_ids=ids, resume_delivered_chars=delivered),
+    router_ids.flatmap(lambda r: st.builds(GenerateInput, text=text, resume_token_ids=ids,
+                                           resume_delivered_chars=delivered, **{k: st.just(v) for k, v in r.items()})),
+    router_ids.flatmap(lambda r: st.builds(GenerateInput, messages=messages, resume_token_ids=ids,
+                                           resume_delivered_chars=delivered, **{k: st.just(v) for k, v in r.items()})),
     st.builds(GenerateInput, token_ids=ids, resume_token_ids=ids, resume_delivered_chars=delivered),
 )
 requests = st.builds(
@@ -93,6 +99,7 @@ chunks = st.builds(
 infos = st.builds(
     WorkerInfo, model=text, max_model_len=u32, engine=text, version=text, engine_version=text,
     settings=st.dictionaries(text, text, max_size=4), device=text, worker_id=text, pool=text,
+    tokenizer_digest=text, takes_router_ids=st.booleans(),
 )
 loads = st.builds(
     WorkerLoad, running=u32, waiting=u32, kv_cache_usage=f32, prefix_cache_hit_rate=f32,

@@ -42,6 +42,9 @@ def input_to_pb(item: GenerateInput) -> pb.GenerateInput:
             msg.token_ids.SetInParent()
     else:
         msg.text = item.text or ""
+    if item.router_token_ids:
+        msg.router_token_ids.extend(item.router_token_ids)
+        msg.router_ids_digest = item.router_ids_digest
     return msg
 
 
@@ -50,16 +53,17 @@ def input_from_pb(msg: pb.GenerateInput) -> GenerateInput:
     kind = msg.WhichOneof("kind")
     resume = list(msg.resume_token_ids)
     delivered = msg.resume_delivered_chars if msg.HasField("resume_delivered_chars") else None
-    if kind == "messages_json":
-        return GenerateInput(messages=_messages(msg.messages_json), resume_token_ids=resume,
-                             resume_delivered_chars=delivered)
-    if kind == "chat":
-        return GenerateInput(messages=legacy.messages(msg.chat), resume_token_ids=resume,
-                             resume_delivered_chars=delivered)
-    if kind == "token_ids":
+    if kind == "token_ids":  # ids as given: nothing for the router's to replace
         return GenerateInput(token_ids=list(msg.token_ids.ids), resume_token_ids=resume,
                              resume_delivered_chars=delivered)
-    return GenerateInput(text=msg.text, resume_token_ids=resume, resume_delivered_chars=delivered)
+    router_ids = list(msg.router_token_ids) if msg.router_token_ids else None
+    extra = {"resume_token_ids": resume, "resume_delivered_chars": delivered, "router_token_ids": router_ids,
+             "router_ids_digest": msg.router_ids_digest if router_ids else ""}
+    if kind == "messages_json":
+        return GenerateInput(messages=_messages(msg.messages_json), **extra)
+    if kind == "chat":
+        return GenerateInput(messages=legacy.messages(msg.chat), **extra)
+    return GenerateInput(text=msg.text, **extra)
 
 
 def _json(value: object) -> bytes:
@@ -202,7 +206,8 @@ def info_to_pb(info: WorkerInfo) -> pb.WorkerInfo:
         engine_version=info.engine_version, settings=info.settings, device=info.device,
         worker_id=info.worker_id, pool=info.pool, request_form=info.request_form,
         kv_block_size=info.kv_block_size, kv_events=info.kv_events, tasks=info.tasks,
-        pooling_endpoints=info.pooling_endpoints,
+        pooling_endpoints=info.pooling_endpoints, tokenizer_digest=info.tokenizer_digest,
+        takes_router_ids=info.takes_router_ids,
     )
 
 
@@ -212,7 +217,8 @@ def info_from_pb(msg: pb.WorkerInfo) -> WorkerInfo:
         engine_version=msg.engine_version, settings=dict(msg.settings), device=msg.device,
         worker_id=msg.worker_id, pool=msg.pool, request_form=msg.request_form,
         kv_block_size=msg.kv_block_size, kv_events=msg.kv_events, tasks=list(msg.tasks),
-        pooling_endpoints=list(msg.pooling_endpoints),
+        pooling_endpoints=list(msg.pooling_endpoints), tokenizer_digest=msg.tokenizer_digest,
+        takes_router_ids=msg.takes_router_ids,
     )
 
 

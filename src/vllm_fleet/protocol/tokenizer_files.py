@@ -8,8 +8,9 @@ flagged.
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from vllm_fleet.errors import TokenizerFilesError
@@ -35,6 +36,23 @@ def chunks_of(name: str, data: bytes) -> Iterator[tuple[str, bytes, bool]]:
     for start in range(0, max(len(data), 1), CHUNK_BYTES):
         part = data[start:start + CHUNK_BYTES]
         yield name, part, start + CHUNK_BYTES >= len(data)
+
+
+def files_digest(files: Iterable[tuple[str, bytes]]) -> str:
+    """One digest of a tokenizer's files (name and bytes, any order): the worker reports it in
+    WorkerInfo.tokenizer_digest for the files it sends, the router computes it over the files it
+    received, and a router's token ids travel to a worker only where the two agree."""
+    digest = hashlib.sha256()
+    for name, data in sorted(files):
+        digest.update(f"{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return "sha256:" + digest.hexdigest()
+
+
+def folder_digest(folder: str | os.PathLike[str]) -> str:
+    """`files_digest` of the allow-listed files in `folder` (those a worker sends, or a router got)."""
+    path = Path(folder)
+    return files_digest((name, (path / name).read_bytes()) for name in ALLOWED_NAMES if (path / name).is_file())
 
 
 class FileAssembler:

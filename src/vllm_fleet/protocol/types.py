@@ -94,6 +94,11 @@ class GenerateInput:
     # Characters of the resumed tokens' text the caller already has (None: all of it); the rest
     # was held back as a possible stop string, and the worker sends or matches it.
     resume_delivered_chars: int | None = None
+    # The router's own rendering of this text/messages prompt (token ids), and the digest of the
+    # tokenizer files it rendered with (WorkerInfo.tokenizer_digest): a worker that takes them may
+    # run them instead of rendering (worker/router_ids.py). None: the worker renders.
+    router_token_ids: list[int] | None = None
+    router_ids_digest: str = ""
 
     def __post_init__(self) -> None:
         if self.messages is not None:  # typed messages (the Python client, Spark) travel as OpenAI dicts
@@ -207,6 +212,8 @@ class WorkerInfo:
     kv_events: bool = False    # KvEvents streams this engine's cache events
     tasks: list[str] = field(default_factory=list)  # vLLM's supported tasks; [] = generate (older workers)
     pooling_endpoints: list[str] = field(default_factory=list)  # what Pool takes (pooling.py); [] = none
+    tokenizer_digest: str = ""  # of the files TokenizerFiles sends (protocol/tokenizer_files.py); "" = none
+    takes_router_ids: bool = False  # runs a router's prompt ids rendered with those files
 
     @property
     def generates(self) -> bool:

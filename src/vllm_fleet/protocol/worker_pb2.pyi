@@ -35,20 +35,24 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateInput(_message.Message):
-    __slots__ = ("text", "chat", "token_ids", "messages_json", "resume_token_ids", "resume_delivered_chars")
+    __slots__ = ("text", "chat", "token_ids", "messages_json", "resume_token_ids", "resume_delivered_chars", "router_token_ids", "router_ids_digest")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RESUME_DELIVERED_CHARS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_IDS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     text: str
     chat: ChatMessages
     token_ids: TokenIds
     messages_json: bytes
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     resume_delivered_chars: int
-    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages_json: _Optional[bytes] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_delivered_chars: _Optional[int] = ...) -> None: ...
+    router_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    router_ids_digest: str
+    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages_json: _Optional[bytes] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_delivered_chars: _Optional[int] = ..., router_token_ids: _Optional[_Iterable[int]] = ..., router_ids_digest: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "stop", "stop_token_ids", "seed", "n", "logprobs", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "bad_words", "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "constraint")
@@ -306,7 +310,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "engine", "version", "engine_version", "settings", "device", "worker_id", "pool", "request_form", "kv_block_size", "kv_events", "tasks", "pooling_endpoints")
+    __slots__ = ("model", "max_model_len", "engine", "version", "engine_version", "settings", "device", "worker_id", "pool", "request_form", "kv_block_size", "kv_events", "tasks", "pooling_endpoints", "tokenizer_digest", "takes_router_ids")
     class SettingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -328,6 +332,8 @@ class WorkerInfo(_message.Message):
     KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     POOLING_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TAKES_ROUTER_IDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     engine: str
@@ -342,7 +348,9 @@ class WorkerInfo(_message.Message):
     kv_events: bool
     tasks: _containers.RepeatedScalarFieldContainer[str]
     pooling_endpoints: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., settings: _Optional[_Mapping[str, str]] = ..., device: _Optional[str] = ..., worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., request_form: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., kv_events: _Optional[bool] = ..., tasks: _Optional[_Iterable[str]] = ..., pooling_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
+    tokenizer_digest: str
+    takes_router_ids: bool
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., engine_version: _Optional[str] = ..., settings: _Optional[_Mapping[str, str]] = ..., device: _Optional[str] = ..., worker_id: _Optional[str] = ..., pool: _Optional[str] = ..., request_form: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., kv_events: _Optional[bool] = ..., tasks: _Optional[_Iterable[str]] = ..., pooling_endpoints: _Optional[_Iterable[str]] = ..., tokenizer_digest: _Optional[str] = ..., takes_router_ids: _Optional[bool] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()

@@ -42,7 +42,7 @@ def cache_salt(request: GenerateRequest) -> str:
     salt = json.loads(request.body.body_json).get("cache_salt")
     return salt if isinstance(salt, str) else ""
 
-# A new text piece over twice this long is tokenized head first (with_cache). 250 characters is
+# A new text piece over twice `head_chars` long is tokenized head first (with_cache). 250 characters is
 # ~60-115 tokens, 4-7 blocks of 16: past the first block no worker holds in a new document, which
 # is nearly always within the first few blocks (when every block of the head is held, the rest
 # is tokenized then, as before). The head is what a fresh decision spends most on (~0.5 us a
@@ -50,8 +50,8 @@ def cache_salt(request: GenerateRequest) -> str:
 # the token count estimated from the head stayed within 10% of the exact one
 # (benchmarks/results/router-decision-2026-12-04b/head_chars.txt).
 # Only the decision waits for the head: the rest of a head-keyed prompt is keyed after the pick
-# (`routed`), so the speculative entries still cover the whole prompt.
-HEAD_CHARS = 250
+# (`routed`), so the speculative entries still cover the whole prompt. The value is
+# RouterConfig.cache_head_chars (default 250).
 
 
 class CacheRouting:
@@ -65,10 +65,11 @@ class CacheRouting:
         self._on_change = on_change
         self.followers: dict[str, KvFollower] = {}
         self.unknown_ids = 0              # requests routed without token ids (tokenizer not ready)
-        self.head_chars = HEAD_CHARS      # 0: tokenize every prompt whole (with_cache)
+        self.head_chars = config.cache_head_chars  # 0: tokenize every prompt whole (with_cache)
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
         self._predicted: dict[str, list[int]] = {}  # address -> [predicted cached tokens, prompt tokens routed]
         self._keying: concurrent.futures.ThreadPoolExecutor | None = None  # the rest of head-keyed prompts
+        self._id_takers: dict[str, str] = {}  # address -> tokenizer digest, of workers that take router ids
 
     # --- workers ------------------------------------------------------------------------
 
@@ -79,6 +80,10 @@ class CacheRouting:
             # The router repeats vLLM 0.32's rendering; the mock renders with its tokenizer's template.
             version = info.engine_version if info.engine == "vllm" else None
             self.tokenizers.ensure(info.model, self._connect(address), engine_version=version)
+        if info.takes_router_ids and info.tokenizer_digest and self.config.cache_send_prompt_ids:
+            self._id_takers[address] = info.tokenizer_digest
+        else:
+            self._id_takers.pop(address, None)
         if not info.kv_events:
             return None
         return self.follow(address, model, info.kv_block_size)
@@ -106,6 +111,7 @@ class CacheRouting:
         """The worker left the pool: its entries go with it."""
         self.followers.pop(address, None)
         self._predicted.pop(address, None)
+        self._id_takers.pop(address, None)
         self.index.drop_worker(address)
 
     def fresh(self, address: str) -> bool:
@@ -194,7 +200,10 @@ class CacheRouting:
             ids = ids.complete()   # every block of the head is held somewhere: the rest may match too
         keys = block_keys(ids, block_size, lora=lora, salt=salt)
         held = self.index.matched_tokens(model, keys) if keys else {}
-        return self._with_keys(request, features, block_size, keys, held, len(ids), len(ids))
+        features = self._with_keys(request, features, block_size, keys, held, len(ids), len(ids))
+        if self._id_takers and request.inputs[0].token_ids is None:  # rendered here: a worker may skip it
+            features = dataclasses.replace(features, prompt_ids=tuple(ids))
+        return features
 
     @staticmethod
     def _with_keys(request: GenerateRequest, features: RequestFeatures, block_size: int, keys: list[int],
@@ -227,6 +236,20 @@ class CacheRouting:
         if self._keying is None:
             self._keying = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-keys")
         return self._keying
+
+    def attempt_request(self, address: str, request: GenerateRequest, features: RequestFeatures) -> GenerateRequest:
+        """`request` (an attempt's, input 0 the caller's own and not resumed) with the router's ids of
+        input 0 on it when `address` takes router ids rendered with the files this router rendered with
+        (the digests agree): the worker may then skip rendering the prompt (worker/router_ids.py). Set per
+        attempt, on a copy: a retry elsewhere goes without them where that worker does not take them."""
+        ids = features.prompt_ids
+        digest = self._id_takers.get(address)
+        if ids is None or digest is None or self.tokenizers is None or features.model is None:
+            return request
+        if digest != self.tokenizers.digest(features.model) or request.inputs[0].resume_token_ids:
+            return request
+        first = dataclasses.replace(request.inputs[0], router_token_ids=list(ids), router_ids_digest=digest)
+        return dataclasses.replace(request, inputs=[first, *request.inputs[1:]])
 
     def wants_answer(self, request: GenerateRequest) -> bool:
         """Whether `answered` would use this request's answer: a chat request of one input and

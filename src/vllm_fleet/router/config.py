@@ -164,6 +164,14 @@ class RouterConfig(FleetModel):
         2.0, gt=0, description="Cache-aware routing: a prompt routed to a worker counts as cached there while "
         "it prefills, and for this long after its first token, until the worker's KV events confirm it"
     )
+    cache_head_chars: int = Field(
+        250, ge=0, description="Cache-aware routing: a new text piece over twice this many characters is tokenized "
+        "head first for the decision (the rest after the pick); its ids then do not go to the worker. 0: whole"
+    )
+    cache_send_prompt_ids: bool = Field(
+        True, description="Cache-aware routing: send the prompt's token ids to workers that take them "
+        "(worker --accept-router-ids, same tokenizer files), so they skip rendering it"
+    )
     default_max_tokens: int = Field(
         256, ge=1, description="Output tokens assumed for load and budgets when a request sets no max_tokens"
     )

@@ -53,6 +53,10 @@ class RequestFeatures:
     # keys, computed on call. CacheRouting.routed() calls it off the decision path, so the
     # speculative entries cover the whole prompt a few milliseconds after the pick.
     rest_keys: Callable[[], list[int]] | None = field(default=None, hash=False, compare=False)
+    # cache_aware, while the request is in flight: input 0's whole prompt ids as the router rendered
+    # them, for an attempt on a worker that takes them (CacheRouting.attempt_request); None when only a
+    # head was tokenized, the input had ids already, or no worker takes them
+    prompt_ids: tuple[int, ...] | None = field(default=None, hash=False, compare=False, repr=False)
 
     @property
     def cost_tokens(self) -> int:

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vllm_fleet.errors import FleetError
+from vllm_fleet.protocol.tokenizer_files import folder_digest
 from vllm_fleet.router import chat_render
 from vllm_fleet.router.chat_render import Unrenderable
 from vllm_fleet.router.segment_tokens import MAX_CHARS, PartialIds, SegmentTokenizer
@@ -66,9 +67,11 @@ _CHAT_FIELDS = ("tools", "chat_template_kwargs", "add_generation_prompt", "conti
 class PromptTokenizer:
     """One model's prompt rendering and tokenization, as its workers do it."""
 
-    def __init__(self, tokenizer: Any, *, piece_cache_chars: int = MAX_CHARS) -> None:
-        """`piece_cache_chars`: the bound of the piece cache in characters (0: no cache)."""
+    def __init__(self, tokenizer: Any, *, piece_cache_chars: int = MAX_CHARS, digest: str = "") -> None:
+        """`piece_cache_chars`: the bound of the piece cache in characters (0: no cache). `digest`:
+        of the files it was loaded from (protocol/tokenizer_files.py), "" = unknown."""
         self._tokenizer = tokenizer
+        self.digest = digest   # a worker whose WorkerInfo.tokenizer_digest equals it may take these ids
         self._lock = threading.Lock()   # one thread at a time renders and encodes (module docstring)
         self._backend = _LockedBackend(getattr(tokenizer, "backend_tokenizer", None), self._lock)
         self._accepted = _apply_chat_template_params(tokenizer)
@@ -80,7 +83,7 @@ class PromptTokenizer:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-        return cls(tokenizer, piece_cache_chars=piece_cache_chars)
+        return cls(tokenizer, piece_cache_chars=piece_cache_chars, digest=folder_digest(folder))
 
     def chat_ids(self, messages: list[dict], *, tools: list[dict] | None = None,
                  chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
@@ -282,6 +285,11 @@ class TokenizerCache:
             logger.debug("%s: prompt not tokenized at the router: %s", model, exc)
             return None
 
+
+    def digest(self, model: str) -> str:
+        """The digest of the files `model`'s tokenizer here was loaded from; "" until it is ready."""
+        tokenizer = self._ready.get(model)
+        return tokenizer.digest if tokenizer is not None else ""
 
     def warm_next_turn(self, model: str, body: Mapping[str, Any], messages: list[dict], answer: str) -> None:
         """PromptTokenizer.warm_next_turn with `model`'s tokenizer, when it is ready and renders chat."""

@@ -234,6 +234,8 @@ class RoutedStream:
             outcome = "cancelled"
             raise
         finally:
+            if self.features.prompt_ids is not None:  # the ids are kept only while the request is in flight
+                self.features = dataclasses.replace(self.features, prompt_ids=None)
             used = self._delivered.used_tokens(self.features.prompt_tokens)
             if self._ticket is not None:
                 self._ticket.finish(used)
@@ -296,6 +298,8 @@ class RoutedStream:
         prompt's speculative cache entries on `address`, whose ttl starts at the first token."""
         ctx = self._context
         request, mapping = self._attempt_request()
+        if mapping is None and ctx.cache is not None:  # the prompt's ids, where this worker takes them
+            request = ctx.cache.attempt_request(address, request, self.features)
         if self._batch:
             view = ctx.pool.snapshot().get(address)
             if view is not None and view.schedules_by_priority:  # KV pressure preempts batch first

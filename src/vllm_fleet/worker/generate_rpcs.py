@@ -37,6 +37,7 @@ from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.mux import MuxCall, MuxOutbox
 from vllm_fleet.worker.prepare import PreparedInput, prepare_input
 from vllm_fleet.worker.request_stream import Deltas, Ended, Failed, RequestStream, StreamEvent
+from vllm_fleet.worker.router_ids import RouterIds
 from vllm_fleet.worker.status import RequestStatus, status_for
 from vllm_fleet.worker.validation import Limits, validate_request
 from vllm_fleet.worker.watch.engine_watch import EngineWatch
@@ -68,6 +69,7 @@ class GenerateRpcs:
     idle: asyncio.Event
     watch: EngineWatch
     adapters: AdapterRegistry
+    router_ids: RouterIds  # routers' prompt ids: taken where trusted, some verified (router_ids.py)
     current_load: Callable[[], WorkerLoad]  # the Load that GenerateMany's calls push
 
     # ------------------------------------------------------------------------------- Generate
@@ -146,8 +148,8 @@ class GenerateRpcs:
         self._check_accepting(request_id)
         try:
             validate_request(request, self.limits, schedules_by_priority=self.engine.schedules_by_priority)
-            prepared = [await prepare_input(self.engine, i, request, max_logprobs=self.limits.max_logprobs)
-                        for i in range(len(request.inputs))]
+            prepared = [await prepare_input(self.engine, i, request, max_logprobs=self.limits.max_logprobs,
+                                            router_ids=self.router_ids) for i in range(len(request.inputs))]
         except InvalidRequestError as exc:
             self.metrics.requests.labels("invalid").inc()
             logger.info("rejected: %s", exc)

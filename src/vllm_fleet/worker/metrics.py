@@ -25,4 +25,9 @@ class WorkerMetrics:
         self.waiting = Gauge(p + "waiting", "Sequences waiting in the engine", registry=registry)
         self.kv_usage = Gauge(p + "kv_cache_usage", "KV cache usage (0..1)", registry=registry)
         self.prefix_hit_rate = Gauge(p + "prefix_cache_hit_rate", "Prefix cache hit rate (0..1)", registry=registry)
+        self.router_ids = Counter(
+            p + "router_ids_total", "Prompts that came with a router's token ids, by what the worker did: used "
+            "(ran them, not rendered), verified (rendered, the same), mismatched (rendered, different: its own ran), "
+            "declined (rendered: not trusted, other files, or a request they may not stand for)",
+            ["outcome"], registry=registry)
         self.serving = Gauge(p + "serving", "1 while health says SERVING", registry=registry)

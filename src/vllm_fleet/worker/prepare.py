@@ -6,7 +6,9 @@ The body gives the request its meaning, through vLLM, in `vllm serve`'s order of
   2. chat: the tool/reasoning parser's `adjust_request` (openai/parsing.py), which e.g. turns a
      named or required tool_choice into a JSON-schema constraint;
   3. the prompt, rendered by the engine (`Engine.render`: vLLM's renderer on the real engine,
-     the model's tokenizer or the mock's words on the mock);
+     the model's tokenizer or the mock's words on the mock), or a router's rendering of it where
+     this worker takes those (`Engine.render_ids`, which checks them as `render` checks its own;
+     router_ids.py says when, and which it renders anyway to compare);
   4. max_tokens: the request's (max_completion_tokens, else max_tokens), else what is left of
      the context (vLLM's get_max_tokens, with the generation config's max_tokens);
   5. `request.to_sampling_params(max_tokens, generation-config defaults)`, output kind DELTA
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
     from vllm_fleet.worker.engines.mock_subset import SubsetSampling
     from vllm_fleet.worker.openai.request import VllmRequest
+    from vllm_fleet.worker.router_ids import RouterIds
 
     EngineParams = VllmSamplingParams | SubsetSampling
 
@@ -74,6 +77,7 @@ class PreparedInput:
     tokenizer: Any = None
     stop_resume: StopResume | None = None  # resumed with held-back text or stop strings (resume/stops.py)
     cache_salt: str | None = None  # vLLM's request field: the engine shares prefix-cache blocks only within a salt
+    from_router: bool = False  # the prompt ids are the router's (not rendered here): checked as given ids
 
 
 @functools.cache
@@ -90,12 +94,13 @@ def import_vllm_meaning() -> None:
         from vllm.entrypoints.serve.utils import api_utils as _api_utils  # noqa: F401
 
 
-async def prepare_input(engine: Engine, index: int, request: GenerateRequest, *, max_logprobs: int) -> PreparedInput:
+async def prepare_input(engine: Engine, index: int, request: GenerateRequest, *, max_logprobs: int,
+                        router_ids: RouterIds | None = None) -> PreparedInput:
     """Raises InvalidRequestError when the input cannot be served (a field vLLM refuses, empty,
-    too long, bad ids)."""
+    too long, bad ids). `router_ids`: this worker's account of router ids, when it takes them."""
     item = request.inputs[index]
     if vllm_installed():
-        prepared = await _with_vllm(engine, request, item)
+        prepared = await _with_vllm(engine, request, item, router_ids)
     else:
         from vllm_fleet.worker.engines.mock_subset import subset_input
 
@@ -106,13 +111,14 @@ async def prepare_input(engine: Engine, index: int, request: GenerateRequest, *,
     check_logprobs(prepared.engine_params.logprobs, max_logprobs)
     resume = item.resume_token_ids
     check_prompt_fits(index, len(prompt_ids), len(resume), engine.max_model_len, engine.vocab_size,
-                      prompt_ids + resume if item.token_ids is not None or resume else [])
+                      prompt_ids + resume if item.token_ids is not None or resume or prepared.from_router else [])
     if resume:
         _resume(engine, prepared, item)
     return prepared
 
 
-async def _with_vllm(engine: Engine, request: GenerateRequest, item: GenerateInput) -> PreparedInput:
+async def _with_vllm(engine: Engine, request: GenerateRequest, item: GenerateInput,
+                     router_ids: RouterIds | None) -> PreparedInput:
     from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
     from vllm.sampling_params import RequestOutputKind
 
@@ -128,7 +134,16 @@ async def _with_vllm(engine: Engine, request: GenerateRequest, item: GenerateInp
         _refuse_request_template(vllm_request)
         vllm_request = adjust_request(engine.parser_cls, engine.tokenizer, vllm_request,
                                       engine.enable_auto_tool_choice)
-    prompt = await engine.render(vllm_request)
+    given = router_ids.offered(request, item, vllm_request, engine.vocab_size) if router_ids is not None else None
+    if given is None:
+        prompt = await engine.render(vllm_request)
+    elif router_ids.should_verify():  # the worker's own rendering runs, whatever the comparison says
+        prompt = await engine.render(vllm_request)
+        router_ids.compare(request.request_id, given, prompt.token_ids)
+        given = None
+    else:
+        prompt = await engine.render_ids(vllm_request, given)
+        router_ids.used()
     try:
         max_tokens = get_max_tokens(engine.max_model_len, requested_max_tokens(dict(vllm_request)),
                                     len(prompt.token_ids), engine.sampling_defaults, engine.max_tokens_override,
@@ -145,7 +160,8 @@ async def _with_vllm(engine: Engine, request: GenerateRequest, item: GenerateInp
         echo_text = prompt.text if prompt.text is not None else engine.decode(prompt.token_ids)
     return PreparedInput(prompt_token_ids=prompt.token_ids, engine_params=params, prompt_len=len(prompt.token_ids),
                          vllm_request=vllm_request, echo_text=echo_text, parser_cls=engine.parser_cls,
-                         tokenizer=engine.tokenizer, cache_salt=getattr(vllm_request, "cache_salt", None))
+                         tokenizer=engine.tokenizer, cache_salt=getattr(vllm_request, "cache_salt", None),
+                         from_router=given is not None)
 
 
 def _refuse_request_template(vllm_request: Any) -> None:

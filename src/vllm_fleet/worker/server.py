@@ -81,6 +81,7 @@ class WorkerServer:
         await self._server.start()
         logger.info("worker listening on %s (engine %s loading)", self.address, self.engine.name)
         await self.engine.start()
+        await self.service.router_ids.start(self.engine)  # the digest of the tokenizer files it serves
         await self.service.load_static_adapters(getattr(getattr(self.engine, "config", None), "lora", []))  # --lora
         settle_garbage_collector()
         await self._set_health(SERVING)

@@ -37,6 +37,7 @@ from vllm_fleet.worker.engines.base import Engine
 from vllm_fleet.worker.generate_rpcs import GenerateRpcs
 from vllm_fleet.worker.latency_window import LatencyWindow
 from vllm_fleet.worker.metrics import WorkerMetrics
+from vllm_fleet.worker.router_ids import RouterIds
 from vllm_fleet.worker.tokenizer_files import read_tokenizer_files
 from vllm_fleet.worker.validation import Limits
 from vllm_fleet.worker.watch.engine_watch import EngineWatch, StallBounds
@@ -57,6 +58,7 @@ class WorkerService(GenerateRpcs, worker_pb2_grpc.WorkerServicer):
         self.health = "NOT_SERVING"
         self.active = {}  # requests in flight by id (generate_rpcs.py)
         self.latency = LatencyWindow()  # interactive requests' recent TTFT and gaps, for the Load
+        self.router_ids = RouterIds(config, metrics)  # routers' prompt ids: taken, verified (router_ids.py)
         self.idle = asyncio.Event()
         self.idle.set()
         # Engine progress, noted by the pumps and judged by the server's monitor.
@@ -113,6 +115,8 @@ class WorkerService(GenerateRpcs, worker_pb2_grpc.WorkerServicer):
         info.pool = self.config.pool
         info.worker_id = self.config.worker_id or f"{self.config.host}:{self.config.port}"
         info.kv_events = self.engine.kv_relay is not None
+        info.tokenizer_digest = self.router_ids.digest
+        info.takes_router_ids = self.router_ids.takes
         return info
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.WorkerInfo:

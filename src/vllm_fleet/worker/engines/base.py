@@ -99,6 +99,12 @@ class Engine(abc.ABC):
         Raises InvalidRequestError for input the model cannot take.
         """
 
+    async def render_ids(self, request: Any, token_ids: list[int]) -> RenderedPrompt:
+        """`request`'s prompt as the given ids (a router's rendering, worker/router_ids.py), with the
+        checks `render` makes on a rendered prompt (context length, the answer's room), without
+        rendering or tokenizing. Raises InvalidRequestError as `render` does."""
+        raise NotImplementedError(f"the {self.name} engine cannot run given prompt ids")
+
     @abc.abstractmethod
     def decode(self, token_ids: list[int]) -> str:
         """Text of a token sequence (special tokens skipped, as in generated text)."""

@@ -193,6 +193,15 @@ class MockEngine(Engine):
         mock_tokenizer, else one mock token per whitespace-separated word. Like vLLM's renderer
         (0.32's TokenizeParams), it refuses an answer length beyond the whole context; one that only
         overflows with the prompt is lowered to fit, by get_max_tokens, as vLLM does."""
+        self._check_answer_length(request)
+        return self._render(request)
+
+    async def render_ids(self, request: Any, token_ids: list[int]) -> RenderedPrompt:
+        """The given ids, after `render`'s check of the answer length (prepare.py checks the rest)."""
+        self._check_answer_length(request)
+        return RenderedPrompt(list(token_ids))
+
+    def _check_answer_length(self, request: Any) -> None:
         for name in ("max_completion_tokens", "max_tokens"):
             requested = getattr(request, name, None)
             if requested is not None:
@@ -200,8 +209,7 @@ class MockEngine(Engine):
                     raise InvalidRequestError(
                         f"{name}={requested} cannot be greater than max_model_len={self.max_model_len}. "
                         "Please request fewer output tokens.", param=name)
-                break
-        return self._render(request)
+                return
 
     def _render(self, request: Any) -> RenderedPrompt:
         messages = getattr(request, "messages", None)

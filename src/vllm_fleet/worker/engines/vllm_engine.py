@@ -235,6 +235,12 @@ class VllmEngine(Engine):
             raise WorkerUnavailableError("the engine is not started")
         return await self._renderer.render(request)
 
+    async def render_ids(self, request: Any, token_ids: list[int]) -> RenderedPrompt:
+        """vLLM's checks on the given ids, without rendering (openai/render.py)."""
+        if self._renderer is None:
+            raise WorkerUnavailableError("the engine is not started")
+        return await self._renderer.render_ids(request, token_ids)
+
     async def introspect(self, endpoint: str, body: dict[str, Any]) -> Any:
         if self._introspection is None:
             raise WorkerUnavailableError("the engine is not started")

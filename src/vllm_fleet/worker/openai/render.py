@@ -60,6 +60,22 @@ class VllmRenderer:
             raise invalid_request(exc, "prompt") from None
         return self._components(engine_input)
 
+    async def render_ids(self, request: Any, token_ids: list[int]) -> RenderedPrompt:
+        """A chat or completion request whose prompt is already these ids (a router's rendering with
+        this model's files, worker/router_ids.py): vLLM's token stage on them with the request's own
+        token parameters, so its checks after tokenization (context length, the answer's room) run as
+        for a rendered prompt, and the template and tokenizer do not."""
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        param = "messages" if is_chat_request(request) else "prompt"
+        try:
+            tok_params = request.build_tok_params(self._model_config)
+            prompt = parse_model_prompt(self._model_config, list(token_ids))
+            (engine_input,) = await self._llm.renderer.render_cmpl_async([prompt], tok_params)
+        except vllm_error_types() as exc:
+            raise invalid_request(exc, param) from None
+        return self._components(engine_input)
+
     def _components(self, engine_input: Any) -> RenderedPrompt:
         from vllm.renderers.inputs.preprocess import extract_prompt_components
 

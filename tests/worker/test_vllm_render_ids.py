@@ -1,0 +1,54 @@
+"""The real engine's `render_ids` (worker/openai/render.py) on vLLM's own renderer, without an
+engine: the packaged model's config and tokenizer (vLLM's HfRenderer, what AsyncLLM.renderer is in
+a running worker). Given ids come back as the prompt, and vLLM's checks on a prompt still refuse
+one too long for the context, as for a rendered prompt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_fleet.errors import InvalidRequestError
+from vllm_fleet.models import resolve_model
+from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RequestBody
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Grüße aus 北京 😀, naïve café?"}]
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.renderers import renderer_from_config
+
+    from vllm_fleet.worker.openai.render import VllmRenderer
+
+    folder = str(Path(resolve_model(None, None).path))
+    config = VllmConfig(model_config=ModelConfig(model=folder, tokenizer=folder, max_model_len=256))
+    hf = renderer_from_config(config)
+    return VllmRenderer(SimpleNamespace(renderer=hf, vllm_config=config), hf.get_tokenizer())
+
+
+def _vllm_request(body: dict, item: GenerateInput):
+    from vllm_fleet.worker.openai.request import build_vllm_request
+
+    endpoint = "chat" if item.messages is not None else "completion"
+    request = GenerateRequest("r", [item], RequestBody(endpoint, json.dumps(body).encode()))
+    return build_vllm_request(request, item)
+
+
+async def test_given_ids_are_the_prompt_as_rendering_makes_it(renderer):
+    for item in (GenerateInput(messages=MESSAGES), GenerateInput(text="Once upon a time in 北京")):
+        request = _vllm_request({"max_tokens": 8}, item)
+        rendered = await renderer.render(request)
+        assert (await renderer.render_ids(request, rendered.token_ids)).token_ids == rendered.token_ids
+
+
+async def test_vllms_length_checks_still_refuse_given_ids(renderer):
+    request = _vllm_request({"max_tokens": 8}, GenerateInput(messages=MESSAGES))
+    rendered = await renderer.render(request)
+    with pytest.raises(InvalidRequestError) as refused:
+        await renderer.render_ids(request, rendered.token_ids * 40)   # past the 256-token context
+    assert "256" in str(refused.value)
