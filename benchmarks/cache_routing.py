@@ -38,6 +38,14 @@ tokens/s over the run, cached share = sum(usage.cached_tokens) / sum(usage.promp
 the best cached share the workload allows: each request's longest full-block prefix (the
 workers' block size) shared with any earlier request (an unbounded cache that every request
 reaches), computed from the prompts tokenized as the router does.
+
+`smg_cache_aware` in --policies: SMG's `smg launch --policy cache_aware` over two vLLM engines
+under vLLM's own gRPC launcher with our pair's engine settings (smg_pair.py; run
+benchmarks/smg/install.sh first), after our pair has stopped. The same users, texts and arrival
+times, sent as OpenAI HTTP requests (/v1/completions or /v1/chat/completions, streamed, usage
+included); TTFT is the first chunk that carries output. Its cached share is what its responses'
+usage reports (`prompt_tokens_details.cached_tokens`), n/a when they report none; its routing
+decision's time is not visible from outside (n/a).
 """
 
 from __future__ import annotations
@@ -50,7 +58,9 @@ import time
 import zlib
 
 from gpu_pair import add_worker_options, cache_pair, tokenizer_folder
+from smg_pair import SMG_SYSTEMS, add_smg_options, served_name, smg_running
 from vllm_fleet.bench import percentile
+from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.sampling import SamplingParams, build_request
 from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.registry import StaticRegistry
@@ -147,6 +157,85 @@ async def run_user(router: Router, turns: list[dict], user: int, args, salt: str
         history.append({"role": "assistant", "content": "".join(answer)})
 
 
+async def run_user_http(session, url: str, model: str, turns: list[dict], args, results: dict) -> None:
+    """run_user's conversation as OpenAI HTTP requests to a gateway that is not ours (SMG)."""
+    loop = asyncio.get_running_loop()
+    history = [turns[0]]
+    for question in turns[1:]:
+        history.append(question)
+        body = {"model": model, "max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+        if args.completions:
+            path, body["prompt"] = "/v1/completions", prompt_text(history)
+        else:
+            path, body["messages"] = "/v1/chat/completions", list(history)
+        results["sent"].append(body.get("prompt") or list(history))
+        started = loop.time()
+        first = usage = None
+        answer = []
+        async with session.post(url + path, json=body) as reply:
+            if reply.status != 200:
+                raise RuntimeError(f"{url}{path} answered {reply.status}: {(await reply.text())[:500]}")
+            async for line in reply.content:
+                data = line.strip().removeprefix(b"data:").strip()
+                if not data or data == b"[DONE]":
+                    continue
+                chunk = json.loads(data)
+                for choice in chunk.get("choices") or []:
+                    # A chat stream's first chunk may carry only the role: not output yet.
+                    text = choice.get("text") if args.completions else (choice.get("delta") or {}).get("content")
+                    if first is None and (text or choice.get("finish_reason") or args.completions):
+                        first = loop.time() - started
+                    answer.append(text or "")
+                usage = chunk.get("usage") or usage
+        if usage is None:
+            raise RuntimeError(f"{url}{path} streamed no usage: output tokens unknown, the runs can't be compared")
+        results["ttft"].append(first if first is not None else loop.time() - started)
+        results["output_tokens"] += usage["completion_tokens"]
+        results["prompt_tokens"] += usage["prompt_tokens"]
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        if cached is None:
+            results["cached_unknown"] = True
+        else:
+            results["cached_tokens"] += cached
+        history.append({"role": "assistant", "content": "".join(answer)})
+
+
+async def run_smg_policy(system: str, model_path: str, workload_kind: str, block_size: int, args) -> dict:
+    """SMG's run of the workload: its own engines (smg_pair.py), the users over HTTP."""
+    import aiohttp
+
+    salt = f"{system}-{time.time_ns() % 100000}"
+    workload = Workload(workload_kind, args, salt)
+    results = new_results()
+    async with smg_running(system, model_path, args) as url:
+        # No pool limit (aiohttp's default is 100 connections): a user waiting for a connection
+        # would count the wait as TTFT, a queue our side does not have.
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            wall = await arrive(workload, lambda turns, user: run_user_http(
+                session, url, served_name(args), turns, args, results), args)
+    return summarize(system, workload_kind, results, wall, block_size, args, stats=None)
+
+
+def new_results() -> dict:
+    return {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0, "sent": [],
+            "decide": []}
+
+
+async def arrive(workload: Workload, run_user_task, args) -> float:
+    """Every user started at Poisson arrival times (the same for every policy: a fixed seed),
+    each as its own task; the wall time until the last one is answered."""
+    rng = random.Random(args.seed)
+    tasks = []
+    started = time.perf_counter()
+    for user, turns in enumerate(workload.users):
+        tasks.append(asyncio.create_task(run_user_task(turns, user)))
+        await asyncio.sleep(rng.expovariate(args.rate))
+    await asyncio.gather(*tasks)
+    return time.perf_counter() - started
+
+
 async def run_policy(policy: str, addresses: list[str], workload_kind: str, block_size: int, args) -> dict:
     """One policy's run; `block_size`: the workers' KV block, in tokens (for the best cached share)."""
     salt = f"{policy}-{time.time_ns() % 100000}"
@@ -155,32 +244,29 @@ async def run_policy(policy: str, addresses: list[str], workload_kind: str, bloc
         policy=policy, prefix_chars=args.prefix_chars, cache_home_tokens=args.cache_home_tokens,
         stall_timeout_s=args.stall_timeout_s))
     await router.start()
-    results = {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0, "sent": [],
-               "decide": []}
+    results = new_results()
     try:
         await router.wait_ready(timeout=120)
         await router.wait_cache_ready(timeout=120)
-        rng = random.Random(args.seed)  # the same arrival times for every policy
-        tasks = []
-        started = time.perf_counter()
-        for user, turns in enumerate(workload.users):
-            tasks.append(asyncio.create_task(run_user(router, turns, user, args, salt, results)))
-            await asyncio.sleep(rng.expovariate(args.rate))
-        await asyncio.gather(*tasks)
-        wall = time.perf_counter() - started
+        wall = await arrive(workload, lambda turns, user: run_user(router, turns, user, args, salt, results), args)
         stats = router.cache_stats()
     finally:
         await router.close()
+    return summarize(policy, workload_kind, results, wall, block_size, args, stats=stats)
+
+
+def summarize(policy: str, workload_kind: str, results: dict, wall: float, block_size: int, args, stats) -> dict:
     ttft = results["ttft"]
     best = best_cached_share(results["sent"], block_size, tokenizer_folder(args))
+    cached = None if results.get("cached_unknown") else results["cached_tokens"] / max(1, results["prompt_tokens"])
+    decide = {p: round(percentile(results["decide"], p) * 1000, 1) for p in (50, 99, 100)} if results["decide"] else None
     return {
         "best_cached_share": best, "policy": policy, "workload": workload_kind, "requests": len(ttft), "wall_s": wall,
         "retried": results["retried"], "output_tokens": results["output_tokens"],
         "output_tok_s": results["output_tokens"] / wall, "prompt_tokens": results["prompt_tokens"],
-        "cached_share": results["cached_tokens"] / max(1, results["prompt_tokens"]),
+        "cached_share": cached,
         "ttft_p50_ms": percentile(ttft, 50) * 1000, "ttft_p90_ms": percentile(ttft, 90) * 1000,
-        "ttft_p99_ms": percentile(ttft, 99) * 1000, "router": stats,
-        "decide_ms": {p: round(percentile(results["decide"], p) * 1000, 1) for p in (50, 99, 100)},
+        "ttft_p99_ms": percentile(ttft, 99) * 1000, "router": stats, "decide_ms": decide,
     }
 
 
@@ -203,20 +289,38 @@ def best_cached_share(sent: list[list[dict] | str], block_size: int, tokenizer_f
 
 
 async def main(args: argparse.Namespace) -> None:
-    async with cache_pair(args) as (addresses, info):
-        print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
-              f"kv_events={info.kv_events} kv_blocks={args.kv_blocks} (= {args.kv_blocks * info.kv_block_size} "
-              f"tokens each)", flush=True)
-        for rate in rates(args):
+    policies = args.policies.split(",")
+    ours = [p for p in policies if p not in SMG_SYSTEMS]
+    smg = [p for p in policies if p in SMG_SYSTEMS]
+    results: dict[float, list[dict]] = {rate: [] for rate in rates(args)}
+    block_size = 16 if args.cuda_devices else 128  # vLLM's block on a GPU and on CPU, until a worker says
+    if ours:
+        async with cache_pair(args) as (addresses, info):
+            block_size = info.kv_block_size
+            print(f"workers: {args.workers} {addresses} model={info.model} block_size={info.kv_block_size} "
+                  f"kv_events={info.kv_events} kv_blocks={args.kv_blocks} (= {args.kv_blocks * info.kv_block_size} "
+                  f"tokens each)", flush=True)
+            for rate in results:
+                args.rate = rate
+                print_workload(args)
+                for policy in ours:
+                    results[rate].append(await run_policy(policy, addresses, args.workload, block_size, args))
+                    print(json.dumps(results[rate][-1]), flush=True)
+    for system in smg:  # its own engines (vLLM's gRPC launcher), started after ours are gone
+        for rate in results:
             args.rate = rate
-            print(f"workload: {args.workload}, {args.users} users, {args.tenants} tenants x {args.doc_words} words, "
-                  f"{args.turns} turns, Poisson {args.rate}/s, max_tokens {args.max_tokens}", flush=True)
-            results = []
-            for policy in args.policies.split(","):
-                result = await run_policy(policy, addresses, args.workload, info.kv_block_size, args)
-                results.append(result)
-                print(json.dumps(result), flush=True)
-            report(results)
+            print_workload(args)
+            model_path = args.model or resolve_model(None, None).path
+            results[rate].append(await run_smg_policy(system, model_path, args.workload, block_size, args))
+            print(json.dumps(results[rate][-1]), flush=True)
+    for rate, runs in results.items():
+        print(f"\nrate {rate} users/s:")
+        report(runs)
+
+
+def print_workload(args: argparse.Namespace) -> None:
+    print(f"workload: {args.workload}, {args.users} users, {args.tenants} tenants x {args.doc_words} words, "
+          f"{args.turns} turns, Poisson {args.rate}/s, max_tokens {args.max_tokens}", flush=True)
 
 
 def rates(args: argparse.Namespace) -> list[float]:
@@ -233,24 +337,26 @@ def report(results: list[dict]) -> None:
           "| decision P50 / P99 / max |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
+        cached = "n/a" if r["cached_share"] is None else f"{r['cached_share']:.1%}"
+        decide = "n/a" if r["decide_ms"] is None else " / ".join(str(r["decide_ms"][p]) for p in (50, 99, 100)) + " ms"
         print(f"| {r['policy']} | {r['requests']} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | "
-              f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {r['cached_share']:.1%} | "
-              f"{r['best_cached_share']:.1%} | {r['retried']} | {r['decide_ms'][50]} / {r['decide_ms'][99]} / "
-              f"{r['decide_ms'][100]} ms |")
-    print_ratios(results, cached_of_possible=lambda r: r["cached_share"] / max(1e-9, r["best_cached_share"]),
+              f"{r['ttft_p99_ms']:.0f} ms | {r['output_tok_s']:.1f} | {cached} | "
+              f"{r['best_cached_share']:.1%} | {r['retried']} | {decide} |")
+    print_ratios(results, cached_of_possible=lambda r: (r["cached_share"] or 0.0) / max(1e-9, r["best_cached_share"]),
                  output_tokens=lambda r: r["output_tokens"])
     print(flush=True)
 
 
-def print_ratios(results: list[dict], *, cached_of_possible, output_tokens) -> None:
-    """Each policy against round robin (when it ran): P90 TTFT, output tok/s, and cached share of possible."""
-    base = next((r for r in results if r["policy"] == "round_robin"), None)
-    if base is None:
-        return
-    for r in results:
-        print(f"{r['policy']}: P90 TTFT {r['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}x round robin, "
-              f"output tok/s {r['output_tok_s'] / base['output_tok_s']:.2f}x, cached share "
-              f"{cached_of_possible(r):.2f}x of possible; output tokens {output_tokens(r)}")
+def print_ratios(results: list[dict], *, cached_of_possible, output_tokens,
+                 bases: tuple[str, ...] = ("round_robin", "cache_aware")) -> None:
+    """Each policy against each base policy that ran (round robin; our cache_aware, beside SMG's):
+    P90 TTFT, output tok/s, and cached share of possible."""
+    for base in (r for name in bases for r in results if r["policy"] == name):
+        label = base["policy"].replace("_", " ")
+        for r in results:
+            print(f"{r['policy']}: P90 TTFT {r['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}x {label}, "
+                  f"output tok/s {r['output_tok_s'] / base['output_tok_s']:.2f}x, cached share "
+                  f"{cached_of_possible(r):.2f}x of possible; output tokens {output_tokens(r)}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -281,6 +387,7 @@ def parse_args() -> argparse.Namespace:
                         help="The router's stall watchdog; long, so a busy one-core engine's slow prefill is not "
                         "taken for a stall and retried elsewhere (a retry doubles the work and blurs the comparison)")
     add_worker_options(parser)
+    add_smg_options(parser)
     return parser.parse_args()
 
 

@@ -51,10 +51,7 @@ from vllm_fleet.client import WorkerClient
 from vllm_fleet.models import resolve_model
 from vllm_fleet.processes import GatewayProcess
 
-sys.path.insert(0, str(Path(__file__).parent / "smg"))
-from stacks import SERVED_NAME, Stack, start_smg, vllm_flags  # noqa: E402
-
-SMG_SYSTEMS = {"smg_cache_aware": "cache_aware"}  # system name -> `smg launch --policy`
+from smg_pair import SERVED_NAME, SMG_SYSTEMS, add_smg_options, served_name, smg_running
 
 BENCH = "import sys; from vllm.benchmarks.serve import add_cli_args, main; " \
         "from vllm.utils.argparse_utils import FlexibleArgumentParser; " \
@@ -146,12 +143,11 @@ async def run_policy(policy: str, addresses: list[str], model: str, args) -> dic
                               # long, as in cache_routing.py: a retried slow prefill would double the work
                               "--stall-timeout-s", "60"],
                              {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, log_path=f"/tmp/cache-bench-gateway-{policy}.log")
-    with tempfile.TemporaryDirectory() as results_dir:
-        async with gateway:
-            await gateway.wait_ready(120)
-            result = await bench_run(policy, gateway.url, model, args, lambda: engine_counters(addresses))
-            print_routing_state(gateway.url)
-            return result
+    async with gateway:
+        await gateway.wait_ready(120)
+        result = await bench_run(policy, gateway.url, model, args, lambda: engine_counters(addresses))
+        print_routing_state(gateway.url)
+        return result
 
 
 # What the gateway's router knew when the run ended: whether it followed each engine's events,
@@ -175,44 +171,13 @@ def print_routing_state(url: str) -> None:
 
 
 async def run_smg(system: str, model: str, args) -> dict:
-    """SMG (`smg launch --policy ...`) in front of two vLLM engines under vLLM's own gRPC launcher
-    (stacks.start_smg), with our pair's engine settings: --model, enforce-eager (small_vllm_args),
-    the same max-model-len, prefix caching, --kv-blocks blocks, step budget and KV-cache events on
-    (SMG's event mode reads them through the servicer). On CPU: cores 0 and 1, float32 (what our
-    worker picks there). With --cuda-devices: one engine per entry (one after another when they
-    share a GPU), dtype auto (our worker's choice on a GPU), --env, and --worker-arg as vLLM flags.
-    The engines are not ours, so the cached share comes from nothing (no Load RPC): reported as n/a."""
-    logs = Path(args.smg_logs)
-    logs.mkdir(parents=True, exist_ok=True)
-    on_gpu = bool(args.cuda_devices)
-    model = args.model or model  # our workers' --model; main's default: the packaged one
-    # Our worker builds its engine as AsyncLLM does by default (usage context ENGINE_CONTEXT:
-    # SchedulerConfig's 2048 tokens a step, 128 sequences; its GPU log: "max_num_batched_tokens=2048");
-    # vLLM's gRPC server builds it as its OpenAI server does: 8192 and 1024 on an H200 (2048 and
-    # 128 on CPU). Spelled out so both sides schedule alike; a --worker-arg later on the line wins.
-    step = ["--max-num-batched-tokens", "2048", "--max-num-seqs", "128"]
-    extra_env = dict(item.split("=", 1) for item in args.env) if on_gpu else {}  # our GPU workers' --env
-    settings = argparse.Namespace(
-        python=args.python, smg_site=args.smg_site, smg_warmup="off", smg_bind="cores", cores=["0", "1"],
-        cuda_devices=args.cuda_devices, extra_engine_env=extra_env,
-        kv_cache_gb=1, dtype="auto" if on_gpu else "float32", max_model_len=args.max_model_len, max_num_seqs=None,
-        served_name=Path(args.model).name if args.model else SERVED_NAME,  # as our worker names a folder
-        smg_policy=SMG_SYSTEMS[system], smg_arg=args.smg_arg, start_timeout=600.0,
-        smg_engine_arg=["--enable-prefix-caching", "--num-gpu-blocks-override", str(args.kv_blocks), *step,
-                        "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                          "endpoint": "tcp://127.0.0.1:{port}"}),
-                        *(vllm_flags(args.worker_arg) if on_gpu else [])])
-    # No cache_salt (--one-pair's): these engines are fresh, with no earlier policy's blocks to
-    # keep apart, so SMG gets plain requests rather than a field its index may not account for.
+    """SMG over two vLLM engines with our pair's engine settings (smg_pair.py); the bench client
+    against it. No cache_salt (--one-pair's): its engines are fresh, with no earlier policy's
+    blocks to keep apart, so SMG gets plain requests rather than a field its index may not
+    account for. Its engines' cached share is n/a (no Load RPC there)."""
     bench_settings = argparse.Namespace(**{**vars(args), "one_pair": False})
-    stack = Stack("smg")
-    try:
-        await start_smg(settings, model, logs, stack)
-        result = await bench_run(system, stack.url, settings.served_name, bench_settings, None)
-        print_smg_index(logs / "smg-gateway.log")
-        return result
-    finally:
-        await stack.stop()
+    async with smg_running(system, model, args) as url:
+        return await bench_run(system, url, served_name(args), bench_settings, None)
 
 
 async def bench_run(policy: str, url: str, model: str, args, counters) -> dict:
@@ -246,21 +211,6 @@ async def bench_run(policy: str, url: str, model: str, args, counters) -> dict:
         "engine_cached_share": hits / max(1, queries) if counters else None, "engine_hit_tokens": hits, "engine_query_tokens": queries,
         "summary": summary,
     }
-
-
-def print_smg_index(gateway_log: Path) -> None:
-    """SMG's own Prometheus lines about its cache index and KV events after the run: whether its
-    event-mode index held anything (the engines' cached share is not readable on this side)."""
-    import re
-    import urllib.request
-
-    found = re.search(r"Metrics server listening on [0-9.]+:(\d+)", re.sub(r"\x1b\[[0-9;]*m", "", gateway_log.read_text()))
-    if not found:
-        print("SMG metrics: port not found in its log")
-        return
-    text = urllib.request.urlopen(f"http://127.0.0.1:{found.group(1)}/metrics", timeout=10).read().decode()
-    lines = [l for l in text.splitlines() if not l.startswith("#") and re.search(r"kv|tree|cache|event|block|route|worker_requests", l, re.I)]
-    print("SMG metrics (cache index, KV events, routing):", *lines[:80], sep="\n  ")
 
 
 def share(r: dict) -> str:
@@ -340,12 +290,7 @@ def parse_args() -> argparse.Namespace:
                         help="One worker pair for all policies, each policy's requests with its own cache_salt "
                              "(instead of a fresh pair per policy: cheaper where engines start slowly)")
     add_worker_options(parser)
-    smg = parser.add_argument_group("SMG systems (smg_cache_aware in --policies)")
-    smg.add_argument("--smg-site", default=str(Path.home() / ".cache/vllm-fleet/smg-site"),
-                     help="Where benchmarks/smg/install.sh (or gpu/stage.sh install) put SMG and its vLLM "
-                          "servicer; first on its engines' and gateway's PYTHONPATH, before this one's")
-    smg.add_argument("--smg-arg", action="append", default=[], help="Extra `smg launch` argument (repeatable)")
-    smg.add_argument("--smg-logs", default="/tmp/cache-bench-smg", help="Folder for SMG's and its engines' logs")
+    add_smg_options(parser)
     args = parser.parse_args()
     args.run_id = time.time_ns() % 1_000_000
     return args

@@ -45,22 +45,25 @@ for spec in "${variant_specs[@]}"; do [[ -n $spec ]] && variant_args+=(--variant
 api_variant_args=()
 IFS=';' read -ra api_variant_specs <<<"${API_VARIANTS:-}"
 for spec in "${api_variant_specs[@]}"; do [[ -n $spec ]] && api_variant_args+=(--api-variant "$spec"); done
-case ${1:?cache, unique, shared or jobs} in
-unique)
-    PROMPTS=${PROMPTS:-160} RATE=${RATE:-8} POLICIES=${POLICIES:-round_robin,least_outstanding,cache_aware}
-    PREFIXES=$PROMPTS ;&
-cache)
-    # smg_cache_aware in POLICIES: SMG (stage.sh install with .gpu/smg carried puts it in $SMG_SITE)
-    # in front of two stock vLLM gRPC servers with the workers' settings, after our pair has stopped.
-    # Its circuit breaker off, as in the H200 comparison of #17: a saturation burst once opened it
-    # for the rest of a run, which would leave one engine serving everything.
-    smg_args=()
+# smg_cache_aware in POLICIES (cache, shared): SMG (stage.sh install with .gpu/smg carried puts it
+# in $SMG_SITE) in front of two stock vLLM gRPC servers with the workers' settings, after our pair
+# has stopped. Its circuit breaker off, as in the H200 comparison of #17: a saturation burst once
+# opened it for the rest of a run, which would leave one engine serving everything.
+smg_args=()
+smg_options() {
     if [[ ,${POLICIES:-}, == *,smg_* ]]; then
         if [[ ! -d ${SMG_SITE:-/nonexistent}/smg ]]; then
             echo "no SMG in \$SMG_SITE (${SMG_SITE:-unset}): carry .gpu/smg and run stage.sh install" >&2; exit 2
         fi
         smg_args=(--smg-site "$SMG_SITE" --smg-arg=--disable-circuit-breaker)
     fi
+}
+case ${1:?cache, unique, shared or jobs} in
+unique)
+    PROMPTS=${PROMPTS:-160} RATE=${RATE:-8} POLICIES=${POLICIES:-round_robin,least_outstanding,cache_aware}
+    PREFIXES=$PROMPTS ;&
+cache)
+    smg_options
     $FLEET_PY cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model "$QWEN3_8B" --tokenizer "$QWEN3_8B" \
         --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
@@ -76,16 +79,19 @@ cache)
     if [[ -d /tmp/cache-bench-smg ]]; then tar -C /tmp -cJf "$OUT/cache-bench-smg-logs.tar.xz" cache-bench-smg; fi ;;
 shared)
     rm -f /tmp/cache-bench-worker-gpu*.log  # the workers append to them: keep this run's only
+    smg_options
     $FLEET_PY cache_routing.py --workload shared-start --completions --stand-in-words --cuda-devices 0,0 \
         --model "$QWEN3_8B" --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
         --tenants ${TENANTS:-24} --doc-words ${DOC_WORDS:-1700} --users ${USERS:-240} --rate ${RATE:-4} \
         --turns ${TURNS:-2} --max-tokens ${MAX_TOKENS:-32} \
-        --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} 2>&1 | tee "$OUT/shared-routing.txt"
+        --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} "${smg_args[@]}" \
+        2>&1 | tee "$OUT/shared-routing.txt"
     # The router runs in-process (its warnings are in the output above); the workers log apart.
     for log in /tmp/cache-bench-worker-gpu*.log; do
         [[ -f $log ]] && xz -c "$log" >"$OUT/shared-$(basename "$log").xz"
-    done ;;
+    done
+    if [[ -d /tmp/cache-bench-smg ]]; then tar -C /tmp -cJf "$OUT/shared-smg-logs.tar.xz" cache-bench-smg; fi ;;
 jobs)
     $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 \
