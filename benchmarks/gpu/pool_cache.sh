@@ -29,6 +29,9 @@
 #        tokenizers have none). PHASES=spark,spark-steps,api,no-classes picks the phases after
 #        online alone (shared_pool_jobs.py --phases; all of them do not fit one ten-minute call).
 #        PHASES=api starts no Spark: it needs only the core staging, not the spark bundle.
+# pool   #29's in-process closed loop (shared_pool.py) on the `jobs` target's workers: batch alone,
+#        online alone, online + batch with classes and without, and the online rate stepped up
+#        (8 -> 16/s) mid-phase, whose recovery time the bench prints.
 # The issue asks for one worker per H200; only the one-GPU machine is lent, so both share GPU 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +61,7 @@ smg_options() {
         smg_args=(--smg-site "$SMG_SITE" --smg-arg=--disable-circuit-breaker)
     fi
 }
-case ${1:?cache, unique, shared or jobs} in
+case ${1:?cache, unique, shared, jobs or pool} in
 unique)
     PROMPTS=${PROMPTS:-160} RATE=${RATE:-8} POLICIES=${POLICIES:-round_robin,least_outstanding,cache_aware}
     PREFIXES=$PROMPTS ;&
@@ -98,4 +101,9 @@ jobs)
         --seconds 30 --rate ${RATE:-8} --rows ${ROWS:-3000} --max-tokens 64 --batch-words 200 \
         --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 --phases ${PHASES:-spark,api,no-classes} "${api_variant_args[@]}" \
         --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-50} 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
+pool)
+    $FLEET_PY shared_pool.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
+        --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 --seconds 30 --rate ${RATE:-8} \
+        --online-words 60 --online-max-tokens 32 --batch-in-flight 96 --batch-words 300 --batch-max-tokens 64 \
+        --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-50} 2>&1 | tee "$OUT/shared-pool.txt" ;;
 esac
