@@ -76,10 +76,15 @@ async def smg_running(system: str, model_path: str, args: argparse.Namespace) ->
 def print_smg_index(gateway_log: Path) -> None:
     """SMG's own Prometheus lines about its cache index and KV events after the run: whether its
     event-mode index held anything (the engines' cached share is not readable on this side)."""
-    found = re.search(r"Metrics server listening on [0-9.]+:(\d+)", re.sub(r"\x1b\[[0-9;]*m", "", gateway_log.read_text()))
-    if not found:
+    # The log is appended to by every run: this run's gateway is the last one that says its port.
+    ports = re.findall(r"Metrics server listening on [0-9.]+:(\d+)", re.sub(r"\x1b\[[0-9;]*m", "", gateway_log.read_text()))
+    if not ports:
         print("SMG metrics: port not found in its log")
         return
-    text = urllib.request.urlopen(f"http://127.0.0.1:{found.group(1)}/metrics", timeout=10).read().decode()
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/metrics", timeout=10).read().decode()
+    except OSError as exc:  # a report of its state: never worth the run's figures
+        print(f"SMG metrics: not read ({exc})")
+        return
     lines = [l for l in text.splitlines() if not l.startswith("#") and re.search(r"kv|tree|cache|event|block|route|worker_requests", l, re.I)]
     print("SMG metrics (cache index, KV events, routing):", *lines[:80], sep="\n  ")

@@ -133,13 +133,38 @@ def test_the_home_yields_to_a_cache_hit_and_to_a_real_load_difference():
     assert make_policy("cache_aware").rank(features({}, prompt_tokens=100, frontier_key="101"), near)[0] == other
 
 
-def test_a_worker_holding_more_than_the_home_pays_nothing_for_being_away():
-    # The other worker holds the prompt's first 64 tokens; its frontier (the next block) hashes
-    # to `home`. Saving 64 tokens of prefill is less than the home's worth, yet the holder wins.
+def test_a_prompt_that_is_mostly_its_held_prefix_stays_with_the_holder():
+    # The other worker holds 1,900 of the prompt's 2,000 tokens; the frontier (in the last 100
+    # new ones) hashes to `home`. The new part is smaller than the holder's lead: the holder wins,
+    # and the home, which would copy the prefix, pays for that copy.
     home = ring_order("101", [A, B])[0]
     other = B if home == A else A
     pool = snapshot(fresh(A), fresh(B))
-    assert make_policy("cache_aware").rank(features({other: 64}, frontier_key="101"), pool)[0] == other
+    assert make_policy("cache_aware").rank(features({other: 1900}, frontier_key="101"), pool)[0] == other
+
+
+def test_a_prompt_that_is_mostly_new_goes_to_its_home_though_another_holds_its_start():
+    # Workload (b)'s shape: one system text every request starts with (256 tokens, held by the
+    # worker that served the first request), then a tenant's new document (1,744 tokens nobody
+    # holds). Where the document is cached is what matters: its frontier's home gets it, so the
+    # tenants spread over the workers instead of all piling onto the first one.
+    pool = snapshot(fresh(A), fresh(B))
+    for frontier in ("101", "202", "303", "404", "505", "606"):
+        home = ring_order(frontier, [A, B])[0]
+        other = B if home == A else A
+        firsts = {make_policy("cache_aware").rank(features({other: 256}, ticket=t, frontier_key=frontier), pool)[0]
+                  for t in range(4)}
+        assert firsts == {home}
+    # The holder of the common start keeps the prompt when it is the home, and with no home
+    # (home_tokens 0) its saved prefill decides as before.
+    home = ring_order("101", [A, B])[0]
+    other = B if home == A else A
+    assert make_policy("cache_aware").rank(features({home: 256}, frontier_key="101"), pool)[0] == home
+    no_home = CacheAware(CacheCosts(home_tokens=0))
+    assert no_home.rank(features({other: 256}, frontier_key="101"), pool)[0] == other
+    # A real load difference on the home still moves the new document to the holder.
+    busy_home = snapshot(fresh(home, outstanding=3000), fresh(other))
+    assert make_policy("cache_aware").rank(features({other: 256}, frontier_key="101"), busy_home)[0] == other
 
 
 def test_weights_and_bound_are_router_options():
