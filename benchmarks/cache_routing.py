@@ -61,6 +61,7 @@ from gpu_pair import add_worker_options, cache_pair, tokenizer_folder
 from smg_pair import SMG_SYSTEMS, add_smg_options, served_name, smg_running
 from vllm_fleet.bench import percentile
 from vllm_fleet.models import resolve_model
+from vllm_fleet.processes import GatewayProcess
 from vllm_fleet.protocol.sampling import SamplingParams, build_request
 from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.registry import StaticRegistry
@@ -193,34 +194,86 @@ async def run_user_http(session, url: str, model: str, turns: list[dict], args, 
         results["ttft"].append(first if first is not None else loop.time() - started)
         results["output_tokens"] += usage["completion_tokens"]
         results["prompt_tokens"] += usage["prompt_tokens"]
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        if cached is None:
-            results["cached_unknown"] = True
-        else:
-            results["cached_tokens"] += cached
+        details = usage.get("prompt_tokens_details")
+        if details is not None:  # our gateway, like vLLM, leaves it out when nothing was cached
+            results["cached_reported"] = True
+            results["cached_tokens"] += details.get("cached_tokens") or 0
         history.append({"role": "assistant", "content": "".join(answer)})
 
 
 async def run_smg_policy(system: str, model_path: str, workload_kind: str, block_size: int, args) -> dict:
     """SMG's run of the workload: its own engines (smg_pair.py), the users over HTTP."""
+    async with smg_running(system, model_path, args) as url:
+        return await run_over_http(system, url, served_name(args), workload_kind, block_size, args)
+
+
+async def run_over_http(system: str, url: str, model: str, workload_kind: str, block_size: int, args) -> dict:
+    """The workload's users as OpenAI HTTP clients of the gateway at `url` (SMG's, or ours with
+    --through-gateway): both sides measured the same way."""
     import aiohttp
 
-    salt = f"{system}-{time.time_ns() % 100000}"
-    workload = Workload(workload_kind, args, salt)
-    results = new_results()
-    async with smg_running(system, model_path, args) as url:
-        # No pool limit (aiohttp's default is 100 connections): a user waiting for a connection
-        # would count the wait as TTFT, a queue our side does not have.
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-            wall = await arrive(workload, lambda turns, user: run_user_http(
-                session, url, served_name(args), turns, args, results), args)
+    workload = Workload(workload_kind, args, f"{system}-{time.time_ns() % 100000}")
+    results = new_results(over_http=True)
+    # No pool limit (aiohttp's default is 100 connections): a user waiting for a connection
+    # would count the wait as TTFT, a queue no gateway has.
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        wall = await arrive(workload, lambda turns, user: run_user_http(session, url, model, turns, args, results), args)
     return summarize(system, workload_kind, results, wall, block_size, args, stats=None)
 
 
-def new_results() -> dict:
-    return {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0, "sent": [],
-            "decide": []}
+async def run_gateway_policy(policy: str, addresses: list[str], model: str, workload_kind: str, block_size: int,
+                             args) -> dict:
+    """One policy through a `vllm-fleet gateway` process in front of the pair, over HTTP as SMG is
+    measured: the router out of the bench client's process, behind the same HTTP hop as SMG's."""
+    gateway = GatewayProcess(["--workers", ",".join(addresses), "--policy", policy, "--no-access-log",
+                              "--prefix-chars", str(args.prefix_chars), "--cache-home-tokens", str(args.cache_home_tokens),
+                              "--stall-timeout-s", str(args.stall_timeout_s)],
+                             {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, log_path=f"/tmp/cache-bench-gateway-{policy}.log")
+    async with gateway:
+        await gateway.wait_ready(120)
+        if policy == "cache_aware":
+            await wait_gateway_keys(gateway.url, model, args)
+        return await run_over_http(policy, gateway.url, model, workload_kind, block_size, args)
+
+
+async def wait_gateway_keys(url: str, model: str, args, timeout: float = 120.0) -> None:
+    """Until the gateway's router keys prompts (its tokenizer loaded, the workers' events followed),
+    as the in-process run waits with Router.wait_cache_ready: a gateway routes by load alone until
+    then, and never waits itself. Probed with one-token requests of their own text, which share
+    nothing with the run's."""
+    import re
+
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        for probe in range(10**6):
+            async with session.post(f"{url}/v1/completions", json={
+                    # Several blocks long (128 tokens each on CPU): a prompt under one full block
+                    # has no keys, and is never counted as keyed.
+                    "model": model, "prompt": f"probe {probe} {time.time_ns()} " + " ".join(WORDS * 8),
+                    "max_tokens": 1}) as reply:
+                await reply.read()
+            async with session.get(f"{url}/metrics") as reply:
+                text = await reply.text()
+            fresh = re.findall(r"kv_events_fresh\{[^}]*\} (\S+)", text)
+            keyed = sum(float(v) for v in re.findall(r"routed_prompt_tokens_total\{[^}]*\} (\S+)", text))
+            if keyed > 0 and fresh and all(float(v) == 1.0 for v in fresh):
+                return
+            if loop.time() >= deadline:
+                raise RuntimeError(f"the gateway at {url} did not key prompts within {timeout:.0f}s")
+            await asyncio.sleep(0.5)  # polling a condition with a deadline, not a synchronisation
+
+
+def new_results(*, over_http: bool = False) -> dict:
+    """A run's tallies; over HTTP the cached share is known only if some response reports it."""
+    results = {"ttft": [], "output_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "retried": 0, "sent": [],
+               "decide": []}
+    if over_http:
+        results["cached_reported"] = False
+    return results
 
 
 async def arrive(workload: Workload, run_user_task, args) -> float:
@@ -258,7 +311,7 @@ async def run_policy(policy: str, addresses: list[str], workload_kind: str, bloc
 def summarize(policy: str, workload_kind: str, results: dict, wall: float, block_size: int, args, stats) -> dict:
     ttft = results["ttft"]
     best = best_cached_share(results["sent"], block_size, tokenizer_folder(args))
-    cached = None if results.get("cached_unknown") else results["cached_tokens"] / max(1, results["prompt_tokens"])
+    cached = results["cached_tokens"] / max(1, results["prompt_tokens"]) if results.get("cached_reported", True) else None
     decide = {p: round(percentile(results["decide"], p) * 1000, 1) for p in (50, 99, 100)} if results["decide"] else None
     return {
         "best_cached_share": best, "policy": policy, "workload": workload_kind, "requests": len(ttft), "wall_s": wall,
@@ -304,7 +357,11 @@ async def main(args: argparse.Namespace) -> None:
                 args.rate = rate
                 print_workload(args)
                 for policy in ours:
-                    results[rate].append(await run_policy(policy, addresses, args.workload, block_size, args))
+                    if args.through_gateway:
+                        run = run_gateway_policy(policy, addresses, info.model, args.workload, block_size, args)
+                    else:
+                        run = run_policy(policy, addresses, args.workload, block_size, args)
+                    results[rate].append(await run)
                     print(json.dumps(results[rate][-1]), flush=True)
     for system in smg:  # its own engines (vLLM's gRPC launcher), started after ours are gone
         for rate in results:
@@ -382,6 +439,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prefix-chars", type=int, default=256)
     parser.add_argument("--cache-home-tokens", type=int, default=512,
                         help="cache_aware: --cache-home-tokens (0: a miss goes to the least loaded worker)")
+    parser.add_argument("--through-gateway", action="store_true",
+                        help="our policies through a `vllm-fleet gateway` process, the users over HTTP as SMG's are "
+                             "(default: an in-process Router, which shows the router's decision time)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--stall-timeout-s", type=float, default=60.0,
                         help="The router's stall watchdog; long, so a busy one-core engine's slow prefill is not "

@@ -23,7 +23,8 @@
 #        blocks for what is in flight and recent (a turn's question and answer, ~4 blocks). Users
 #        arrive at RATE per second for USERS / RATE = 60 s per policy (480 requests of ~1900 prompt
 #        tokens); with the workers' start (~60-90 s each, one after another) the four policies
-#        take ~400 s.
+#        take ~400 s. THROUGH_GATEWAY=1: our policies through a `vllm-fleet gateway` process over
+#        HTTP, measured as SMG is (default: an in-process Router).
 # jobs   #29: online chat through the gateway beside a real Spark job and a Batch API job, on two
 #        workers of the real SmolLM2-135M sharing GPU 0 (chat needs a chat template: the stand-in
 #        tokenizers have none). PHASES=spark,spark-steps,api,no-classes picks the phases after
@@ -87,7 +88,7 @@ shared)
         --model "$QWEN3_8B" --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
         --tenants ${TENANTS:-24} --doc-words ${DOC_WORDS:-1700} --users ${USERS:-240} --rate ${RATE:-4} \
-        --turns ${TURNS:-2} --max-tokens ${MAX_TOKENS:-32} \
+        --turns ${TURNS:-2} --max-tokens ${MAX_TOKENS:-32} ${THROUGH_GATEWAY:+--through-gateway} \
         --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} "${smg_args[@]}" \
         2>&1 | tee "$OUT/shared-routing.txt"
     # The router runs in-process (its warnings are in the output above); the workers log apart.
