@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
+from fakes import started_router
 from vllm_fleet.config import EngineConfig, WorkerConfig
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import WorkerInfo
-from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.cache_routing import CacheRouting
 from vllm_fleet.router.features import RequestFeatures
@@ -53,14 +53,9 @@ async def serving(folder: Path, **config):
 
 @asynccontextmanager
 async def routed(address: str):
-    router = Router(StaticRegistry([WorkerRecord(address=address)]), RouterConfig(policy="cache_aware", **FAST),
-                    metrics_registry=CollectorRegistry())
-    await router.start()
-    try:
+    async with started_router([address], RouterConfig(policy="cache_aware", **FAST)) as router:
         await router.wait_cache_ready(timeout=60)
         yield router
-    finally:
-        await router.close()
 
 
 async def _chat(router: Router, rid: str, topic: str) -> int:
