@@ -1,4 +1,5 @@
-"""Shared fixtures: mock workers on demand, and real vLLM workers shared by the whole session.
+"""Shared fixtures: mock workers on demand, real vLLM workers shared by the whole session, and a
+copy of the default model's tokenizer files per test module.
 
 Real workers are expensive (~30 s, ~3 GB each), so at most two exist, each bound to its own
 core, started the first time a test asks for one and stopped at the end of the session.
@@ -9,9 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
+from model_files import copy_tokenizer_files
 from support import WorkerProcess, vllm_worker_args, worker_env
 
 VLLM_START_TIMEOUT_S = 600.0
@@ -78,6 +81,13 @@ def session_mock_workers():
     workers = MockWorkers()
     yield workers
     workers.stop_all()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_folder(tmp_path_factory) -> Path:
+    """A folder of the default model's tokenizer files and chat template (model_files.py): a mock
+    engine's `mock_tokenizer`, or the files a worker sends a router."""
+    return copy_tokenizer_files(tmp_path_factory.mktemp("tokenizer"))
 
 
 def _start_vllm(cores: str) -> WorkerProcess:

@@ -31,17 +31,15 @@ def build_parser_tokenizer(dest: Path) -> Path:
     """Write the tokenizer folder under `dest` (once) and return it."""
     from transformers import AutoTokenizer
 
-    from vllm_fleet.models import resolve_model
+    from model_files import copy_tokenizer_files
 
     folder = dest / "parser-tokenizer"
     if (folder / "tokenizer.json").exists():
         return folder
-    source = Path(resolve_model(None, None).path)
     staging = dest / "parser-tokenizer.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(source / name, staging / name)
+    copy_tokenizer_files(staging, chat_template=False)
     tokenizer = AutoTokenizer.from_pretrained(str(staging))
     tokenizer.add_tokens(MARKUP_TOKENS, special_tokens=False)
     tokenizer.chat_template = CHAT_TEMPLATE

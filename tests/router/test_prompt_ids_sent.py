@@ -6,20 +6,17 @@ model's tokenizer, KV events on) count what they did with the ids."""
 
 from __future__ import annotations
 
-import shutil
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 from prometheus_client import CollectorRegistry
 
+from fakes import started_router
 from vllm_fleet.config import EngineConfig, WorkerConfig
-from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import WorkerInfo
-from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.cache_routing import CacheRouting
 from vllm_fleet.router.features import RequestFeatures
@@ -30,15 +27,6 @@ from vllm_fleet.worker.server import WorkerServer
 
 FAST = dict(load_poll_interval_s=0.1, health_poll_interval_s=0.2)
 TOPICS = ["rivers of Europe", "the history of tea", "how bridges stand", "prime numbers", "baking bread"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_folder(tmp_path_factory) -> Path:
-    source = Path(resolve_model(None, None).path)
-    folder = tmp_path_factory.mktemp("tokenizer")
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json"):
-        shutil.copy(source / name, folder / name)
-    return folder
 
 
 @asynccontextmanager
@@ -65,14 +53,9 @@ async def serving(folder: Path, **config):
 
 @asynccontextmanager
 async def routed(address: str):
-    router = Router(StaticRegistry([WorkerRecord(address=address)]), RouterConfig(policy="cache_aware", **FAST),
-                    metrics_registry=CollectorRegistry())
-    await router.start()
-    try:
+    async with started_router([address], RouterConfig(policy="cache_aware", **FAST)) as router:
         await router.wait_cache_ready(timeout=60)
         yield router
-    finally:
-        await router.close()
 
 
 async def _chat(router: Router, rid: str, topic: str) -> int:

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from model_files import CHAT_TEMPLATE_FILE, copy_tokenizer_files, default_model_folder, worker_renderer
 from vllm_fleet.errors import TokenizerFilesError
-from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.tokenizer_files import FileAssembler, is_allowed
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RequestBody
 from vllm_fleet.router.prompt_tokens import PromptTokenizer, TokenizerCache
@@ -60,24 +60,9 @@ CASES = {
 @pytest.fixture(scope="module")
 def model_folders(tmp_path_factory) -> dict[str, Path]:
     """The default model's folder, and a copy of its tokenizer with the tool-use template."""
-    default = Path(resolve_model(None, None).path)
-    tools = tmp_path_factory.mktemp("tools-model")
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default / name, tools / name)
-    (tools / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
-    return {"default": default, "tools": tools}
-
-
-def _worker_renderer(folder: Path):
-    """What a running worker renders with (AsyncLLM.renderer), built without an engine."""
-    from vllm.config import ModelConfig, VllmConfig
-    from vllm.renderers import renderer_from_config
-
-    from vllm_fleet.worker.openai.render import VllmRenderer
-
-    config = VllmConfig(model_config=ModelConfig(model=str(folder), tokenizer=str(folder)))
-    renderer = renderer_from_config(config)
-    return VllmRenderer(SimpleNamespace(renderer=renderer, vllm_config=config), renderer.get_tokenizer())
+    tools = copy_tokenizer_files(tmp_path_factory.mktemp("tools-model"), chat_template=False)
+    (tools / CHAT_TEMPLATE_FILE).write_text(TOOLS_TEMPLATE)
+    return {"default": default_model_folder(), "tools": tools}
 
 
 async def _worker_ids(renderer, case: dict) -> list[int]:
@@ -95,7 +80,7 @@ def renderers(model_folders, tmp_path_factory) -> dict[str, tuple[PromptTokenize
     """Per template: the router's tokenizer (from the files TokenizerFiles sends) and the worker's
     renderer (~10 s each: vLLM's config and tokenizer)."""
     return {name: (PromptTokenizer.load(_served(folder, tmp_path_factory.mktemp(f"router-{name}"))),
-                   _worker_renderer(folder)) for name, folder in model_folders.items()}
+                   worker_renderer(folder)) for name, folder in model_folders.items()}
 
 
 @pytest.mark.parametrize("template", ["default", "tools"])

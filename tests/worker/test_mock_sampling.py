@@ -18,7 +18,7 @@ from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.protocol import PARAM_METADATA_KEY, GenerateInput, GenerateRequest, SamplingParams, build_request
 from vllm_fleet.protocol import worker_pb2_grpc
 from vllm_fleet.protocol.convert import request_to_pb
-from vllm_fleet.worker.engines.mock_engine import VOCAB
+from vllm_fleet.worker.engines.mock_tokens import VOCAB
 
 pytest.importorskip("vllm")
 

@@ -8,7 +8,6 @@ refused with INVALID_ARGUMENT."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import grpc
@@ -18,7 +17,6 @@ from prometheus_client import CollectorRegistry
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.config import EngineConfig, WorkerConfig
 from vllm_fleet.errors import InvalidRequestError
-from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol import GenerateInput, SamplingParams, worker_pb2_grpc
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.tokenizer_files import folder_digest
@@ -28,15 +26,6 @@ from vllm_fleet.worker.service import WorkerService
 
 MESSAGES = [{"role": "system", "content": "You answer briefly."},
             {"role": "user", "content": "Grüße aus 北京 😀 — what is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_folder(tmp_path_factory) -> Path:
-    source = Path(resolve_model(None, None).path)
-    folder = tmp_path_factory.mktemp("tokenizer")
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json"):
-        shutil.copy(source / name, folder / name)
-    return folder
 
 
 class Worker:

@@ -4,17 +4,16 @@ them and tokenizes as the worker's tokenizer does. A worker without a tokenizer 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from model_files import copy_tokenizer_files
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.config import EngineConfig, WorkerConfig
 from vllm_fleet.errors import TokenizerFilesError
-from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol import worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.tokenizer_files import CHUNK_BYTES
 from vllm_fleet.router.prompt_tokens import PromptTokenizer
@@ -26,10 +25,7 @@ from vllm_fleet.worker.service import WorkerService
 @pytest.fixture(scope="module")
 def tokenizer_folder(tmp_path_factory) -> Path:
     """The default model's tokenizer files, beside files that must never be sent."""
-    source = Path(resolve_model(None, None).path)
-    folder = tmp_path_factory.mktemp("mock-tokenizer")
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json"):
-        shutil.copy(source / name, folder / name)
+    folder = copy_tokenizer_files(tmp_path_factory.mktemp("mock-tokenizer"))
     (folder / "secret.txt").write_text("not a tokenizer file")
     (folder / "weights.safetensors").write_bytes(b"\0" * 16)
     return folder

@@ -6,13 +6,11 @@ one too long for the context, as for a rendered prompt."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from model_files import default_model_folder, worker_renderer
 from vllm_fleet.errors import InvalidRequestError
-from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RequestBody
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Grüße aus 北京 😀, naïve café?"}]
@@ -20,15 +18,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 
 @pytest.fixture(scope="module")
 def renderer():
-    from vllm.config import ModelConfig, VllmConfig
-    from vllm.renderers import renderer_from_config
-
-    from vllm_fleet.worker.openai.render import VllmRenderer
-
-    folder = str(Path(resolve_model(None, None).path))
-    config = VllmConfig(model_config=ModelConfig(model=folder, tokenizer=folder, max_model_len=256))
-    hf = renderer_from_config(config)
-    return VllmRenderer(SimpleNamespace(renderer=hf, vllm_config=config), hf.get_tokenizer())
+    return worker_renderer(default_model_folder(), max_model_len=256)
 
 
 def _vllm_request(body: dict, item: GenerateInput):

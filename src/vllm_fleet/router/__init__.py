@@ -40,8 +40,9 @@ estimates), policies (pure ranking functions), cache_index (which worker holds w
 the engines' KV events; bounded), breaker, ejection (outliers), budget (retries),
 admission (buckets, queues), classes (service classes: settings and batch admission rules),
 batch_gate (batch per worker and the latency controller that caps it), batch_wait (why batch
-waits for slack), pool (membership and polling), stream (failover and migration), delivered
-(what the caller has of each sample; the request that resumes after it),
+waits for slack), pool (membership and polling), stream (failover and migration), retry
+(whether another attempt follows a failed one), delivered (what the caller has of each sample;
+the request that resumes after it),
 context (the frozen bundle a stream gets instead of the router), watchdog (stall detection),
 metrics (Prometheus), router (the facade).
 

@@ -22,11 +22,11 @@ from vllm_fleet.errors import (
     NoWorkerError,
     RateLimitedError,
     WorkerError,
-    WorkerOverloadedError,
 )
 from vllm_fleet.protocol.pooling import PoolRequest, PoolResult
 from vllm_fleet.router.features import SHORT
 from vllm_fleet.router.context import StreamContext
+from vllm_fleet.router.retry import failure_verdict
 from vllm_fleet.router.snapshot import WorkerView
 
 logger = logging.getLogger(__name__)
@@ -90,8 +90,7 @@ async def route_pool(ctx: StreamContext, request: PoolRequest, *, model: str, se
                 verdict = True  # the worker did its job: it refused a bad request
                 raise
             except WorkerError as exc:
-                faultless = isinstance(exc, (WorkerOverloadedError, DeadlineExceededError))
-                verdict = None if faultless else False
+                verdict = failure_verdict(exc)
                 _before_retry(ctx, exc, address, attempts, request.request_id)
             finally:
                 lease.release()

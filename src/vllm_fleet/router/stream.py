@@ -18,9 +18,9 @@ recoverable failure, pick another worker and carry on:
 
 A stream stalls when no chunk arrives for `stall_timeout_s` (`first_chunk_timeout_s` before
 the first one) and its worker shows no progress (see watchdog.py): that is a worker failure
-like any other. Invalid requests are never retried.
-Every extra attempt spends from the retry budget. Closing the stream (aclose, or cancelling
-the task iterating it) cancels the worker call, which aborts the engine request.
+like any other. Invalid requests are never retried. Every extra attempt spends from the retry
+budget; retry.py decides whether one follows. Closing the stream (aclose, or cancelling the task
+iterating it) cancels the worker call, which aborts the engine request.
 
 Usage on a final chunk is for the whole stream: prompt and cached tokens as the last worker
 reports them (it counts the original prompt only), completion tokens = every token delivered.
@@ -40,7 +40,6 @@ from collections.abc import AsyncIterator
 from vllm_fleet.errors import (
     DeadlineExceededError,
     InvalidRequestError,
-    MigrationUnsupportedError,
     RateLimitedError,
     WorkerError,
     WorkerOverloadedError,
@@ -53,6 +52,7 @@ from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.delivered import Delivered
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pick import pick_batch, pick_or_await_probe
+from vllm_fleet.router.retry import attempt_id, check_retry, failure_verdict, stepped_aside
 from vllm_fleet.router.routed_holds import RoutedHold
 from vllm_fleet.router.watchdog import StallWatchdog
 from vllm_fleet.router.worker_state import Lease
@@ -193,33 +193,25 @@ class RoutedStream:
                     self.attempts -= 1
                     self.withdrawals += 1
                     tried.discard(address)
-                    if self._delivered.any:
+                    if stepped_aside(ctx, address, self._delivered, self.request.request_id):
                         self.pauses += 1
-                        ctx.metrics.pauses.inc()
-                        logger.info("batch request paused on %s for interactive work after %d tokens; requeued",
-                                    address, self._delivered.tokens(),
-                                    extra={"request_id": self.request.request_id})
-                    else:
-                        ctx.metrics.withdrawals.inc()
-                        logger.info("batch request withdrawn from %s for interactive work; requeued", address,
-                                    extra={"request_id": self.request.request_id})
                 except InvalidRequestError:
                     verdict = True  # the worker did its job: it refused a bad request
                     raise
                 except WorkerError as exc:
-                    # Overload is a capacity signal and a passed deadline is the caller's: neither
-                    # says the worker is broken.
-                    faultless = isinstance(exc, (WorkerOverloadedError, DeadlineExceededError))
                     if isinstance(exc, WorkerOverloadedError) and self.request.adapter and ctx.adapters is not None:
                         ctx.adapters.forget(address, self.request.adapter)  # evicted or unloading there
-                    verdict = None if faultless else False
+                    verdict = failure_verdict(exc)
                     if self._delivered.answered():
                         # The stream broke after every sample's last chunk: the answer is whole. A
                         # retry would resume nothing (a request with no inputs, refused as invalid).
                         logger.info("worker %s failed after the last chunk: %s", address, exc,
                                     extra={"request_id": self.request.request_id})
                         break
-                    self._before_retry(exc, address)
+                    check_retry(ctx, exc, address, attempts=self.attempts, delivered=self._delivered,
+                                request=self.request)
+                    if self._delivered.any:  # the attempt that follows is a migration
+                        self.migrations += 1
                 finally:
                     lease.release()
                     if hold is not None:
@@ -266,32 +258,6 @@ class RoutedStream:
             self._step_aside_requested = True
             if self._reading_task is not None:
                 self._reading_task.cancel()
-
-    def _before_retry(self, exc: WorkerError, address: str) -> None:
-        """Log the failure and decide whether another attempt may follow; re-raise if not."""
-        ctx = self._context
-        rid = self.request.request_id
-        ctx.metrics.worker_failures.labels(address, type(exc).__name__).inc()
-        logger.warning("attempt %d on %s failed: %s", self.attempts, address, exc, extra={"request_id": rid})
-        if isinstance(exc, DeadlineExceededError):
-            raise exc
-        if self._delivered.any and self.request.constrained:
-            tokens = self._delivered.tokens()
-            raise MigrationUnsupportedError(
-                f"worker {address} failed after {tokens} tokens of a grammar-constrained answer; it cannot "
-                f"continue on another worker; retry the request", worker=address) from exc
-        if self.attempts >= ctx.config.max_attempts:
-            raise exc
-        if not ctx.budget.try_spend():
-            ctx.metrics.rejections.labels("retry_budget").inc()
-            logger.warning("retry budget exhausted; not retrying", extra={"request_id": rid})
-            raise exc
-        if self._delivered.any:
-            self.migrations += 1
-            ctx.metrics.migrations.inc()
-        else:
-            ctx.metrics.failovers.inc()
-        ctx.metrics.retries.labels(type(exc).__name__).inc()
 
     async def _attempt(self, address: str, lease: Lease, hold: RoutedHold | None) -> AsyncIterator[Chunk]:
         """Stream one attempt's chunks, mapped to the caller's (index, sample). `hold`: the
@@ -379,11 +345,7 @@ class RoutedStream:
     def _attempt_request(self) -> tuple[GenerateRequest, list[tuple[int, int]] | None]:
         """The request to send now, and how its (index) maps back to the caller's (index, sample)
         (None: unchanged). Nothing delivered yet → the original request as is."""
-        request = self.request
-        attempt_id = request.request_id if self.attempts <= 1 else f"{request.request_id}-a{self.attempts}"
-        if self.withdrawals:  # the withdrawn attempt's abort may not have reached its worker yet
-            attempt_id += f"-w{self.withdrawals}"
-        return self._delivered.resume(attempt_id)
+        return self._delivered.resume(attempt_id(self.request.request_id, self.attempts, self.withdrawals))
 
     def _accept(self, chunk: Chunk, mapping: list[tuple[int, int]] | None) -> Chunk:
         chunk = self._delivered.accept(chunk, mapping)

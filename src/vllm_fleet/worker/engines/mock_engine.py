@@ -1,7 +1,7 @@
 """The mock engine: a named stand-in for control-plane tests and benchmarks. Never a default.
 
 Speaks the same protocol as the real engine, with deterministic output: each token depends
-only on the two before it (see `mock_next_token`), so a migrated stream can be
+only on the two before it (`mock_next_token`, mock_tokens.py), so a migrated stream can be
 checked against an uninterrupted one. It paces itself like an engine: a first-token delay
 (fixed + per prompt token), then `tokens_per_s` per sequence, emitted in steps of ~10 ms.
 Optionally `max_num_seqs` bounds concurrent sequences (the rest wait, as in a real scheduler).
@@ -11,7 +11,7 @@ vLLM's request model and SamplingParams, so it checks and samples with vLLM's me
 meaning it acts on n, max_tokens, min_tokens, stop strings (as vLLM streams them), logprobs,
 skip_special_tokens, and steers its hashed tokens by `logit_bias` (a bias of +100 or more
 forces a token, -100 or less bans it), `allowed_token_ids` (only those) and `seed` (a different,
-repeatable answer per seed); see `MockSampling`.
+repeatable answer per seed); see `MockSampling` (mock_tokens.py).
 
 With `mock_tokenizer` (a real tokenizer folder) it renders prompts with that tokenizer (chat
 template included), runs the configured tool/reasoning parsers, and with `mock_script` answers
@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,70 +45,11 @@ from vllm_fleet.worker.engines.mock_prefix_cache import MockPrefixCache
 from vllm_fleet.worker.engines.mock_stops import apply_stop_strings
 from vllm_fleet.worker.engines.mock_script import MockScript, load_tokenizer
 from vllm_fleet.worker.engines.mock_pooling import mock_embeddings
+from vllm_fleet.worker.engines.mock_tokens import GREEDY, SPECIALS, VOCAB, MockSampling, mock_next_token, word_tokens
 
-# A small vocabulary: ids 0..3 are specials, then words. Some words are non-ASCII so that
-# UTF-8 handling is exercised even without the real engine.
-_SPECIALS = ["<eos>", "<bos>", "<|user|>", "<|assistant|>"]
-_WORDS = (
-    "the of and to in is was for on that with as by at from his her an were are which this be "
-    "river mountain city light green north 北京 数据 流 😀 café naïve über λ model fleet token"
-).split()
-VOCAB = _SPECIALS + [" " + w for w in _WORDS]
-EOS = 0
 _STEP_S = 0.01
 DEFAULT_BLOCK_SIZE = 16  # the mock prefix cache's block size without --block-size (vLLM's GPU default)
 RATE_WINDOW_S = 5  # Load's output tokens/s covers this many seconds
-
-
-@dataclass(frozen=True, slots=True)
-class MockSampling:
-    """What of vLLM's sampling parameters steers the mock's hashed tokens."""
-
-    forced: int | None = None              # logit_bias of +100 or more: always this token
-    banned: frozenset[int] = frozenset()   # logit_bias of -100 or less: never these
-    allowed: tuple[int, ...] = ()          # allowed_token_ids: only these ("" = every word)
-    seed: int | None = None
-
-    @classmethod
-    def of(cls, params: Any) -> MockSampling:
-        bias = getattr(params, "logit_bias", None) or {}
-        forced = [token for token, value in bias.items() if value >= 100]
-        return cls(
-            forced=max(forced, key=lambda token: bias[token]) if forced else None,
-            banned=frozenset(token for token, value in bias.items() if value <= -100),
-            allowed=tuple(sorted(getattr(params, "allowed_token_ids", None) or ())),
-            seed=getattr(params, "seed", None),
-        )
-
-
-GREEDY = MockSampling()
-
-
-def mock_next_token(previous: list[int], sample: int, first: bool, adapter: str = "",
-                    sampling: MockSampling = GREEDY) -> int:
-    """The deterministic next token after `previous` (the prompt plus what was generated).
-
-    It depends only on the last two tokens (and, for the first answer token, the sample
-    number), so a stream resumed elsewhere from prompt + tokens-so-far continues exactly as
-    the uninterrupted one would. A LoRA adapter's name salts every token: an adapter answers
-    differently from the base model, and the same on every worker that holds it. `sampling`
-    steers the choice as the request's sampling parameters ask.
-    """
-    if sampling.forced is not None:
-        return sampling.forced
-    a = previous[-1] if previous else 0
-    b = previous[-2] if len(previous) > 1 else 0
-    salt = sample if first else 0
-    key = f"{a}:{b}:{salt}" if not adapter else f"{a}:{b}:{salt}:{adapter}"
-    if sampling.seed is not None:
-        key += f":seed{sampling.seed}"
-    candidates = sampling.allowed or range(len(_SPECIALS), len(VOCAB))
-    for attempt in range(len(candidates)):
-        digest = hashlib.blake2b(f"{key}:{attempt}".encode() if attempt else key.encode(), digest_size=4).digest()
-        token = candidates[int.from_bytes(digest, "little") % len(candidates)]
-        if token not in sampling.banned:
-            return token
-    return token  # every candidate banned: vLLM would sample one anyway
 
 
 class MockEngine(Engine):
@@ -219,7 +158,7 @@ class MockEngine(Engine):
                 return RenderedPrompt(list(prompt))
             if self.tokenizer is not None:
                 return RenderedPrompt(list(self.tokenizer.encode(prompt, add_special_tokens=False)), prompt)
-            return RenderedPrompt(_word_tokens(prompt), prompt)
+            return RenderedPrompt(word_tokens(prompt), prompt)
         turns = [{"role": m["role"], "content": content_text(m.get("content"))} for m in messages]
         if self.tokenizer is not None:
             from vllm_fleet.worker.openai.parsing import chat_template_kwargs
@@ -228,12 +167,12 @@ class MockEngine(Engine):
             ids = self.tokenizer.apply_chat_template(turns, tokenize=True, **kwargs)
             return RenderedPrompt(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
         text = "".join(f" <|{turn['role']}|> {turn['content']}" for turn in turns) + " <|assistant|>"
-        return RenderedPrompt(_word_tokens(text), text)
+        return RenderedPrompt(word_tokens(text), text)
 
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is not None:
             return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return "".join(VOCAB[i] for i in token_ids if i >= len(_SPECIALS))
+        return "".join(VOCAB[i] for i in token_ids if i >= len(SPECIALS))
 
     async def generate(
         self, engine_request_id: str, prompt_token_ids: list[int], params: Any, *, priority: int = 0,
@@ -396,11 +335,3 @@ async def _wait_while_exists(path: str) -> None:
     while os.path.exists(path):
         await asyncio.sleep(_STEP_S)
 
-
-def _word_tokens(text: str) -> list[int]:
-    """One mock token per whitespace-separated word, hashed into the vocabulary."""
-    return [len(_SPECIALS) + (hash_word(w) % len(_WORDS)) for w in text.split()]
-
-
-def hash_word(word: str) -> int:
-    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "little")
