@@ -1,7 +1,8 @@
 """The real engine's `render_ids` (worker/openai/render.py) on vLLM's own renderer, without an
 engine: the packaged model's config and tokenizer (vLLM's HfRenderer, what AsyncLLM.renderer is in
-a running worker). Given ids come back as the prompt, and vLLM's checks on a prompt still refuse
-one too long for the context, as for a rendered prompt."""
+a running worker). Given ids come back as the prompt, and vLLM's checks still refuse a prompt too
+long for the context, and an answer longer than the context (the request's own token parameters),
+as for a rendered prompt."""
 
 from __future__ import annotations
 
@@ -42,3 +43,13 @@ async def test_vllms_length_checks_still_refuse_given_ids(renderer):
     with pytest.raises(InvalidRequestError) as refused:
         await renderer.render_ids(request, rendered.token_ids * 40)   # past the 256-token context
     assert "256" in str(refused.value)
+
+
+async def test_vllms_answer_length_check_still_refuses_given_ids(renderer):
+    ids = (await renderer.render(_vllm_request({"max_tokens": 8}, GenerateInput(messages=MESSAGES)))).token_ids
+    request = _vllm_request({"max_tokens": 300}, GenerateInput(messages=MESSAGES))   # an answer past the context
+    with pytest.raises(InvalidRequestError) as rendering_refused:
+        await renderer.render(request)
+    with pytest.raises(InvalidRequestError) as refused:
+        await renderer.render_ids(request, ids)
+    assert str(refused.value) == str(rendering_refused.value) and "256" in str(refused.value)
