@@ -58,6 +58,7 @@ import time
 import zlib
 
 from gpu_pair import add_worker_options, cache_pair, tokenizer_folder
+from http_users import run_user_http, wait_gateway_keys
 from smg_pair import SMG_SYSTEMS, add_smg_options, served_name, smg_running
 from vllm_fleet.bench import percentile
 from vllm_fleet.models import resolve_model
@@ -158,49 +159,6 @@ async def run_user(router: Router, turns: list[dict], user: int, args, salt: str
         history.append({"role": "assistant", "content": "".join(answer)})
 
 
-async def run_user_http(session, url: str, model: str, turns: list[dict], args, results: dict) -> None:
-    """run_user's conversation as OpenAI HTTP requests to a gateway that is not ours (SMG)."""
-    loop = asyncio.get_running_loop()
-    history = [turns[0]]
-    for question in turns[1:]:
-        history.append(question)
-        body = {"model": model, "max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}}
-        if args.completions:
-            path, body["prompt"] = "/v1/completions", prompt_text(history)
-        else:
-            path, body["messages"] = "/v1/chat/completions", list(history)
-        results["sent"].append(body.get("prompt") or list(history))
-        started = loop.time()
-        first = usage = None
-        answer = []
-        async with session.post(url + path, json=body) as reply:
-            if reply.status != 200:
-                raise RuntimeError(f"{url}{path} answered {reply.status}: {(await reply.text())[:500]}")
-            async for line in reply.content:
-                data = line.strip().removeprefix(b"data:").strip()
-                if not data or data == b"[DONE]":
-                    continue
-                chunk = json.loads(data)
-                for choice in chunk.get("choices") or []:
-                    # A chat stream's first chunk may carry only the role: not output yet.
-                    text = choice.get("text") if args.completions else (choice.get("delta") or {}).get("content")
-                    if first is None and (text or choice.get("finish_reason") or args.completions):
-                        first = loop.time() - started
-                    answer.append(text or "")
-                usage = chunk.get("usage") or usage
-        if usage is None:
-            raise RuntimeError(f"{url}{path} streamed no usage: output tokens unknown, the runs can't be compared")
-        results["ttft"].append(first if first is not None else loop.time() - started)
-        results["output_tokens"] += usage["completion_tokens"]
-        results["prompt_tokens"] += usage["prompt_tokens"]
-        details = usage.get("prompt_tokens_details")
-        if details is not None:  # our gateway, like vLLM, leaves it out when nothing was cached
-            results["cached_reported"] = True
-            results["cached_tokens"] += details.get("cached_tokens") or 0
-        history.append({"role": "assistant", "content": "".join(answer)})
-
-
 async def run_smg_policy(system: str, model_path: str, workload_kind: str, block_size: int, args) -> dict:
     """SMG's run of the workload: its own engines (smg_pair.py), the users over HTTP."""
     async with smg_running(system, model_path, args) as url:
@@ -218,7 +176,7 @@ async def run_over_http(system: str, url: str, model: str, workload_kind: str, b
     # would count the wait as TTFT, a queue no gateway has.
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        wall = await arrive(workload, lambda turns, user: run_user_http(session, url, model, turns, args, results), args)
+        wall = await arrive(workload, lambda turns, user: run_user_http(session, url, model, turns, args, results, prompt_text), args)
     return summarize(system, workload_kind, results, wall, block_size, args, stats=None)
 
 
@@ -233,38 +191,8 @@ async def run_gateway_policy(policy: str, addresses: list[str], model: str, work
     async with gateway:
         await gateway.wait_ready(120)
         if policy == "cache_aware":
-            await wait_gateway_keys(gateway.url, model, args)
+            await wait_gateway_keys(gateway.url, model, WORDS)
         return await run_over_http(policy, gateway.url, model, workload_kind, block_size, args)
-
-
-async def wait_gateway_keys(url: str, model: str, args, timeout: float = 120.0) -> None:
-    """Until the gateway's router keys prompts (its tokenizer loaded, the workers' events followed),
-    as the in-process run waits with Router.wait_cache_ready: a gateway routes by load alone until
-    then, and never waits itself. Probed with one-token requests of their own text, which share
-    nothing with the run's."""
-    import re
-
-    import aiohttp
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        for probe in range(10**6):
-            async with session.post(f"{url}/v1/completions", json={
-                    # Several blocks long (128 tokens each on CPU): a prompt under one full block
-                    # has no keys, and is never counted as keyed.
-                    "model": model, "prompt": f"probe {probe} {time.time_ns()} " + " ".join(WORDS * 8),
-                    "max_tokens": 1}) as reply:
-                await reply.read()
-            async with session.get(f"{url}/metrics") as reply:
-                text = await reply.text()
-            fresh = re.findall(r"kv_events_fresh\{[^}]*\} (\S+)", text)
-            keyed = sum(float(v) for v in re.findall(r"routed_prompt_tokens_total\{[^}]*\} (\S+)", text))
-            if keyed > 0 and fresh and all(float(v) == 1.0 for v in fresh):
-                return
-            if loop.time() >= deadline:
-                raise RuntimeError(f"the gateway at {url} did not key prompts within {timeout:.0f}s")
-            await asyncio.sleep(0.5)  # polling a condition with a deadline, not a synchronisation
 
 
 def new_results(*, over_http: bool = False) -> dict:
