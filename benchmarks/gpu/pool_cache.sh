@@ -25,6 +25,9 @@
 #        tokens); with the workers' start (~60-90 s each, one after another) the four policies
 #        take ~400 s. THROUGH_GATEWAY=1: our policies through a `vllm-fleet gateway` process over
 #        HTTP, measured as SMG is (default: an in-process Router).
+#        ITL_TARGET_MS (jobs, pool) defaults to 63 ms, 1.1x the H100's online-alone ITL P99 (57-59 ms
+#        there on 12-05): a target below what online alone gets has the controller cut batch in every
+#        window (12-05, pool: batch at 35% of the idle capacity with 50 ms, 71% with 63 ms).
 # jobs   #29: online chat through the gateway beside a real Spark job and a Batch API job, on two
 #        workers of the real SmolLM2-135M sharing GPU 0 (chat needs a chat template: the stand-in
 #        tokenizers have none). PHASES=spark,spark-steps,api,no-classes picks the phases after
@@ -82,7 +85,7 @@ cache)
     # SMG's gateway and engine logs as one file: at most 8 files come back from a device run.
     if [[ -d /tmp/cache-bench-smg ]]; then tar -C /tmp -cJf "$OUT/cache-bench-smg-logs.tar.xz" cache-bench-smg; fi ;;
 shared)
-    rm -f /tmp/cache-bench-worker-gpu*.log  # the workers append to them: keep this run's only
+    rm -f /tmp/cache-bench-worker-gpu*.log /tmp/cache-bench-gateway-*.log  # appended to: keep this run's only
     smg_options
     $FLEET_PY cache_routing.py --workload shared-start --completions --stand-in-words --cuda-devices 0,0 \
         --model "$QWEN3_8B" --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
@@ -91,8 +94,9 @@ shared)
         --turns ${TURNS:-2} --max-tokens ${MAX_TOKENS:-32} ${THROUGH_GATEWAY:+--through-gateway} \
         --policies ${POLICIES:-round_robin,least_outstanding,prefix_affinity,cache_aware} "${smg_args[@]}" \
         2>&1 | tee "$OUT/shared-routing.txt"
-    # The router runs in-process (its warnings are in the output above); the workers log apart.
-    for log in /tmp/cache-bench-worker-gpu*.log; do
+    # In-process, the router's warnings are in the output above; through the gateway, in its log
+    # (WARNING and up: load-only scoring, mismatched ids). The workers log apart.
+    for log in /tmp/cache-bench-worker-gpu*.log ${THROUGH_GATEWAY:+/tmp/cache-bench-gateway-*.log}; do
         [[ -f $log ]] && xz -c "$log" >"$OUT/shared-$(basename "$log").xz"
     done
     if [[ -d /tmp/cache-bench-smg ]]; then tar -C /tmp -cJf "$OUT/shared-smg-logs.tar.xz" cache-bench-smg; fi ;;
@@ -101,10 +105,10 @@ jobs)
         --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 \
         --seconds 30 --rate ${RATE:-8} --rows ${ROWS:-3000} --max-tokens 64 --batch-words 200 \
         --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 --phases ${PHASES:-spark,api,no-classes} "${api_variant_args[@]}" \
-        --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-50} 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
+        --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
 pool)
     $FLEET_PY shared_pool.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 --seconds 30 --rate ${RATE:-8} \
         --online-words 60 --online-max-tokens 32 --batch-in-flight 96 --batch-words 300 --batch-max-tokens 64 \
-        --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-50} 2>&1 | tee "$OUT/shared-pool.txt" ;;
+        --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} 2>&1 | tee "$OUT/shared-pool.txt" ;;
 esac
