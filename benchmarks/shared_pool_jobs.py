@@ -55,7 +55,6 @@ import shlex
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import httpx
 
