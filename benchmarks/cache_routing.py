@@ -58,7 +58,7 @@ import time
 import zlib
 
 from gpu_pair import add_worker_options, cache_pair, tokenizer_folder
-from http_users import run_user_http, wait_gateway_keys
+from http_users import gateway_copied_tokens, run_user_http, wait_gateway_keys
 from smg_pair import SMG_SYSTEMS, add_smg_options, served_name, smg_running
 from vllm_fleet.bench import percentile
 from vllm_fleet.models import resolve_model
@@ -192,7 +192,12 @@ async def run_gateway_policy(policy: str, addresses: list[str], model: str, work
         await gateway.wait_ready(120)
         if policy == "cache_aware":
             await wait_gateway_keys(gateway.url, model, WORDS)
-        return await run_over_http(policy, gateway.url, model, workload_kind, block_size, args)
+            before = await gateway_copied_tokens(gateway.url)  # the probes' own
+        result = await run_over_http(policy, gateway.url, model, workload_kind, block_size, args)
+        if policy == "cache_aware":
+            after = await gateway_copied_tokens(gateway.url)
+            result["router"] = {"copied_tokens": {w: v - before.get(w, 0.0) for w, v in after.items()}}
+        return result
 
 
 def new_results(*, over_http: bool = False) -> dict:
@@ -329,6 +334,12 @@ def report(results: list[dict]) -> None:
               f"{r['best_cached_share']:.1%} | {r['retried']} | {decide} |")
     print_ratios(results, cached_of_possible=lambda r: (r["cached_share"] or 0.0) / max(1e-9, r["best_cached_share"]),
                  output_tokens=lambda r: r["output_tokens"])
+    for r in results:  # what the router's decisions for load cost: prefixes prefilled where another held them
+        copied = (r["router"] or {}).get("copied_tokens")
+        if copied is not None:
+            total = sum(copied.values())
+            print(f"{r['policy']}: sent {total:.0f} prompt tokens ({total / max(1, r['prompt_tokens']):.2%}) to a worker "
+                  f"while another held more of them (per worker: {', '.join(f'{w} {v:.0f}' for w, v in copied.items())})")
     print(flush=True)
 
 

@@ -78,3 +78,13 @@ async def wait_gateway_keys(url: str, model: str, probe_words: list[str], timeou
             if loop.time() >= deadline:
                 raise RuntimeError(f"the gateway at {url} did not key prompts within {timeout:.0f}s")
             await asyncio.sleep(0.5)  # polling a condition with a deadline, not a synchronisation
+
+
+async def gateway_copied_tokens(url: str) -> dict[str, float]:
+    """Per worker, the prompt tokens the gateway's router sent there that another worker held more
+    of (its copied_prompt_tokens counter): what its decisions for load cost in prefill."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async with session.get(f"{url}/metrics") as reply:
+            text = await reply.text()
+    return {worker: float(value) for worker, value in
+            re.findall(r'copied_prompt_tokens_total\{[^}]*worker="([^"]+)"[^}]*\} (\S+)', text)}

@@ -65,6 +65,7 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
                 assert worker == homes[prefix], f"prefix {prefix} left the worker that holds it"
                 hits += cached
         assert hits == 18 * SHARED_BLOCKS * BS  # every follow-up found every shared block in its engine
+        assert not any(router._cache.stats()["copied_tokens"].values())  # and no prefix was prefilled twice
         view = router.snapshot().get(homes[0]).to_dict()
         assert view["cache"]["events"] == "in step" and view["cache"]["predicted_hit_rate"] > 0.5
         # The dashboard's state carries the index's own counters (what an SRE reads for resyncs).

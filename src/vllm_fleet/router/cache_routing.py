@@ -67,7 +67,8 @@ class CacheRouting:
         self.unknown_ids = 0              # requests routed without token ids (tokenizer not ready)
         self.head_chars = config.cache_head_chars  # 0: tokenize every prompt whole (with_cache)
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
-        self._predicted: dict[str, list[int]] = {}  # address -> [predicted cached tokens, prompt tokens routed]
+        # address -> [predicted cached tokens, prompt tokens routed, of those held more elsewhere]
+        self._predicted: dict[str, list[int]] = {}
         self._keying: concurrent.futures.ThreadPoolExecutor | None = None  # the rest of head-keyed prompts
         self._id_takers: dict[str, str] = {}  # address -> tokenizer digest, of workers that take router ids
 
@@ -132,7 +133,8 @@ class CacheRouting:
         """The index's counters and sizes, requests routed without ids, per-worker predictions."""
         return {**dataclasses.asdict(self.index.counters), "entries": self.index.entries_per_worker(),
                 "routed_without_ids": self.unknown_ids,
-                "predicted_hit_rate": {a: self.predicted_hit_rate(a) for a in self._predicted}}
+                "predicted_hit_rate": {a: self.predicted_hit_rate(a) for a in self._predicted},
+                "copied_tokens": {a: totals[2] for a, totals in self._predicted.items()}}
 
     def describe(self, snapshot) -> str:
         return ", ".join(f"{w.address}: events {self.events_state(w.address)}, tokenizer "
@@ -144,7 +146,7 @@ class CacheRouting:
         return "off" if follower is None else "in step" if follower.fresh else "stale"
 
     def predicted_hit_rate(self, address: str) -> float | None:
-        predicted, routed = self._predicted.get(address, (0, 0))
+        predicted, routed, _ = self._predicted.get(address, (0, 0, 0))
         return predicted / routed if routed else None
 
     # --- requests -----------------------------------------------------------------------
@@ -300,7 +302,17 @@ class CacheRouting:
         predicted = features.cached_tokens.get(address, 0) if self.fresh(address) else 0
         self._metrics.predicted_cached_tokens.labels(address).inc(predicted)
         self._metrics.routed_prompt_tokens.labels(address).inc(features.prompt_tokens)
-        totals = self._predicted.setdefault(address, [0, 0])
+        totals = self._predicted.setdefault(address, [0, 0, 0])
         totals[0] += predicted
         totals[1] += features.prompt_tokens
+        # Tokens another worker holds that this one will prefill again (and then hold twice): the
+        # price of a decision made for load. Counted so that a hit rate under the best possible
+        # can be told apart from an index that misses blocks.
+        best = max((held for other, held in features.cached_tokens.items() if self.fresh(other)), default=0)
+        if best > predicted:
+            copied = best - predicted
+            totals[2] += copied
+            self._metrics.copied_prompt_tokens.labels(address).inc(copied)
+            logger.debug("routed to %s: prefills %d prompt tokens another worker holds (%d held there)",
+                         address, copied, predicted)
         return hold

@@ -51,6 +51,11 @@ class RouterMetrics:
         self.routed_prompt_tokens = Counter(
             "routed_prompt_tokens", "Prompt tokens routed to each worker (cache_aware; the denominator of predicted "
             "hits)", ["worker"], **common)
+        self.copied_prompt_tokens = Counter(
+            "copied_prompt_tokens", "Prompt tokens routed to a worker that another worker's cache held more of "
+            "(cache_aware): prefill a placement by cache alone would not do, spent for load (the bounded-load guard "
+            "or the load term); with routed_prompt_tokens, how far routing falls short of the best hit rate",
+            ["worker"], **common)
         self.prompt_ids_mismatches = Counter(
             "prompt_ids_mismatches", "Requests whose prompt the router tokenized to another length than the worker "
             "ran (cache_aware: its cache lookups for them are off)", **common)
