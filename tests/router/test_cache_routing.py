@@ -68,6 +68,7 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
         assert not any(router._cache.stats()["copied_tokens"].values())  # and no prefix was prefilled twice
         view = router.snapshot().get(homes[0]).to_dict()
         assert view["cache"]["events"] == "in step" and view["cache"]["predicted_hit_rate"] > 0.5
+        assert view["cache"]["copied_share"] == 0.0  # what the dashboard shows beside the hits
         # The dashboard's state carries the index's own counters (what an SRE reads for resyncs).
         (index_stats,) = Dashboard(router).own_state()["cache_index"]
         assert index_stats["events_applied"] > 0 and index_stats["resyncs_needed"] == 0

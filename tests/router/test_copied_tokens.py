@@ -39,6 +39,7 @@ def test_a_request_sent_away_from_the_worker_holding_more_counts_what_it_prefill
     routing.routed("b", features({"a": 320}))                   # and from nothing held: 320
     assert copied_metric(registry, "b") == 576
     assert routing.stats()["copied_tokens"] == {"a": 0, "b": 576}
+    assert routing.copied_share("b") == 576 / 800 and routing.copied_share("a") == 0.0  # the dashboard's
 
 
 def test_blocks_of_a_worker_whose_events_are_stale_are_not_counted_as_held():

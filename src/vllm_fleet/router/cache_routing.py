@@ -149,6 +149,11 @@ class CacheRouting:
         predicted, routed, _ = self._predicted.get(address, (0, 0, 0))
         return predicted / routed if routed else None
 
+    def copied_share(self, address: str) -> float | None:
+        """Of the prompt tokens routed to `address`, the share another worker held more of."""
+        _, routed, copied = self._predicted.get(address, (0, 0, 0))
+        return copied / routed if routed else None
+
     # --- requests -----------------------------------------------------------------------
 
     def needs_tokenizing(self, request: GenerateRequest) -> bool:

@@ -38,6 +38,7 @@ class WorkerView:
                                       # cache-aware routing may count its cached tokens
     cache_events: str = ""            # cache_aware: "in step", "stale" or "off" (no events); "" other policies
     predicted_hit_rate: float | None = None  # cache_aware: cached share of the prompts routed here, as predicted
+    copied_share: float | None = None  # cache_aware: share of them another worker held more of (spent for load)
 
     @property
     def routable(self) -> bool:
@@ -59,6 +60,7 @@ class WorkerView:
             "kv_events_fresh": self.kv_events_fresh,
             "cache": None if not self.cache_events else {
                 "events": self.cache_events, "predicted_hit_rate": self.predicted_hit_rate,
+                "copied_share": self.copied_share,
                 "engine_hit_rate": (load.prefix_cache_hits / load.prefix_cache_queries
                                     if load is not None and load.prefix_cache_queries else None),
             },

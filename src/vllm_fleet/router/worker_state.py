@@ -73,6 +73,7 @@ class WorkerState:
             kv_events_fresh=cache is not None and cache.fresh(self.address),
             cache_events=cache.events_state(self.address) if cache is not None else "",
             predicted_hit_rate=cache.predicted_hit_rate(self.address) if cache is not None else None,
+            copied_share=cache.copied_share(self.address) if cache is not None else None,
         )
 
 

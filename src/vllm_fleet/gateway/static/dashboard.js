@@ -43,7 +43,9 @@ function render(state) {
     const cache = w.cache || {};
     const pct = (x) => (x === null || x === undefined) ? "–" : (100 * x).toFixed(0) + "%";
     cell(row, cache.events === undefined ? "" :
-      `${pct(cache.predicted_hit_rate)} / ${pct(cache.engine_hit_rate)}` + (cache.events === "in step" ? "" : ` (${cache.events})`),
+      `${pct(cache.predicted_hit_rate)} / ${pct(cache.engine_hit_rate)}` + (cache.events === "in step" ? "" : ` (${cache.events})`)
+      // Prompt tokens sent here while another worker held more of them: prefill spent for load.
+      + (cache.copied_share ? `, ${pct(cache.copied_share)} copied` : ""),
       cache.events === "stale" ? "stale" : "");
     body.appendChild(row);
   }
