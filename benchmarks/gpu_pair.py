@@ -30,6 +30,8 @@ def add_worker_options(parser: argparse.ArgumentParser) -> None:
                       help="mock workers only (vLLM's CPU block is 128 tokens, its GPU block 16)")
     mock.add_argument("--mock-prefill-tokens-per-s", type=int, default=4000)
     mock.add_argument("--mock-max-num-seqs", type=int, default=4)
+    mock.add_argument("--mock-prefill-serial", action="store_true",
+                      help="prompts prefill one at a time per mock engine, as on a GPU (a long one delays the rest)")
     gpu = parser.add_argument_group("GPU workers")
     gpu.add_argument("--cuda-devices", type=two_devices, default=None, metavar="D0,D1",
                      help="One CUDA_VISIBLE_DEVICES value per worker (0,0: both on GPU 0) instead of CPU cores")
@@ -69,7 +71,8 @@ def worker(cores: str, args: argparse.Namespace) -> WorkerProcess:
     return WorkerProcess(["--engine", "mock", "--mock-kv-blocks", str(args.kv_blocks), "--block-size",
                           str(args.block_size), "--mock-prefill-ms-per-1k", f"{prefill_ms_per_1k:g}",
                           "--mock-tokens-per-s", "50", "--mock-ttft-ms", "5", "--max-model-len", str(args.max_model_len),
-                          "--max-num-seqs", str(args.mock_max_num_seqs), "--mock-tokenizer", tokenizer_folder(args)],
+                          "--max-num-seqs", str(args.mock_max_num_seqs), "--mock-tokenizer", tokenizer_folder(args),
+                          *(["--mock-prefill-serial"] if args.mock_prefill_serial else [])],
                          env, cores=cores, log_path=f"/tmp/cache-routing-mock-{cores}.log")
 
 

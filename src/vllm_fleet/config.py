@@ -146,6 +146,9 @@ class EngineConfig(FleetModel):
     mock_tokens_per_s: float = Field(50.0, gt=0, description="Mock engine: tokens per second per sequence")
     mock_ttft_ms: float = Field(20.0, ge=0, description="Mock engine: fixed delay before the first token")
     mock_prefill_ms_per_1k: float = Field(5.0, ge=0, description="Mock engine: extra prompt-processing delay per 1,000 prompt tokens")
+    mock_prefill_serial: bool = Field(
+        False, description="Mock engine: prompts prefill one at a time, as one engine's prefills share its compute: "
+        "a long prefill delays the first token of every prompt behind it (routing benchmarks)")
     mock_max_model_len: int = Field(4096, ge=16, description="Mock engine: context length it reports")
     mock_kv_blocks: int = Field(
         0, ge=0, description="Mock engine: blocks of its simulated prefix cache (of --block-size tokens, 16 when "

@@ -21,6 +21,8 @@ migration included, without a model.
 With `mock_kv_blocks` it keeps a simulated prefix cache (mock_prefix_cache.py): cached prompt
 tokens are reported in usage and skip the per-token prefill delay, and the cache's changes are
 published as KV-cache events (KvEvents), so routing by cache contents can be tested without vLLM.
+With `mock_prefill_serial` prompts prefill one at a time, as one engine's prefills share its
+compute, so a long prefill delays the first token of the prompts behind it.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class MockEngine(Engine):
         self.config = config
         self._active = 0
         self._slots = asyncio.Semaphore(config.max_num_seqs) if config.max_num_seqs else None
+        self._prefill_lane = asyncio.Lock() if config.mock_prefill_serial else None
         self._waiting = 0
         self._tasks: dict[str, asyncio.Event] = {}
         # [second, tokens] of the last seconds: Load's rate is over RATE_WINDOW_S, as the real
@@ -195,8 +198,13 @@ class MockEngine(Engine):
                 cached = self._prefix_cache.admit(prompt_token_ids, adapter.name if adapter is not None else "",
                                                   cache_salt or "")
             computed = len(prompt_token_ids) - cached  # cached tokens cost no prefill, as in vLLM
-            delay = self.config.mock_ttft_ms / 1000 + computed * self.config.mock_prefill_ms_per_1k / 1e6
-            await asyncio.sleep(delay)
+            prefill_s = computed * self.config.mock_prefill_ms_per_1k / 1e6
+            await asyncio.sleep(self.config.mock_ttft_ms / 1000)
+            if self._prefill_lane is None:
+                await asyncio.sleep(prefill_s)
+            else:
+                async with self._prefill_lane:
+                    await asyncio.sleep(prefill_s)
             if self._script is not None:
                 steps = self._scripted_steps(prompt_token_ids, max_tokens, params, n)
             else:
