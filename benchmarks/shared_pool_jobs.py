@@ -204,12 +204,13 @@ async def with_online(http, model: str, args, salt: str, job) -> dict:
 async def run(args: argparse.Namespace) -> list[dict]:
     sharing_a_gpu = bool(args.cuda_devices) and len(set(args.cuda_devices)) == 1
     # Only phases with a Spark job start Spark: the Batch API phases then run where no JVM is staged.
-    session = spark_session(args.spark_cores) if set(args.phases) & SPARK_PHASES else None
+    session = spark_session(args.spark_cores, args.spark_nice) if set(args.phases) & SPARK_PHASES else None
     async with worker_pair(lambda cores: worker_process(args.workers, cores, args),
                            one_after_another=sharing_a_gpu) as (addresses, info):
         print(f"workers: {args.workers} {addresses} model={info.model} max_num_seqs={info.settings.get('max_num_seqs')} "
               f"scheduling={info.settings.get('scheduling_policy', 'fcfs')}; "
-              + (f"spark {session.version} local[{args.spark_cores}]" if session else "no spark"), flush=True)
+              + (f"spark {session.version} local[{args.spark_cores}]" + (f" at nice {args.spark_nice}" if args.spark_nice else "")
+                 if session else "no spark"), flush=True)
         with tempfile.TemporaryDirectory() as batch_dir:
             def gateway_process(name: str, extra: list[str]) -> GatewayProcess:
                 return GatewayProcess(["--workers", ",".join(addresses), "--no-access-log",
@@ -278,7 +279,7 @@ def variant_phase(job: str, name: str) -> str:
     return f"online + {job}, classes, variant {name}"
 
 
-def spark_session(cores: int):
+def spark_session(cores: int, niceness: int = 0):
     from pyspark.sql import SparkSession
 
     # Spark's Python workers run this interpreter (ours has the fleet's dependencies), not python3.
@@ -289,7 +290,20 @@ def spark_session(cores: int):
                .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
+    if niceness:
+        renice_spark(session, niceness)
     return session
+
+
+def renice_spark(session, niceness: int) -> None:
+    """Lower the CPU priority of Spark's JVM, and so of the Python workers it forks later. On a
+    deployment its executors run on other hosts than the engines; on one small machine they take
+    the engines' cores, which measures CPU contention rather than the pool's classes. Linux keeps
+    niceness per thread, and a new thread or process takes its creator's: every thread of the JVM
+    is reniced before any task runs."""
+    pid = session.sparkContext._gateway.proc.pid
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
 
 
 def report(results: list[dict], args) -> None:
@@ -364,6 +378,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-words", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=64, help="Tokens per job row (ignore_eos)")
     parser.add_argument("--spark-cores", type=int, default=2)
+    parser.add_argument("--spark-nice", type=int, default=0, metavar="N",
+                        help="Run Spark's JVM and Python workers at this niceness (0: as the engines). On a small "
+                             "machine they share the engines' cores, which a deployment's executors do not")
     parser.add_argument("--spark-in-flight", type=int, default=8, help="Rows in flight per Spark task")
     parser.add_argument("--batch-api-concurrency", type=int, default=16, help="The gateway's --batch-concurrency")
     parser.add_argument("--warmup-s", type=float, default=3.0,
