@@ -35,6 +35,12 @@ class GatewayConfig(FleetModel):
         16 * 1024, ge=1024,
         description="Largest request line + headers accepted, in bytes (bigger: HTTP 431 and the connection closes)",
     )
+    http_keep_alive_s: float = Field(
+        75.0, gt=0,
+        description="How long an idle client connection stays open. Longer than the idle timeouts of the clients and "
+        "load balancers in front (httpx and OpenAI's SDKs 5 s, AWS ALB 60 s): when the server closes first, a client "
+        "sending on the connection at that moment gets a connection error (uvicorn's and vllm serve's default is 5 s)",
+    )
     reload_interval_s: float = Field(
         2.0, ge=0,
         description="How often the keys file and a --key-limits @FILE are checked for changes, which reloads "

@@ -117,6 +117,7 @@ class GatewayServer:
             access_log=False, log_level="warning",
             ssl_certfile=self.config.tls_cert, ssl_keyfile=self.config.tls_key,
             timeout_graceful_shutdown=self.shutdown_grace_s, backlog=4096, server_header=False,
+            timeout_keep_alive=self.config.http_keep_alive_s,
         )
         self._server = _QuietServer(uv_config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
