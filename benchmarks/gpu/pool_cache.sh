@@ -36,6 +36,8 @@
 # pool   #29's in-process closed loop (shared_pool.py) on the `jobs` target's workers: batch alone,
 #        online alone, online + batch with classes and without, and the online rate stepped up
 #        (8 -> 16/s) mid-phase, whose recovery time the bench prints.
+# TARGETS=relative|absolute (jobs, pool): the controller's --interactive-targets. relative (the
+#        default) cuts batch at 1.1x a P90 learnt without it; the ms targets only stand in until then.
 # The issue asks for one worker per H200; only the one-GPU machine is lent, so both share GPU 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -105,10 +107,10 @@ jobs)
         --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 \
         --seconds 30 --rate ${RATE:-8} --rows ${ROWS:-3000} --max-tokens 64 --batch-words 200 \
         --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 --phases ${PHASES:-spark,api,no-classes} "${api_variant_args[@]}" \
-        --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
+        --targets ${TARGETS:-relative} --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
 pool)
     $FLEET_PY shared_pool.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 --seconds 30 --rate ${RATE:-8} \
         --online-words 60 --online-max-tokens 32 --batch-in-flight 96 --batch-words 300 --batch-max-tokens 64 \
-        --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} 2>&1 | tee "$OUT/shared-pool.txt" ;;
+        --targets ${TARGETS:-relative} --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} 2>&1 | tee "$OUT/shared-pool.txt" ;;
 esac
