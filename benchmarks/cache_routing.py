@@ -184,20 +184,31 @@ async def run_gateway_policy(policy: str, addresses: list[str], model: str, work
                              args) -> dict:
     """One policy through a `vllm-fleet gateway` process in front of the pair, over HTTP as SMG is
     measured: the router out of the bench client's process, behind the same HTTP hop as SMG's."""
-    gateway = GatewayProcess(["--workers", ",".join(addresses), "--policy", policy, "--no-access-log",
+    name, _, gateway_args = our_policy(policy)
+    gateway = GatewayProcess(["--workers", ",".join(addresses), "--policy", name, *gateway_args, "--no-access-log",
                               "--prefix-chars", str(args.prefix_chars), "--cache-home-tokens", str(args.cache_home_tokens),
                               "--stall-timeout-s", str(args.stall_timeout_s)],
                              {"VLLM_FLEET_LOG_LEVEL": "WARNING"}, log_path=f"/tmp/cache-bench-gateway-{policy}.log")
     async with gateway:
         await gateway.wait_ready(120)
-        if policy == "cache_aware":
+        if name == "cache_aware":
             await wait_gateway_keys(gateway.url, model, WORDS)
             before = await gateway_copied_tokens(gateway.url)  # the probes' own
         result = await run_over_http(policy, gateway.url, model, workload_kind, block_size, args)
-        if policy == "cache_aware":
+        if name == "cache_aware":
             after = await gateway_copied_tokens(gateway.url)
             result["router"] = {"copied_tokens": {w: v - before.get(w, 0.0) for w, v in after.items()}}
         return result
+
+
+# Our policies run with other settings, by the name --policies gives them: (policy, RouterConfig
+# fields in-process, gateway arguments). cache_aware_ring: a prefix's home by the hash ring alone,
+# as before --cache-home-balance (a balance no fill exceeds).
+POLICY_VARIANTS = {"cache_aware_ring": ("cache_aware", {"cache_home_balance": None}, ["--cache-home-balance", "1e9"])}
+
+
+def our_policy(label: str) -> tuple[str, dict, list[str]]:
+    return POLICY_VARIANTS.get(label, (label, {}, []))
 
 
 def new_results(*, over_http: bool = False) -> dict:
@@ -226,9 +237,10 @@ async def run_policy(policy: str, addresses: list[str], workload_kind: str, bloc
     """One policy's run; `block_size`: the workers' KV block, in tokens (for the best cached share)."""
     salt = f"{policy}-{time.time_ns() % 100000}"
     workload = Workload(workload_kind, args, salt)
+    name, settings, _ = our_policy(policy)
     router = Router(StaticRegistry.from_spec(addresses), RouterConfig(
-        policy=policy, prefix_chars=args.prefix_chars, cache_home_tokens=args.cache_home_tokens,
-        stall_timeout_s=args.stall_timeout_s))
+        policy=name, prefix_chars=args.prefix_chars, cache_home_tokens=args.cache_home_tokens,
+        stall_timeout_s=args.stall_timeout_s, **settings))
     await router.start()
     results = new_results()
     try:

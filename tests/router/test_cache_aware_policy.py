@@ -6,6 +6,7 @@ import argparse
 
 from fakes import addresses, snapshot, view
 from vllm_fleet.router import add_router_options, router_config_from_args
+from vllm_fleet.router.cache_index import CacheIndex
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy, ring_order
 
@@ -178,3 +179,57 @@ def test_weights_and_bound_are_router_options():
     assert (config.cache_prefill_weight, config.cache_load_weight, config.cache_queued_tokens) == (2.0, 0.5, 64)
     assert config.cache_load_bound == 1.5 and config.cache_index_max_entries == 1000
     assert config.cache_speculative_ttl_s == 1.0 and config.cache_home_tokens == 128
+
+
+def test_a_new_prefix_goes_to_the_emptier_cache_when_its_ring_home_is_fuller():
+    home = ring_order("101", [A, B])[0]
+    other = B if home == A else A
+    new = features({}, frontier_key="101")
+    full_home = snapshot(fresh(home, cache_blocks=1000, kv_blocks=1600), fresh(other, cache_blocks=100, kv_blocks=1600))
+    assert make_policy("cache_aware").rank(new, full_home)[0] == other
+    # Within 1.1x of the mean fill the ring decides, so routers seeing the same events agree.
+    even = snapshot(fresh(home, cache_blocks=1600, kv_blocks=1600), fresh(other, cache_blocks=1500, kv_blocks=1600))
+    assert make_policy("cache_aware").rank(new, even)[0] == home
+    # Off (null), or a worker whose events are stale (its blocks unknown): the ring alone.
+    assert CacheAware(CacheCosts(home_balance=None)).rank(new, full_home)[0] == home
+    stale = snapshot(view(home, cache_blocks=1000, kv_blocks=1600), fresh(other, cache_blocks=100, kv_blocks=1600))
+    assert make_policy("cache_aware").rank(new, stale)[0] == home
+
+
+def test_fill_is_a_share_of_each_workers_cache_when_every_worker_says_its_size():
+    # A MIG slice's 800 blocks hold fewer prefixes than a GPU's 1,600: 700 of 1,600 is the emptier.
+    home = ring_order("101", [A, B])[0]
+    other = B if home == A else A
+    new = features({}, frontier_key="101")
+    sized = snapshot(fresh(home, cache_blocks=700, kv_blocks=1600), fresh(other, cache_blocks=500, kv_blocks=800))
+    assert make_policy("cache_aware").rank(new, sized)[0] == home
+    unsized = snapshot(fresh(home, cache_blocks=700), fresh(other, cache_blocks=500, kv_blocks=800))
+    assert make_policy("cache_aware").rank(new, unsized)[0] == other   # blocks counted as they are
+
+
+def test_tenants_arriving_one_after_another_split_evenly_over_two_caches():
+    # 24 tenant documents (~1,900 tokens, 119 blocks each) routed as they first arrive, each
+    # noted in the index at once as the router does. These keys' ring homes split 6/18: a worker
+    # of 1,600 blocks given 18 documents (2,142 blocks) evicts them in turn while the other has room.
+    index = CacheIndex()
+
+    def first_arrivals(policy: CacheAware) -> dict[str, int]:
+        placed = {A: 0, B: 0}
+        for tenant in range(24):
+            pool = snapshot(*(fresh(w, cache_blocks=index.entries_of(w), kv_blocks=1600) for w in (A, B)))
+            chosen = policy.rank(features({}, prompt_tokens=1900, frontier_key=f"tenant-13-{tenant}"), pool)[0]
+            index.note_routed(chosen, "m", [hash((policy.costs.home_balance, tenant, block)) for block in range(119)])
+            placed[chosen] += 1
+        return placed
+
+    assert sorted(first_arrivals(CacheAware(CacheCosts(home_balance=None))).values()) == [6, 18]
+    index = CacheIndex()
+    balanced = first_arrivals(make_policy("cache_aware"))
+    assert abs(balanced[A] - balanced[B]) <= 2, balanced
+
+
+def test_home_balance_is_a_router_option():
+    parser = argparse.ArgumentParser()
+    add_router_options(parser)
+    assert router_config_from_args(parser.parse_args(["--cache-home-balance", "1.5"])).cache_home_balance == 1.5
+    assert router_config_from_args(parser.parse_args([])).cache_home_balance == 1.1

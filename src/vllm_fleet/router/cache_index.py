@@ -164,6 +164,11 @@ class CacheIndex(RoutedHolds):
     def entries_per_worker(self) -> dict[str, int]:
         return {w.address: w.entries for w in self._workers.values()}
 
+    def entries_of(self, worker: str) -> int:
+        """The worker's entries, speculative ones included (unlocked: a read of sizes, for balance)."""
+        state = self._workers.get(worker)
+        return 0 if state is None else state.entries
+
     def __len__(self) -> int:
         return self._total
 

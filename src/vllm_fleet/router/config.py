@@ -150,6 +150,12 @@ class RouterConfig(FleetModel):
         "(the worker its first block held nowhere hashes to), so a prefix no worker holds goes to one place "
         "and the workers' caches split the prefixes instead of copying them; 0: the least loaded takes a miss"
     )
+    cache_home_balance: float | None = Field(
+        1.1, ge=1, description="Cache-aware routing: a prompt's home is the first worker on its hash ring whose KV "
+        "cache (the blocks the index holds for it, as a share of its --num-kv-blocks when every worker says it) "
+        "is at most this times the workers' mean, so new prefixes fill the emptier caches and no worker is "
+        "given more prefixes than it can hold; null: the ring alone picks the home"
+    )
     cache_copy_weight: float = Field(
         1.0, ge=0, description="Cache-aware routing: extra cost of one prompt token a worker would prefill that "
         "another worker's KV cache already holds (a copy takes cache room and evicts another prefix); 0: a "

@@ -172,6 +172,7 @@ class CacheCosts:
     load_bound: float | None = 1.25
     home_tokens: int = 512
     copy_weight: float = 1.0
+    home_balance: float | None = 1.1
 
 
 class CacheAware(Policy):
@@ -195,7 +196,14 @@ class CacheAware(Policy):
     A home for what nobody holds: the worker met first on the hash ring from the prompt's frontier
     (the first block no worker holds) is the prompt's home, and every worker holding no more of
     the prompt than the home pays what the home is worth, the tokens the prompt would leave cached
-    there, at most `home_tokens` (a short prompt's home is worth little against load). Without it, a
+    there, at most `home_tokens` (a short prompt's home is worth little against load). The ring
+    only proposes: the home is the first worker in the frontier's ring order whose cache holds no
+    more than `home_balance` (1.1) times the workers' mean fill (see `home`). A hash gives each
+    worker a share of the prefixes that varies by chance: 24 tenants on two workers' rings split
+    15/9 or worse in a third of draws (simulated), and a worker given more prefixes than it holds
+    evicts them in turn while the other has room; SMG sends a prefix it has not seen to the worker
+    with the smallest tree for this reason. Once every cache is full, the fills are equal and the
+    ring decides alone, so routers that see the same events keep agreeing. Without a home, a
     prefix held nowhere went to whichever worker was least loaded at that instant, and the next
     miss of a sibling prefix to the other: on the H200 run of workload (a) (24 prefixes, each
     worker's cache holding about half) both workers ended up holding copies of the same prefixes
@@ -236,6 +244,24 @@ class CacheAware(Policy):
     def __init__(self, costs: CacheCosts | None = None) -> None:
         self.costs = costs or CacheCosts()
 
+    def home(self, frontier_key: str, workers: Sequence[WorkerView]) -> WorkerView:
+        """The first worker on the frontier's ring order whose cache fill is within `home_balance`
+        times the mean fill (the ring alone while any worker's events are not fresh: its blocks are
+        not known). Fill is the blocks the index holds there, as a share of the worker's cache when
+        every worker says its size (a MIG slice holds fewer prefixes than a whole GPU)."""
+        by_address = {w.address: w for w in workers}
+        first = by_address[ring_first(frontier_key, list(by_address))]
+        balance = self.costs.home_balance
+        if balance is None or len(workers) < 2 or not all(w.kv_events_fresh for w in workers):
+            return first
+        sized = all(w.kv_blocks > 0 for w in workers)
+        fill = {w.address: w.cache_blocks / w.kv_blocks if sized else float(w.cache_blocks) for w in workers}
+        limit = balance * sum(fill.values()) / len(fill)
+        if fill[first.address] <= limit:
+            return first
+        # The least filled is at most the mean, so some worker is always within the limit.
+        return next(by_address[a] for a in ring_order(frontier_key, list(by_address)) if fill[a] <= limit)
+
     def load(self, worker: WorkerView) -> int:
         others = max(0, worker.queued - worker.in_flight)
         return worker.outstanding_tokens + self.costs.queued_tokens * others
@@ -247,10 +273,7 @@ class CacheAware(Policy):
         def held(worker: WorkerView) -> int:
             return features.cached_tokens.get(worker.address, 0) if worker.kv_events_fresh else 0
 
-        home = None
-        if features.frontier_key and costs.home_tokens:
-            address = ring_first(features.frontier_key, [w.address for w in workers])
-            home = next(w for w in workers if w.address == address)
+        home = self.home(features.frontier_key, workers) if features.frontier_key and costs.home_tokens else None
         # What the home is worth: what this prompt leaves cached there, up to home_tokens.
         home_worth = 0 if home is None else min(costs.home_tokens, max(0, features.prompt_tokens - held(home)))
         most_held = max((held(w) for w in workers), default=0)

@@ -39,6 +39,8 @@ class WorkerView:
     cache_events: str = ""            # cache_aware: "in step", "stale" or "off" (no events); "" other policies
     predicted_hit_rate: float | None = None  # cache_aware: cached share of the prompts routed here, as predicted
     copied_share: float | None = None  # cache_aware: share of them another worker held more of (spent for load)
+    cache_blocks: int = 0             # cache_aware: KV blocks the index holds for it (speculative ones too)
+    kv_blocks: int = 0                # its KV cache's size in blocks (Info); 0 = not said
 
     @property
     def routable(self) -> bool:
@@ -60,7 +62,7 @@ class WorkerView:
             "kv_events_fresh": self.kv_events_fresh,
             "cache": None if not self.cache_events else {
                 "events": self.cache_events, "predicted_hit_rate": self.predicted_hit_rate,
-                "copied_share": self.copied_share,
+                "copied_share": self.copied_share, "blocks": self.cache_blocks, "kv_blocks": self.kv_blocks or None,
                 "engine_hit_rate": (load.prefix_cache_hits / load.prefix_cache_queries
                                     if load is not None and load.prefix_cache_queries else None),
             },

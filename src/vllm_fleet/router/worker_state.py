@@ -74,6 +74,8 @@ class WorkerState:
             cache_events=cache.events_state(self.address) if cache is not None else "",
             predicted_hit_rate=cache.predicted_hit_rate(self.address) if cache is not None else None,
             copied_share=cache.copied_share(self.address) if cache is not None else None,
+            cache_blocks=cache.index.entries_of(self.address) if cache is not None else 0,
+            kv_blocks=int(settings.get("num_kv_blocks") or 0),
         )
 
 

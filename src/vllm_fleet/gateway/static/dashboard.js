@@ -45,7 +45,9 @@ function render(state) {
     cell(row, cache.events === undefined ? "" :
       `${pct(cache.predicted_hit_rate)} / ${pct(cache.engine_hit_rate)}` + (cache.events === "in step" ? "" : ` (${cache.events})`)
       // Prompt tokens sent here while another worker held more of them: prefill spent for load.
-      + (cache.copied_share ? `, ${pct(cache.copied_share)} copied` : ""),
+      + (cache.copied_share ? `, ${pct(cache.copied_share)} copied` : "")
+      // How full the index says its cache is: new prefixes go to the emptier caches.
+      + (cache.kv_blocks ? `, cache ${pct(cache.blocks / cache.kv_blocks)} full` : ""),
       cache.events === "stale" ? "stale" : "");
     body.appendChild(row);
   }

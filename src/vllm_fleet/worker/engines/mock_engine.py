@@ -110,6 +110,7 @@ class MockEngine(Engine):
                 "max_num_seqs": str(self.config.max_num_seqs or 0),
                 "vocab_size": str(len(VOCAB)),
                 "mock_kv_blocks": str(self.config.mock_kv_blocks),
+                "num_kv_blocks": str(self.config.mock_kv_blocks),  # as vLLM's worker says its cache's size
                 "scheduling_policy": "priority" if self.schedules_by_priority else "fcfs",
             },
             kv_block_size=self._prefix_cache.block_size if self._prefix_cache is not None else 0,
