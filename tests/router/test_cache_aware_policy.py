@@ -181,10 +181,14 @@ def test_weights_and_bound_are_router_options():
     assert config.cache_speculative_ttl_s == 1.0 and config.cache_home_tokens == 128
 
 
-def test_a_new_prefix_goes_to_the_emptier_cache_when_its_ring_home_is_fuller():
+def ring_home_and_other() -> tuple[str, str, RequestFeatures]:
+    """The ring's home of frontier "101" between A and B, the other worker, and a prompt no one holds."""
     home = ring_order("101", [A, B])[0]
-    other = B if home == A else A
-    new = features({}, frontier_key="101")
+    return home, B if home == A else A, features({}, frontier_key="101")
+
+
+def test_a_new_prefix_goes_to_the_emptier_cache_when_its_ring_home_is_fuller():
+    home, other, new = ring_home_and_other()
     full_home = snapshot(fresh(home, cache_blocks=1000, kv_blocks=1600), fresh(other, cache_blocks=100, kv_blocks=1600))
     assert make_policy("cache_aware").rank(new, full_home)[0] == other
     # Within 1.1x of the mean fill the ring decides, so routers seeing the same events agree.
@@ -198,9 +202,7 @@ def test_a_new_prefix_goes_to_the_emptier_cache_when_its_ring_home_is_fuller():
 
 def test_fill_is_a_share_of_each_workers_cache_when_every_worker_says_its_size():
     # A MIG slice's 800 blocks hold fewer prefixes than a GPU's 1,600: 700 of 1,600 is the emptier.
-    home = ring_order("101", [A, B])[0]
-    other = B if home == A else A
-    new = features({}, frontier_key="101")
+    home, other, new = ring_home_and_other()
     sized = snapshot(fresh(home, cache_blocks=700, kv_blocks=1600), fresh(other, cache_blocks=500, kv_blocks=800))
     assert make_policy("cache_aware").rank(new, sized)[0] == home
     unsized = snapshot(fresh(home, cache_blocks=700), fresh(other, cache_blocks=500, kv_blocks=800))
