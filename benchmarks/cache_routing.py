@@ -203,8 +203,8 @@ async def run_gateway_policy(policy: str, addresses: list[str], model: str, work
 
 # Our policies run with other settings, by the name --policies gives them: (policy, RouterConfig
 # fields in-process, gateway arguments). cache_aware_ring: a prefix's home by the hash ring alone,
-# as before --cache-home-balance (a balance no fill exceeds).
-POLICY_VARIANTS = {"cache_aware_ring": ("cache_aware", {"cache_home_balance": None}, ["--cache-home-balance", "1e9"])}
+# as before --cache-home-balance.
+POLICY_VARIANTS = {"cache_aware_ring": ("cache_aware", {"cache_home_balance": None}, ["--cache-home-balance", "none"])}
 
 
 def our_policy(label: str) -> tuple[str, dict, list[str]]:

@@ -13,6 +13,7 @@ import argparse
 import os
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -271,11 +272,13 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, model
             continue
         flag = "--" + (prefix + name).replace("_", "-")
         dest = prefix + name
-        annotation, _ = _unwrap(field.annotation)
+        annotation, optional = _unwrap(field.annotation)
         default = None if field.is_required() else field.get_default(call_default_factory=True)
         helptext = (field.description or "").replace("%", "%%")
         if default not in (None, [], False):
             helptext += f" (default: {default})"
+        if optional and default is not None and annotation in (int, float):
+            helptext += "; 'none' for null"
         kwargs: dict[str, Any] = {"dest": dest, "help": helptext, "default": argparse.SUPPRESS}
         origin = typing.get_origin(annotation)
         if annotation is bool:
@@ -284,9 +287,21 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, model
             kwargs["choices"] = list(typing.get_args(annotation))
         elif origin is list:
             kwargs["action"] = "append"
+        elif optional and annotation in (int, float):
+            kwargs["type"] = _number_or_none(annotation)
         elif annotation in (int, float, str):
             kwargs["type"] = annotation
         parser.add_argument(flag, **kwargs)
+
+
+def _number_or_none(number: type) -> Callable[[str], Any]:
+    """An option's type for `int | None` / `float | None` fields: 'none' (or 'null') gives None,
+    which for several fields means off (a bound, a target), and a config file's null is not the
+    only way to say it."""
+    def parse(text: str) -> Any:
+        return None if text.strip().lower() in ("none", "null") else number(text)
+    parse.__name__ = f"{number.__name__} or 'none'"  # argparse names the type in its error
+    return parse
 
 
 def from_args(model: type[FleetModel], args: argparse.Namespace, *, prefix: str = "", **overrides: Any) -> Any:

@@ -50,3 +50,18 @@ def test_unknown_policy_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit):
         parse("--policy", "fastest")
     assert "least_outstanding" in capsys.readouterr().err
+
+
+def test_none_turns_off_a_bound_or_target_that_defaults_on():
+    # A config file's null, on the command line: no load bound, the ring alone for a new prefix's
+    # home, no absolute ITL target.
+    config = parse("--cache-load-bound", "none", "--cache-home-balance", "null", "--interactive-itl-target-ms", "None",
+                   "--affinity-load-bound", "2")
+    assert config.cache_load_bound is None and config.cache_home_balance is None
+    assert config.classes.interactive_itl_target_ms is None and config.affinity_load_bound == 2.0
+
+
+def test_a_bound_that_is_neither_a_number_nor_none_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        parse("--cache-load-bound", "high")
+    assert "--cache-load-bound" in capsys.readouterr().err

@@ -152,9 +152,9 @@ class RouterConfig(FleetModel):
     )
     cache_home_balance: float | None = Field(
         1.1, ge=1, description="Cache-aware routing: a prompt's home is the first worker on its hash ring whose KV "
-        "cache (the blocks the index holds for it, as a share of its --num-kv-blocks when every worker says it) "
-        "is at most this times the workers' mean, so new prefixes fill the emptier caches and no worker is "
-        "given more prefixes than it can hold; null: the ring alone picks the home"
+        "cache fill (the blocks the index holds for it, as a share of the engine's blocks when every worker "
+        "reports them) is at most this times the workers' mean, so new prefixes fill the emptier caches and no "
+        "worker is given more prefixes than it can hold; null: the ring alone picks the home"
     )
     cache_copy_weight: float = Field(
         1.0, ge=0, description="Cache-aware routing: extra cost of one prompt token a worker would prefill that "
