@@ -59,6 +59,7 @@ import zlib
 
 from gpu_pair import add_worker_options, cache_pair, tokenizer_folder
 from http_users import gateway_copied_tokens, run_user_http, wait_gateway_keys
+from policy_variants import our_policy
 from smg_pair import SMG_SYSTEMS, add_smg_options, served_name, smg_running
 from vllm_fleet.bench import percentile
 from vllm_fleet.models import resolve_model
@@ -199,16 +200,6 @@ async def run_gateway_policy(policy: str, addresses: list[str], model: str, work
             after = await gateway_copied_tokens(gateway.url)
             result["router"] = {"copied_tokens": {w: v - before.get(w, 0.0) for w, v in after.items()}}
         return result
-
-
-# Our policies run with other settings, by the name --policies gives them: (policy, RouterConfig
-# fields in-process, gateway arguments). cache_aware_ring: a prefix's home by the hash ring alone,
-# as before --cache-home-balance.
-POLICY_VARIANTS = {"cache_aware_ring": ("cache_aware", {"cache_home_balance": None}, ["--cache-home-balance", "none"])}
-
-
-def our_policy(label: str) -> tuple[str, dict, list[str]]:
-    return POLICY_VARIANTS.get(label, (label, {}, []))
 
 
 def new_results(*, over_http: bool = False) -> dict:
