@@ -59,6 +59,10 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
         for prefix in range(6):
             homes[prefix], _ = await send(router, f"p{prefix}-0", prompt(prefix, 0))
         # (Where each prefix first goes is its home on the hash ring: policies test the spread.)
+        # Six prompts nobody held: the share of arriving tokens found cached (what a home is worth)
+        # falls from its prior of 1.
+        after_misses = router._cache.stats()["prefix_reuse"]
+        assert after_misses < 0.5
         for round_ in range(1, 4):
             for prefix in range(6):
                 worker, cached = await send(router, f"p{prefix}-{round_}", prompt(prefix, round_))
@@ -66,6 +70,7 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
                 hits += cached
         assert hits == 18 * SHARED_BLOCKS * BS  # every follow-up found every shared block in its engine
         assert not any(router._cache.stats()["copied_tokens"].values())  # and no prefix was prefilled twice
+        assert router._cache.stats()["prefix_reuse"] > 0.7   # 18 prompts of 392 tokens with 384 held
         view = router.snapshot().get(homes[0]).to_dict()
         assert view["cache"]["events"] == "in step" and view["cache"]["predicted_hit_rate"] > 0.5
         assert view["cache"]["copied_share"] == 0.0  # what the dashboard shows beside the hits

@@ -29,6 +29,7 @@ from vllm_fleet.router.cache_index import CacheIndex, RoutedHold
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.kv_follow import KvFollower
+from vllm_fleet.router.prefix_reuse import PrefixReuse
 from vllm_fleet.router.segment_tokens import PartialIds
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class CacheRouting:
         self._predicted: dict[str, list[int]] = {}
         self._keying: concurrent.futures.ThreadPoolExecutor | None = None  # the rest of head-keyed prompts
         self._id_takers: dict[str, str] = {}  # address -> tokenizer digest, of workers that take router ids
+        self.reuse = PrefixReuse()            # what a prompt's home is worth (policies.CacheAware)
 
     # --- workers ------------------------------------------------------------------------
 
@@ -132,7 +134,7 @@ class CacheRouting:
     def stats(self) -> dict:
         """The index's counters and sizes, requests routed without ids, per-worker predictions."""
         return {**dataclasses.asdict(self.index.counters), "entries": self.index.entries_per_worker(),
-                "routed_without_ids": self.unknown_ids,
+                "routed_without_ids": self.unknown_ids, "prefix_reuse": round(self.reuse.share, 3),
                 "predicted_hit_rate": {a: self.predicted_hit_rate(a) for a in self._predicted},
                 "copied_tokens": {a: totals[2] for a, totals in self._predicted.items()}}
 
@@ -212,15 +214,17 @@ class CacheRouting:
             features = dataclasses.replace(features, prompt_ids=tuple(ids))
         return features
 
-    @staticmethod
-    def _with_keys(request: GenerateRequest, features: RequestFeatures, block_size: int, keys: list[int],
+    def _with_keys(self, request: GenerateRequest, features: RequestFeatures, block_size: int, keys: list[int],
                    held: dict[str, int], tokens: int, ids_len: int) -> RequestFeatures:
         prompt_tokens = features.prompt_tokens
         if len(request.inputs) == 1:  # exact now (or the head's estimate), for one input (the others stay estimates)
             prompt_tokens = tokens
-        frontier = str(keys[min(max(held.values(), default=0) // block_size, len(keys) - 1)]) if keys else ""
+        best = max(held.values(), default=0)
+        frontier = str(keys[min(best // block_size, len(keys) - 1)]) if keys else ""
+        reuse = self.reuse.share  # of the prompts before this one: the decision stays a function of its inputs
+        self.reuse.add(best, tokens)
         return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
-                                   prompt_ids_len=ids_len, frontier_key=frontier)
+                                   prompt_ids_len=ids_len, frontier_key=frontier, prefix_reuse=reuse)
 
     def _key_rest(self, hold: RoutedHold, address: str, model: str, rest_keys: Callable[[], list[int]],
                   keyed: int) -> None:
