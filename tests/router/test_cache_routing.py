@@ -4,6 +4,7 @@ events; the router's index follows them and sends each prompt where its prefix i
 from __future__ import annotations
 
 import asyncio
+import random
 from contextlib import asynccontextmanager
 
 from prometheus_client import CollectorRegistry
@@ -59,10 +60,6 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
         for prefix in range(6):
             homes[prefix], _ = await send(router, f"p{prefix}-0", prompt(prefix, 0))
         # (Where each prefix first goes is its home on the hash ring: policies test the spread.)
-        # Six prompts nobody held: the share of arriving tokens found cached (what a home is worth)
-        # falls from its prior of 1.
-        after_misses = router._cache.stats()["prefix_reuse"]
-        assert after_misses < 0.5
         for round_ in range(1, 4):
             for prefix in range(6):
                 worker, cached = await send(router, f"p{prefix}-{round_}", prompt(prefix, round_))
@@ -70,14 +67,21 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
                 hits += cached
         assert hits == 18 * SHARED_BLOCKS * BS  # every follow-up found every shared block in its engine
         assert not any(router._cache.stats()["copied_tokens"].values())  # and no prefix was prefilled twice
-        assert router._cache.stats()["prefix_reuse"] > 0.7   # 18 prompts of 392 tokens with 384 held
+        # Every new prefix came back: a home stays worth all its tokens (router/prefix_reuse.py) ...
+        assert router._cache.stats()["prefix_reuse"] == 1.0
         view = router.snapshot().get(homes[0]).to_dict()
         assert view["cache"]["events"] == "in step" and view["cache"]["predicted_hit_rate"] > 0.5
         assert view["cache"]["copied_share"] == 0.0  # what the dashboard shows beside the hits
         # The dashboard's state carries the index's own counters (what an SRE reads for resyncs).
         (index_stats,) = Dashboard(router).own_state()["cache_index"]
         assert index_stats["events_applied"] > 0 and index_stats["resyncs_needed"] == 0
+        assert index_stats["prefix_reuse"] == 1.0   # what a home is worth, for an SRE to read
         assert sum(index_stats["entries"].values()) >= 6 * SHARED_BLOCKS
+        # ... until new prompts stop coming back (each its own 24 blocks).
+        rng = random.Random(7)
+        for n in range(30):
+            await send(router, f"unique-{n}", [rng.randrange(4, 44) for _ in range(SHARED_BLOCKS * BS)])
+        assert router._cache.stats()["prefix_reuse"] < 0.2
 
 
 async def test_a_restarted_worker_loses_its_entries_within_a_second_of_its_return(mock_worker_factory):

@@ -1,53 +1,68 @@
-"""What a prompt's home is worth follows how much of the traffic repeats (router/prefix_reuse.py)."""
+"""What a prompt's home is worth follows whether new prompts come back (router/prefix_reuse.py)."""
 
 from __future__ import annotations
+
+import random
 
 from fakes import addresses, snapshot, view
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import make_policy, ring_order
-from vllm_fleet.router.prefix_reuse import PrefixReuse
+from vllm_fleet.router.prefix_reuse import WINDOW, PrefixReuse
 
 A, B = addresses(2)
 
 
-def test_a_fresh_router_keeps_its_homes_until_traffic_shows_nothing_repeats():
+def test_prompts_that_never_come_back_take_the_homes_worth_away_once_judged():
     reuse = PrefixReuse()
+    for key in range(WINDOW):             # new parts still waiting for a reuse are not judged yet
+        reuse.note([], key, 650)
     assert reuse.share == 1.0
-    reuse.add(0, 800)                      # one miss is not yet evidence
-    assert reuse.share > 0.6
-    for _ in range(9):                     # ten prompts of 800 tokens that nobody held
-        reuse.add(0, 800)
-    assert reuse.share < 0.2
+    for key in range(WINDOW, WINDOW + 10):
+        reuse.note([], key, 650)
+    assert reuse.share < 0.1
 
 
-def test_the_share_follows_a_change_of_traffic():
+def test_a_job_whose_documents_come_back_keeps_its_homes_from_the_first_row():
+    # Eight documents, twelve rows each, shuffled (the Spark test's shape): every document's first
+    # row is new, the rest hold it. The share of arriving tokens found cached would be lowest
+    # while the documents are placed; this stays near 1 throughout.
+    rows = [d for d in range(8) for _ in range(12)]
+    random.Random(5).shuffle(rows)
+    reuse, seen, lowest = PrefixReuse(), set(), 1.0
+    for d in rows:
+        if d in seen:
+            reuse.note([d], None, 20)         # the document held, a question of its own: not mostly new
+        else:
+            reuse.note([], d, 400)
+            seen.add(d)
+        lowest = min(lowest, reuse.share)
+    assert lowest > 0.95
+
+
+def test_a_reuse_after_the_window_is_still_credited():
     reuse = PrefixReuse()
-    for _ in range(200):                   # nothing repeats
-        reuse.add(0, 1000)
-    assert reuse.share < 0.02
-    for _ in range(200):                   # then multi-turn chat: 90% of each prompt was held
-        reuse.add(900, 1000)
-    assert 0.85 < reuse.share <= 0.9
-    reuse.add(5000, 1000)                  # more held than sent (a miscount) counts as all of it
-    reuse.add(10, 0)                       # an empty prompt is no evidence
-    assert reuse.share <= 1.0
+    for key in range(WINDOW + 4):         # the first four leave the window unused
+        reuse.note([], key, 500)
+    before = reuse.share
+    reuse.note([0, 1, 2, 3], None, 10)    # then a prompt holds all four
+    assert reuse.share > before + 0.3
 
 
 def fresh(address: str, **kwargs):
     return view(address, kv_events_fresh=True, **kwargs)
 
 
-def test_where_nothing_repeats_a_miss_goes_to_the_least_loaded_not_its_home():
+def test_where_nothing_comes_back_a_miss_goes_to_the_least_loaded_not_its_home():
     home = ring_order("101", [A, B])[0]
     other = B if home == A else A
-    # The home has 1,200 tokens more work ahead (300 weighted): the home's 512 outweighs that
-    # while prompts repeat; where a fifth of what arrives was held it is worth ~100, and the
-    # miss goes where it starts sooner.
+    # The home has 1,200 tokens more work ahead (300 weighted): its 512 outweighs that while new
+    # prompts come back; where a fifth of them do it is worth ~100, and the miss goes where it
+    # starts sooner.
     near = snapshot(fresh(home, outstanding=1200), fresh(other))
     miss = dict(model="m", prompt_tokens=2000, max_tokens=100, frontier_key="101")
     assert make_policy("cache_aware").rank(RequestFeatures(**miss, prefix_reuse=1.0), near)[0] == home
     assert make_policy("cache_aware").rank(RequestFeatures(**miss, prefix_reuse=0.2), near)[0] == other
-    # Between equally loaded workers the home still decides, however little repeats.
+    # Between equally loaded workers the home still decides, however little comes back.
     even = snapshot(fresh(home), fresh(other))
     for ticket in range(4):
         assert make_policy("cache_aware").rank(RequestFeatures(**miss, prefix_reuse=0.05, ticket=ticket), even)[0] == home

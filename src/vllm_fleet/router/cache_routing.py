@@ -222,7 +222,9 @@ class CacheRouting:
         best = max(held.values(), default=0)
         frontier = str(keys[min(best // block_size, len(keys) - 1)]) if keys else ""
         reuse = self.reuse.share  # of the prompts before this one: the decision stays a function of its inputs
-        self.reuse.add(best, tokens)
+        new_tokens = max(0, tokens - best)
+        mostly_new = keys and best // block_size < len(keys) and new_tokens >= best  # where the home decides
+        self.reuse.note(keys[:best // block_size], keys[best // block_size] if mostly_new else None, new_tokens)
         return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
                                    prompt_ids_len=ids_len, frontier_key=frontier, prefix_reuse=reuse)
 

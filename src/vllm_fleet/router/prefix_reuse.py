@@ -1,51 +1,82 @@
-"""How much of what arrives was cached somewhere: the worth of a prompt's home in cache routing.
+"""Whether new prompts come back: the worth of a prompt's home in cache routing.
 
-A cache-aware router sends a prompt no worker holds to its home (policies.CacheAware), so that
-the next prompt sharing it finds it in one place. That pull costs load: a miss may wait behind
-up to `home_tokens` of someone else's work at its home instead of going to the least busy
-worker. It pays only if later prompts reuse what this one leaves cached. A fleet whose prompts
-share nothing (workload (c) of issue #26) pays the pull on every request and never gains: on 2
-real CPU engines that put cache_aware's P90 TTFT at 1.30-1.42x least outstanding's, and at
-0.84-0.89x with no home (benchmarks/RESULTS.md, 2026-12-05).
+A cache-aware router sends a prompt that is mostly new (no worker holds most of it) to its home
+(policies.CacheAware), so that the next prompt sharing it finds it in one place, and so that two
+routers that do not see each other's load (two Spark executors, two gateway processes) put one
+new document on the same worker. That pull costs load: the miss may wait behind up to
+`home_tokens` of other work at its home instead of going to the least busy worker. It pays only
+if later prompts reuse what the new one leaves cached. A fleet whose prompts share nothing
+(workload (c) of issue #26) pays it on every request and never gains: on 2 real CPU engines that
+put cache_aware's P90 TTFT at 1.30-1.42x least outstanding's, and at 0.84-0.89x with no home
+(benchmarks/RESULTS.md, 2026-12-05).
 
-`PrefixReuse` keeps the share of recent prompt tokens that some worker held when they arrived
-(the index's best match), decayed per request so it follows a change of traffic within about
-`memory` requests. The policy weighs the home by it: near 1 when prompts are mostly prefixes
-seen before (multi-turn chat, shared documents, Spark rows of one text), near 0 when nothing
-repeats. It starts from a prior of a few fully held prompts, so a fresh router keeps its homes
-until traffic shows otherwise. Routers of one fleet see the same traffic mix and arrive at
-about the same share; the share only scales the home's worth, never moves the home.
+`PrefixReuse` watches what became of the new parts of mostly-new prompts: each one's frontier
+(its first block no worker held) waits in a window; a later prompt whose held blocks include it
+credits it as reused, and one that leaves the window unused counts against. The share, weighted
+by the new tokens and decayed, is what the home is worth: near 1 where new documents come back
+(rows of one text, tenants' documents, chat histories), near 0 where nothing does.
+
+Why not the share of arriving tokens found cached (tried 2026-12-04 and reverted): every job
+starts with misses, so that share is lowest exactly when a job's documents are being placed, and
+two Spark executors' routers then placed one document on both workers. Here a new part counts
+as unused only after `window` newer mostly-new prompts have passed it by, and a late reuse is
+still credited, so a job whose documents come back keeps its homes from the first row.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 
-# The prior: four prompts of 512 tokens, all held. A few misses in a row (every fleet starts
-# with them: each tenant's first document) should not yet take the homes away; ten unique
-# prompts of ~800 tokens bring the share under 0.2.
-PRIOR_TOKENS = 4 * 512
-MEMORY = 64          # requests: each new one weighs 1/MEMORY against what came before
+PRIOR_TOKENS = 512   # the prior: one new part of this many tokens, reused
+WINDOW = 8           # mostly-new prompts a new part may wait for its reuse before it counts as unused
+MEMORY = 32          # resolved new parts: each weighs 1/MEMORY against those before it
+LATE = 4 * WINDOW    # new parts counted unused whose reuse is still credited when it comes
 
 
 class PrefixReuse:
-    def __init__(self, *, memory: int = MEMORY, prior_tokens: int = PRIOR_TOKENS) -> None:
+    def __init__(self, *, window: int = WINDOW, memory: int = MEMORY, prior_tokens: int = PRIOR_TOKENS) -> None:
+        self._window = window
         self._keep = 1.0 - 1.0 / memory
-        self._held = float(prior_tokens)
-        self._seen = float(prior_tokens)
-        self._lock = threading.Lock()   # routers tokenize on threads (stream.py): no update lost
+        self._reused = float(prior_tokens)
+        self._resolved = float(prior_tokens)
+        self._waiting: OrderedDict[int, int] = OrderedDict()   # frontier key -> new tokens, oldest first
+        self._unused: OrderedDict[int, int] = OrderedDict()    # left the window unused, still creditable
+        self._lock = threading.Lock()   # routers key prompts on threads (stream.py)
 
     @property
     def share(self) -> float:
-        """Of the recent prompt tokens, the decayed share some worker held on arrival (0..1)."""
+        """Of the new parts resolved lately, the decayed token share that later prompts reused (0..1)."""
         with self._lock:
-            return self._held / self._seen if self._seen > 0 else 1.0
+            return min(1.0, self._reused / self._resolved)
 
-    def add(self, held_tokens: int, prompt_tokens: int) -> None:
-        """A prompt of `prompt_tokens` arrived with `held_tokens` of it held by the best worker."""
-        if prompt_tokens <= 0:
-            return
-        held = min(max(held_tokens, 0), prompt_tokens)
+    def note(self, held_keys: Sequence[int], frontier: int | None, new_tokens: int) -> None:
+        """A prompt arrived holding `held_keys` (its leading blocks some worker holds); `frontier`
+        is its first block held nowhere when the prompt is mostly new (None otherwise), and
+        `new_tokens` how many of its tokens no worker held."""
         with self._lock:
-            self._held = self._held * self._keep + held
-            self._seen = self._seen * self._keep + prompt_tokens
+            if self._waiting or self._unused:
+                for key in held_keys:
+                    if key in self._waiting:
+                        self._resolve(self._waiting.pop(key), reused=True)
+                    elif key in self._unused:
+                        self._reused += self._unused.pop(key)   # already counted unused: now it was not
+            if frontier is None or new_tokens <= 0:
+                return
+            self._waiting[frontier] = new_tokens
+            self._waiting.move_to_end(frontier)
+            while len(self._waiting) > self._window:
+                key, tokens = self._waiting.popitem(last=False)
+                self._resolve(tokens, reused=False)
+                self._unused[key] = tokens
+                while len(self._unused) > LATE:
+                    self._unused.popitem(last=False)
+
+    def _resolve(self, tokens: int, *, reused: bool) -> None:
+        self._reused *= self._keep
+        self._resolved *= self._keep
+        self._resolved += tokens
+        if reused:
+            self._reused += tokens
+        self._reused = min(self._reused, self._resolved)
