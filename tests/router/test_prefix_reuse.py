@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 
 from fakes import addresses, snapshot, view
+from vllm_fleet.router import add_router_options, router_config_from_args
 from vllm_fleet.router.features import RequestFeatures
-from vllm_fleet.router.policies import make_policy, ring_order
+from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy, ring_order
 from vllm_fleet.router.prefix_reuse import WINDOW, PrefixReuse
 
 A, B = addresses(2)
@@ -66,3 +68,15 @@ def test_where_nothing_comes_back_a_miss_goes_to_the_least_loaded_not_its_home()
     even = snapshot(fresh(home), fresh(other))
     for ticket in range(4):
         assert make_policy("cache_aware").rank(RequestFeatures(**miss, prefix_reuse=0.05, ticket=ticket), even)[0] == home
+
+
+def test_the_full_home_is_a_router_option():
+    parser = argparse.ArgumentParser()
+    add_router_options(parser)
+    assert router_config_from_args(parser.parse_args([])).cache_home_by_reuse is True
+    assert router_config_from_args(parser.parse_args(["--no-cache-home-by-reuse"])).cache_home_by_reuse is False
+    home = ring_order("101", [A, B])[0]
+    other = B if home == A else A
+    near = snapshot(fresh(home, outstanding=1200), fresh(other))
+    miss = RequestFeatures(model="m", prompt_tokens=2000, max_tokens=100, frontier_key="101", prefix_reuse=0.2)
+    assert CacheAware(CacheCosts(home_by_reuse=False)).rank(miss, near)[0] == home

@@ -156,6 +156,11 @@ class RouterConfig(FleetModel):
         "reports them) is at most this times the workers' mean, so new prefixes fill the emptier caches and no "
         "worker is given more prefixes than it can hold; null: the ring alone picks the home"
     )
+    cache_home_by_reuse: bool = Field(
+        True, description="Cache-aware routing: weigh a prompt's home by the share of recent new prompts whose "
+        "new part a later prompt reused, so where nothing comes back a miss goes to the least loaded; false: "
+        "the home always counts its full --cache-home-tokens"
+    )
     cache_copy_weight: float = Field(
         1.0, ge=0, description="Cache-aware routing: extra cost of one prompt token a worker would prefill that "
         "another worker's KV cache already holds (a copy takes cache room and evicts another prefix); 0: a "

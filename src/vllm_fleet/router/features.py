@@ -49,8 +49,8 @@ class RequestFeatures:
     # cache_aware: the key of the prompt's first block that no worker holds (its last block when
     # every block is held somewhere); its point on the hash ring is where a miss goes ("" = none)
     frontier_key: str = ""
-    # cache_aware: the share of recent prompt tokens some worker held on arrival (router/prefix_reuse.py);
-    # a prompt's home is worth this share of what it would keep cached (1: as if every prompt repeats)
+    # cache_aware: of the new parts of recent mostly-new prompts, the share later prompts reused
+    # (router/prefix_reuse.py); a prompt's home is worth that share of what it would keep cached
     prefix_reuse: float = 1.0
     # When only a head of a long new text was keyed (prompt_ids_len 0): the whole prompt's block
     # keys, computed on call. CacheRouting.routed() calls it off the decision path, so the

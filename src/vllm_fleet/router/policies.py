@@ -173,6 +173,7 @@ class CacheCosts:
     home_tokens: int = 512
     copy_weight: float = 1.0
     home_balance: float | None = 1.1
+    home_by_reuse: bool = True
 
 
 class CacheAware(Policy):
@@ -219,10 +220,11 @@ class CacheAware(Policy):
     CPU run of workload (b), 2026-12-05: all 48 requests on one of two engines, P90 TTFT 1.07x
     round robin's). A load difference above the home's worth still wins, so the home decides
     only between workers otherwise about equal. The home is worth its tokens only as far as
-    prompts repeat: `features.prefix_reuse` (router/prefix_reuse.py, the share of recent prompt
-    tokens some worker held on arrival) scales it, so where nothing repeats (workload c) a miss goes
-    to the least loaded instead of waiting behind up to `home_tokens` of load for a reuse that never
-    comes (2 CPU engines, 2026-12-05: P90 TTFT 1.30-1.42x least outstanding's with the full home).
+    new prompts come back: `features.prefix_reuse` (router/prefix_reuse.py: of the new parts of
+    recent mostly-new prompts, the share later prompts reused) scales it (`home_by_reuse` False:
+    it does not), so where nothing comes back (workload c) a miss goes to the least loaded instead
+    of waiting behind up to `home_tokens` of load for a reuse that never comes (2 CPU engines,
+    2026-12-05: P90 TTFT 1.30-1.42x least outstanding's with the full home, 0.89-0.92x scaled).
 
     A copy costs twice: the tokens a worker would prefill again that another worker already
     holds cost their prefill now, and later the cache room they take (another prefix evicted,
@@ -279,8 +281,9 @@ class CacheAware(Policy):
 
         home = self.home(features.frontier_key, workers) if features.frontier_key and costs.home_tokens else None
         # What the home is worth: what this prompt leaves cached there, up to home_tokens, as far as
-        # recent prompts were found cached (little when nothing repeats: then the pull is pure delay).
-        home_worth = 0.0 if home is None else features.prefix_reuse * min(
+        # new prompts came back lately (little when none do: then the pull is pure delay).
+        reuse = features.prefix_reuse if costs.home_by_reuse else 1.0
+        home_worth = 0.0 if home is None else reuse * min(
             costs.home_tokens, max(0, features.prompt_tokens - held(home)))
         most_held = max((held(w) for w in workers), default=0)
         new_part = max(0, features.prompt_tokens - most_held)  # cached afresh wherever the prompt goes
