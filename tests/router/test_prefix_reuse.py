@@ -41,6 +41,25 @@ def test_a_job_whose_documents_come_back_keeps_its_homes_from_the_first_row():
     assert lowest > 0.95
 
 
+def test_the_window_grows_to_the_rhythm_of_a_job_that_interleaves_many_documents():
+    # 50 documents, 12 rows each, shuffled, one executor's half: a document's next row comes up to
+    # dozens of new documents later. A window of 8 would count most of them unused at first; it
+    # grows to twice the longest gap seen, and the share stays high over the job.
+    rows = [d for d in range(50) for _ in range(12)]
+    random.Random(3).shuffle(rows)
+    reuse, seen, shares = PrefixReuse(), set(), []
+    for d in rows[::2]:
+        shares.append(reuse.share)
+        if d in seen:
+            reuse.note([d], None, 20)
+        else:
+            reuse.note([], d, 400)
+            seen.add(d)
+    assert reuse.window > 2 * WINDOW
+    assert sum(shares) / len(shares) > 0.9
+    assert reuse.share > 0.95
+
+
 def test_a_reuse_after_the_window_is_still_credited():
     reuse = PrefixReuse()
     for key in range(WINDOW + 4):         # the first four leave the window unused
