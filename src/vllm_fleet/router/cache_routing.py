@@ -220,11 +220,12 @@ class CacheRouting:
         if len(request.inputs) == 1:  # exact now (or the head's estimate), for one input (the others stay estimates)
             prompt_tokens = tokens
         best = max(held.values(), default=0)
-        frontier = str(keys[min(best // block_size, len(keys) - 1)]) if keys else ""
+        held_blocks = best // block_size
+        frontier = str(keys[min(held_blocks, len(keys) - 1)]) if keys else ""
         reuse = self.reuse.share  # of the prompts before this one: the decision stays a function of its inputs
         new_tokens = max(0, tokens - best)
-        mostly_new = keys and best // block_size < len(keys) and new_tokens >= best  # where the home decides
-        self.reuse.note(keys[:best // block_size], keys[best // block_size] if mostly_new else None, new_tokens)
+        mostly_new = held_blocks < len(keys) and new_tokens >= best  # where the home decides
+        self.reuse.note(keys[:held_blocks], keys[held_blocks] if mostly_new else None, new_tokens)
         return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
                                    prompt_ids_len=ids_len, frontier_key=frontier, prefix_reuse=reuse)
 
