@@ -5,7 +5,17 @@
 # the GPU machine, in back-to-back runs while it stays up (the repo folder there is laid anew on
 # every run, so each part is copied out of it first):
 #
-# The sequence of 2026-12-01 (the repo itself is ~10 MB of each run's 64 MiB, so vLLM travels in
+# The sequence used since 2026-12-03 (pack_vllm.sh and pack_bundle.sh write the parts; the repo
+# is ~26 MB of each run's 64 MiB, so one part travels per run, none left out):
+#   runs 1-3, carry .gpu/vllm.part0N:   bash benchmarks/gpu/stage.sh part .gpu/vllm.part0N
+#     (run 3 may carry .gpu/core.part04 too and stage it the same way)
+#   runs 4-6, carry .gpu/core.part0N (N = 0, 1, 2):   bash benchmarks/gpu/stage.sh part .gpu/core.part0N
+#   run 7, carry .gpu/core.part03:
+#       bash benchmarks/gpu/stage.sh part .gpu/core.part03 && bash benchmarks/gpu/stage.sh unbundle core \
+#         && STAGE_FROM=/tmp/stage bash benchmarks/gpu/stage.sh install && source /tmp/gpu-env.sh
+#   then pool_cache.sh, run.sh, suite.sh (carry .gpu/smg and run `stage.sh install` again for SMG).
+#
+# The first sequence, of 2026-12-01 (the repo itself is ~10 MB of each run's 64 MiB, so vLLM travels in
 # three 37 MiB parts; pack_vllm.sh writes them):
 #   run 1, carry .gpu/vllm.part00 .gpu/srv .gpu/third_party.tgz .gpu/fleet:
 #       bash benchmarks/gpu/stage.sh part .gpu/vllm.part00 && bash benchmarks/gpu/stage.sh install
