@@ -161,6 +161,41 @@ async def test_a_worker_without_generate_many_gets_one_call_per_request():
         await engine.shutdown()
 
 
+class _WorkerWhoseStreamCallFailsAtOnce(WorkerService):
+    """Closes every GenerateMany call with INTERNAL before answering: what grpcio reports when the
+    client's first write loses the race with a worker that has no GenerateMany (its UNIMPLEMENTED
+    is then lost), made certain here."""
+
+    stream_calls = 0
+
+    async def GenerateMany(self, request_iterator, context):
+        type(self).stream_calls += 1
+        await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+        yield  # never reached: makes this a streaming handler
+
+
+async def test_a_stream_call_that_fails_before_answering_leaves_each_request_served_by_its_own_call():
+    engine = build_engine(EngineConfig(engine="mock", mock_tokens_per_s=1000))
+    await engine.start()
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(
+        _WorkerWhoseStreamCallFailsAtOnce(engine, WorkerConfig(), WorkerMetrics(CollectorRegistry())), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = WorkerClient(f"127.0.0.1:{port}", ClientOptions(multiplex=True))
+    try:
+        for attempt in range(2):
+            chunks = [c async for c in client.generate(build_request(f"unanswered-{attempt}", [GenerateInput(text="a")],
+                                                                       SamplingParams(max_tokens=5)), timeout=30)]
+            assert sum(len(c.token_ids) for c in chunks) == 5
+        # Not taken for "no GenerateMany": the next request tried the stream call again.
+        assert _WorkerWhoseStreamCallFailsAtOnce.stream_calls == 2
+    finally:
+        await client.close()
+        await server.stop(None)
+        await engine.shutdown()
+
+
 async def test_the_call_brings_the_workers_load_and_health_so_routers_need_not_poll(mock):
     """Routers skip their Load poll and health check when a stream call or a Load answer already
     said it (see router/pool.py); both must carry the worker's real state."""

@@ -39,6 +39,14 @@ class MuxUnsupported(Exception):
     """The worker predates GenerateMany: use one call per request."""
 
 
+class MuxNeverAnswered(Exception):
+    """The stream call failed with INTERNAL before the worker answered anything. grpcio reports so
+    when the client's first write loses the race with a worker that closed the call at once, which
+    is how a worker without GenerateMany answers: its UNIMPLEMENTED then never reaches us. Nothing
+    of the request was streamed, so it can take its own Generate call, which either serves it or
+    reports the worker's real error; the next request tries the stream call again."""
+
+
 class Multiplexer:
     """`on_load` gets each Load the worker attaches to a response (every few hundred ms)."""
 
@@ -78,8 +86,10 @@ class Multiplexer:
 
     async def _read(self) -> None:
         error: BaseException
+        answered = False
         try:
             async for response in self._call:
+                answered = True
                 self._takes_batched = response.takes_batched
                 self.pushes_load = response.load_every_ms > 0
                 if self._on_load is not None and response.HasField("load"):
@@ -92,6 +102,8 @@ class Multiplexer:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 error = MuxUnsupported(exc.details())
+            elif exc.code() == grpc.StatusCode.INTERNAL and not answered:
+                error = MuxNeverAnswered(exc.details())
             else:
                 error = error_from_rpc(exc, self.address)
         except asyncio.CancelledError:
@@ -141,7 +153,7 @@ class Multiplexer:
                     raise WorkerTimeoutError(f"worker {self.address}: deadline exceeded", worker=self.address)
                 else:  # the call failed: every stream on it ends with its error
                     ended = True
-                    raise item if isinstance(item, (FleetError, MuxUnsupported)) else WorkerUnavailableError(
+                    raise item if isinstance(item, (FleetError, MuxUnsupported, MuxNeverAnswered)) else WorkerUnavailableError(
                         f"worker {self.address}: {item}", worker=self.address)
         finally:
             if deadline is not None:

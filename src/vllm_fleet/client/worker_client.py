@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from vllm_fleet.client.errors import error_from_rpc
 from vllm_fleet.client.loads import LoadFeed
-from vllm_fleet.client.mux import Multiplexer, MuxUnsupported
+from vllm_fleet.client.mux import Multiplexer, MuxNeverAnswered, MuxUnsupported
 from vllm_fleet.errors import (
     IntrospectUnsupportedError,
     KvEventsUnsupportedError,
@@ -119,6 +119,9 @@ class WorkerClient:
             except MuxUnsupported:
                 logger.info("worker %s has no GenerateMany; one call per request from now on", self.address)
                 self._multiplex = False
+            except MuxNeverAnswered as exc:
+                logger.info("stream call to %s failed before any answer (%s); request %s takes its own call",
+                            self.address, exc, request.request_id)
         async with contextlib.aclosing(self._generate_call(request, timeout=timeout)) as chunks:
             async for chunk in chunks:
                 yield chunk
