@@ -224,8 +224,9 @@ class CacheAware(Policy):
     recent mostly-new prompts, the share later prompts reused) scales it (`home_by_reuse` False:
     it does not), so where nothing comes back (workload c) a miss goes to the least loaded instead
     of waiting behind up to `home_tokens` of load for a reuse that never comes (2 CPU engines,
-    2026-12-05: P90 TTFT 1.31x least outstanding's on average with the full home, 1.07x scaled
-    over 32-request runs and 1.00-1.03x over 64; single short runs still vary up to 1.36x).
+    2026-12-05/06: P90 TTFT 1.31x least outstanding's on average with the full home, 1.06x scaled
+    over seven 32-request runs and 1.00-1.03x over two of 64; single short runs still vary up to
+    1.36x).
 
     A copy costs twice: the tokens a worker would prefill again that another worker already
     holds cost their prefill now, and later the cache room they take (another prefix evicted,
