@@ -68,20 +68,48 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
         assert hits == 18 * SHARED_BLOCKS * BS  # every follow-up found every shared block in its engine
         assert not any(router._cache.stats()["copied_tokens"].values())  # and no prefix was prefilled twice
         # Every new prefix came back: a home stays worth all its tokens (router/prefix_reuse.py) ...
-        assert router._cache.stats()["prefix_reuse"] == 1.0
+        assert list(router._cache.stats()["prefix_reuse"].values()) == [1.0]
         view = router.snapshot().get(homes[0]).to_dict()
         assert view["cache"]["events"] == "in step" and view["cache"]["predicted_hit_rate"] > 0.5
         assert view["cache"]["copied_share"] == 0.0  # what the dashboard shows beside the hits
         # The dashboard's state carries the index's own counters (what an SRE reads for resyncs).
         (index_stats,) = Dashboard(router).own_state()["cache_index"]
         assert index_stats["events_applied"] > 0 and index_stats["resyncs_needed"] == 0
-        assert index_stats["prefix_reuse"] == 1.0   # what a home is worth, for an SRE to read
+        assert list(index_stats["prefix_reuse"].values()) == [1.0]   # what a home is worth, for an SRE to read
         assert sum(index_stats["entries"].values()) >= 6 * SHARED_BLOCKS
         # ... until new prompts stop coming back (each its own 24 blocks).
         rng = random.Random(7)
         for n in range(30):
             await send(router, f"unique-{n}", [rng.randrange(4, 44) for _ in range(SHARED_BLOCKS * BS)])
-        assert router._cache.stats()["prefix_reuse"] < 0.2
+        assert list(router._cache.stats()["prefix_reuse"].values())[0] < 0.2
+
+
+async def test_one_models_unique_prompts_leave_another_models_home_its_worth(mock_worker_factory):
+    """What a home is worth is each model's own: beside a model whose prompts share nothing, one
+    whose documents come back keeps the full home (router/prefix_reuse.py)."""
+    from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
+
+    common = dict(mock_kv_blocks=1024, block_size=BS, mock_ttft_ms=1, mock_tokens_per_s=500)
+    workers = [await mock_worker_factory.start(served_model_name=name, **common) for name in ("docs", "unique")]
+    async with routed([w.address for w in workers]) as router:
+        await wait_until(lambda: all(w.kv_events_fresh for w in router.snapshot()), timeout=30,
+                         message="both workers' events followed")
+
+        async def send_to(model: str, rid: str, token_ids: list[int]) -> None:
+            request = build_request(rid, [GenerateInput(token_ids=token_ids)], SamplingParams(max_tokens=2))
+            async with router.stream(request, model=model) as stream:
+                assert [c async for c in stream]
+
+        rng = random.Random(11)
+        for round_ in range(3):
+            for prefix in range(4):
+                await send_to("docs", f"docs-{prefix}-{round_}", prompt(prefix, round_))
+                for n in range(3):
+                    await send_to("unique", f"unique-{round_}-{prefix}-{n}",
+                                  [rng.randrange(4, 44) for _ in range(SHARED_BLOCKS * BS)])
+        reuse = router._cache.stats()["prefix_reuse"]
+        assert reuse["docs"] == 1.0
+        assert reuse["unique"] < 0.2
 
 
 async def test_a_restarted_worker_loses_its_entries_within_a_second_of_its_return(mock_worker_factory):

@@ -72,7 +72,7 @@ class CacheRouting:
         self._predicted: dict[str, list[int]] = {}
         self._keying: concurrent.futures.ThreadPoolExecutor | None = None  # the rest of head-keyed prompts
         self._id_takers: dict[str, str] = {}  # address -> tokenizer digest, of workers that take router ids
-        self.reuse = PrefixReuse()            # what a prompt's home is worth (policies.CacheAware)
+        self._reuse: dict[str, PrefixReuse] = {}  # model -> what a prompt's home is worth (policies.CacheAware)
 
     # --- workers ------------------------------------------------------------------------
 
@@ -131,10 +131,19 @@ class CacheRouting:
         tokenizers = self.tokenizers is None or all(self.tokenizers.settled(w.model) for w in serving)
         return events and tokenizers
 
+    def reuse(self, model: str) -> PrefixReuse:
+        """Whether `model`'s new prompts come back. Each model has its own: a fleet's chat model may
+        serve tenants' documents while another model's prompts share nothing, and one's unique
+        prompts must not take the home from the other's."""
+        reuse = self._reuse.get(model)
+        if reuse is None:
+            reuse = self._reuse.setdefault(model, PrefixReuse())  # routers key prompts on threads
+        return reuse
+
     def stats(self) -> dict:
         """The index's counters and sizes, requests routed without ids, per-worker predictions."""
         return {**dataclasses.asdict(self.index.counters), "entries": self.index.entries_per_worker(),
-                "routed_without_ids": self.unknown_ids, "prefix_reuse": round(self.reuse.share, 3),
+                "routed_without_ids": self.unknown_ids, "prefix_reuse": {model: round(reuse.share, 3) for model, reuse in list(self._reuse.items())},
                 "predicted_hit_rate": {a: self.predicted_hit_rate(a) for a in self._predicted},
                 "copied_tokens": {a: totals[2] for a, totals in self._predicted.items()}}
 
@@ -222,10 +231,11 @@ class CacheRouting:
         best = max(held.values(), default=0)
         held_blocks = best // block_size
         frontier = str(keys[min(held_blocks, len(keys) - 1)]) if keys else ""
-        reuse = self.reuse.share  # of the prompts before this one: the decision stays a function of its inputs
+        watch = self.reuse(features.model or "")
+        reuse = watch.share  # of the prompts before this one: the decision stays a function of its inputs
         new_tokens = max(0, tokens - best)
         mostly_new = held_blocks < len(keys) and new_tokens >= best  # where the home decides
-        self.reuse.note(keys[:held_blocks], keys[held_blocks] if mostly_new else None, new_tokens)
+        watch.note(keys[:held_blocks], keys[held_blocks] if mostly_new else None, new_tokens)
         return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
                                    prompt_ids_len=ids_len, frontier_key=frontier, prefix_reuse=reuse)
 
