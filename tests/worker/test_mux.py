@@ -141,26 +141,6 @@ class _WorkerWithoutGenerateMany(WorkerService):
     GenerateMany = worker_pb2_grpc.WorkerServicer.GenerateMany
 
 
-async def test_a_worker_without_generate_many_gets_one_call_per_request():
-    engine = build_engine(EngineConfig(engine="mock", mock_tokens_per_s=1000))
-    await engine.start()
-    server = grpc.aio.server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(
-        _WorkerWithoutGenerateMany(engine, WorkerConfig(), WorkerMetrics(CollectorRegistry())), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    client = WorkerClient(f"127.0.0.1:{port}", ClientOptions(multiplex=True))
-    try:
-        for attempt in range(2):
-            chunks = [c async for c in client.generate(build_request(f"old-{attempt}", [GenerateInput(text="a")],
-                                                                       SamplingParams(max_tokens=5)), timeout=30)]
-            assert sum(len(c.token_ids) for c in chunks) == 5
-    finally:
-        await client.close()
-        await server.stop(None)
-        await engine.shutdown()
-
-
 class _WorkerWhoseStreamCallFailsAtOnce(WorkerService):
     """Closes every GenerateMany call with INTERNAL before answering: what grpcio reports when the
     client's first write loses the race with a worker that has no GenerateMany (its UNIMPLEMENTED
@@ -174,26 +154,37 @@ class _WorkerWhoseStreamCallFailsAtOnce(WorkerService):
         yield  # never reached: makes this a streaming handler
 
 
-async def test_a_stream_call_that_fails_before_answering_leaves_each_request_served_by_its_own_call():
+async def _two_requests_through(servicer: type[WorkerService]) -> None:
+    """Two 5-token requests from a multiplexing client to a mock worker served by `servicer`:
+    each must stream in full."""
     engine = build_engine(EngineConfig(engine="mock", mock_tokens_per_s=1000))
     await engine.start()
     server = grpc.aio.server()
     worker_pb2_grpc.add_WorkerServicer_to_server(
-        _WorkerWhoseStreamCallFailsAtOnce(engine, WorkerConfig(), WorkerMetrics(CollectorRegistry())), server)
+        servicer(engine, WorkerConfig(), WorkerMetrics(CollectorRegistry())), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     client = WorkerClient(f"127.0.0.1:{port}", ClientOptions(multiplex=True))
     try:
         for attempt in range(2):
-            chunks = [c async for c in client.generate(build_request(f"unanswered-{attempt}", [GenerateInput(text="a")],
+            chunks = [c async for c in client.generate(build_request(f"{servicer.__name__}-{attempt}",
+                                                                       [GenerateInput(text="a")],
                                                                        SamplingParams(max_tokens=5)), timeout=30)]
             assert sum(len(c.token_ids) for c in chunks) == 5
-        # Not taken for "no GenerateMany": the next request tried the stream call again.
-        assert _WorkerWhoseStreamCallFailsAtOnce.stream_calls == 2
     finally:
         await client.close()
         await server.stop(None)
         await engine.shutdown()
+
+
+async def test_a_worker_without_generate_many_gets_one_call_per_request():
+    await _two_requests_through(_WorkerWithoutGenerateMany)
+
+
+async def test_a_stream_call_that_fails_before_answering_leaves_each_request_served_by_its_own_call():
+    await _two_requests_through(_WorkerWhoseStreamCallFailsAtOnce)
+    # Not taken for "no GenerateMany": the next request tried the stream call again.
+    assert _WorkerWhoseStreamCallFailsAtOnce.stream_calls == 2
 
 
 async def test_the_call_brings_the_workers_load_and_health_so_routers_need_not_poll(mock):
