@@ -130,12 +130,14 @@ async def started_router(addresses: list[str], config: RouterConfig) -> AsyncIte
         await router.close()
 
 
-async def send_token_ids(router: Router, rid: str, token_ids: list[int]) -> tuple[str, int]:
-    """Streams a 2-token answer to `token_ids`: (the worker that answered, its cached prompt tokens)."""
+async def send_token_ids(router: Router, rid: str, token_ids: list[int], *,
+                         model: str | None = None) -> tuple[str, int]:
+    """Streams a 2-token answer to `token_ids` on a worker of `model` (None: the only one):
+    (the worker that answered, its cached prompt tokens)."""
     from vllm_fleet.protocol import GenerateInput, SamplingParams
     from vllm_fleet.protocol.sampling import build_request
 
     request = build_request(rid, [GenerateInput(token_ids=token_ids)], SamplingParams(max_tokens=2, temperature=0))
-    async with router.stream(request) as stream:
+    async with router.stream(request, model=model) as stream:
         usage = [c.usage async for c in stream if c.usage is not None]
         return stream.worker, usage[-1].cached_tokens

@@ -87,26 +87,19 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
 async def test_one_models_unique_prompts_leave_another_models_home_its_worth(mock_worker_factory):
     """What a home is worth is each model's own: beside a model whose prompts share nothing, one
     whose documents come back keeps the full home (router/prefix_reuse.py)."""
-    from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
-
     common = dict(mock_kv_blocks=1024, block_size=BS, mock_ttft_ms=1, mock_tokens_per_s=500)
     workers = [await mock_worker_factory.start(served_model_name=name, **common) for name in ("docs", "unique")]
     async with routed([w.address for w in workers]) as router:
         await wait_until(lambda: all(w.kv_events_fresh for w in router.snapshot()), timeout=30,
                          message="both workers' events followed")
 
-        async def send_to(model: str, rid: str, token_ids: list[int]) -> None:
-            request = build_request(rid, [GenerateInput(token_ids=token_ids)], SamplingParams(max_tokens=2))
-            async with router.stream(request, model=model) as stream:
-                assert [c async for c in stream]
-
         rng = random.Random(11)
         for round_ in range(3):
             for prefix in range(4):
-                await send_to("docs", f"docs-{prefix}-{round_}", prompt(prefix, round_))
+                await send(router, f"docs-{prefix}-{round_}", prompt(prefix, round_), model="docs")
                 for n in range(3):
-                    await send_to("unique", f"unique-{round_}-{prefix}-{n}",
-                                  [rng.randrange(4, 44) for _ in range(SHARED_BLOCKS * BS)])
+                    await send(router, f"unique-{round_}-{prefix}-{n}",
+                               [rng.randrange(4, 44) for _ in range(SHARED_BLOCKS * BS)], model="unique")
         reuse = router._cache.stats()["prefix_reuse"]
         assert reuse["docs"] == 1.0
         assert reuse["unique"] < 0.2
