@@ -1,0 +1,50 @@
+"""The heaviest functions of a py-spy speedscope profile: own and total share of the samples.
+
+    python benchmarks/speedscope_top.py PROFILE.json [--top 30] [--match TEXT]
+
+Shares are of all samples of the process (idle threads included only if py-spy ran with --idle).
+`--match TEXT` keeps functions whose name or file contains TEXT (e.g. vllm_fleet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+
+
+def summarize(path: str) -> tuple[Counter, Counter, int]:
+    data = json.load(open(path))
+    frames = data["shared"]["frames"]
+    own: Counter = Counter()
+    total: Counter = Counter()
+    samples = 0
+    for profile in data["profiles"]:
+        for stack, weight in zip(profile["samples"], profile["weights"]):
+            samples += weight
+            if stack:
+                own[stack[-1]] += weight
+            for frame in set(stack):
+                total[frame] += weight
+    names = [f"{f['name']} ({f.get('file', '').rsplit('site-packages/', 1)[-1].rsplit('src/', 1)[-1]}:{f.get('line', '')})"
+             for f in frames]
+    return Counter({names[k]: v for k, v in own.items()}), Counter({names[k]: v for k, v in total.items()}), samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profile")
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--match", default="")
+    args = parser.parse_args()
+    own, total, samples = summarize(args.profile)
+    print(f"{samples} samples")
+    for title, counter in (("own", own), ("total", total)):
+        print(f"--- {title}")
+        shown = [(name, n) for name, n in counter.most_common() if args.match in name][:args.top]
+        for name, n in shown:
+            print(f"{100 * n / samples:5.1f}%  {name}")
+
+
+if __name__ == "__main__":
+    main()
