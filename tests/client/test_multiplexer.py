@@ -235,3 +235,53 @@ async def test_one_call_per_request_names_the_refused_field_from_trailing_metada
         assert await _texts(client.generate(_request("fine"), timeout=WAIT_S)) == ["ok"]
     finally:
         await client.close()
+
+
+class _HandCall:
+    """A GenerateMany call whose responses the test hands over; several at once arrive together."""
+
+    def __init__(self) -> None:
+        self.responses: asyncio.Queue = asyncio.Queue()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        response = await self.responses.get()
+        if response is None:
+            raise StopAsyncIteration
+        return response
+
+    def cancel(self) -> None:
+        self.responses.put_nowait(None)
+
+
+class _HandStub:
+    def __init__(self) -> None:
+        self.call = _HandCall()
+        self.requests = None
+
+    def GenerateMany(self, requests):  # noqa: N802 (gRPC's name)
+        self.requests = requests
+        return self.call
+
+
+async def test_events_that_wait_for_a_slow_consumer_reach_it_as_one_chunk_per_stream():
+    from vllm_fleet.protocol import worker_pb2 as pb
+
+    stub = _HandStub()
+    mux = Multiplexer(stub, "hand:1")
+    try:
+        chunks = mux.generate(_request("r"), timeout=None)
+        first = asyncio.ensure_future(anext(chunks))
+        start = await asyncio.wait_for(anext(stub.requests), WAIT_S)  # the stream is open
+        stub.call.responses.put_nowait(pb.MuxResponse(events=[event(start.stream, "a")]))
+        first = await asyncio.wait_for(first, WAIT_S)
+        assert (first.text, first.token_ids) == ("a", [])
+        # The consumer is busy elsewhere while three messages arrive: it then takes them as one.
+        for response in (event(start.stream, "b"), event(start.stream, "c"), event(start.stream, "d", done=True)):
+            stub.call.responses.put_nowait(pb.MuxResponse(events=[response]))
+        rest = [chunk.text async for chunk in chunks]
+        assert rest == ["bcd"]
+    finally:
+        await mux.close()

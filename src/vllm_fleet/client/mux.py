@@ -22,6 +22,7 @@ import grpc
 from vllm_fleet.client.errors import error_from_rpc, error_from_status
 from vllm_fleet.errors import FleetError, WorkerTimeoutError, WorkerUnavailableError
 from vllm_fleet.protocol import worker_pb2 as pb, worker_pb2_grpc
+from vllm_fleet.protocol.chunk_merge import merge_waiting
 from vllm_fleet.protocol.convert import chunk_from_pb, load_from_pb, request_to_pb
 from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerLoad
 
@@ -33,6 +34,14 @@ _CLOSE = object()         # ends the call's request stream
 # the gateway's body limit would pass 64 MiB together and break the whole call), and large
 # requests gain nothing from sharing a write.
 BATCH_BYTES = 1024 * 1024
+
+
+def _chunk(message: pb.GenerateChunk) -> Chunk:
+    """chunk_from_pb, with a shortcut for the chunk of almost every step: text and token ids only."""
+    if (message.finish_reason or message.logprobs or message.reasoning or message.tool_calls
+            or message.prompt_logprobs or message.HasField("prompt_text")):
+        return chunk_from_pb(message)
+    return Chunk(message.index, message.sample, message.text, list(message.token_ids))
 
 
 class MuxUnsupported(Exception):
@@ -137,12 +146,26 @@ class Multiplexer:
             timeout, queue.put_nowait, _DEADLINE)
         self._outgoing.put_nowait(pb.MuxRequest(stream=stream, start=request_to_pb(request)))
         ended = False
+        held = None  # taken from the queue behind events that waited: handled after their chunks
         try:
             while True:
-                item = await queue.get()
+                item, held = held if held is not None else await queue.get(), None
                 if isinstance(item, pb.MuxEvent):
-                    for message in item.chunks:
-                        yield chunk_from_pb(message)
+                    chunks = item.chunks
+                    if not item.done and not queue.empty():
+                        # The consumer fell behind: what waits goes on as one chunk per stream
+                        # (chunk_merge.py), since it could reach the client no sooner anyway.
+                        chunks = list(chunks)
+                        while not item.done and not queue.empty():
+                            more = queue.get_nowait()
+                            if not isinstance(more, pb.MuxEvent):
+                                held = more
+                                break
+                            chunks.extend(more.chunks)
+                            item = more
+                        chunks = merge_waiting(chunks)
+                    for message in chunks:
+                        yield _chunk(message)
                     if item.done:
                         ended = True
                         if item.status_code:

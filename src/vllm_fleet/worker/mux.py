@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from vllm_fleet.protocol import worker_pb2 as pb
+from vllm_fleet.protocol.chunk_merge import can_fold, fold_chunk
 from vllm_fleet.protocol.convert import fill_chunk_pb, load_to_pb
 from vllm_fleet.protocol.types import Chunk, WorkerLoad
 
@@ -28,8 +29,14 @@ MUX_LOAD_INTERVAL_S = 0.25
 
 
 class MuxOutbox:
+    """The events of the next message. A chunk whose stream already has one waiting here is folded
+    into it (protocol/chunk_merge.py): both would go in the same message anyway, and the client
+    then handles one chunk where it would have handled two. That happens only while a write is in
+    flight, i.e. when the call is busy; an idle call sends every engine step as its own chunk."""
+
     def __init__(self) -> None:
         self._events: dict[int, pb.MuxEvent] = {}
+        self._last: dict[tuple[int, int, int], pb.GenerateChunk] = {}  # (stream, index, sample) → its waiting chunk
         self._ready = asyncio.Event()
         self._closed = False
         self._woken = False
@@ -42,7 +49,14 @@ class MuxOutbox:
         return event
 
     def add_chunk(self, stream: int, chunk: Chunk) -> None:
-        fill_chunk_pb(self._event(stream).chunks.add(), chunk)
+        key = (stream, chunk.index, chunk.sample)
+        waiting = self._last.get(key)
+        if waiting is not None and can_fold(waiting, chunk):
+            fold_chunk(waiting, chunk)
+            return
+        message = self._event(stream).chunks.add()
+        fill_chunk_pb(message, chunk)
+        self._last[key] = message
 
     def end(self, stream: int, code: int = 0, message: str = "", param: str = "") -> None:
         """The request's last event: status 0 when it finished, else a grpc.StatusCode value;
@@ -74,6 +88,7 @@ class MuxOutbox:
             return None if self._closed else []
         events = list(self._events.values())
         self._events = {}
+        self._last = {}
         return events
 
 
