@@ -137,3 +137,14 @@ def test_continuous_usage_on_every_event():
         {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5},
         {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}]
     assert ev[3]["usage"] == {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14}
+
+
+def test_text_events_from_the_template_are_the_bytes_of_the_general_path():
+    """StreamEncoder writes a text-only event from a byte template; it must equal the dict path's."""
+    for kind, body in (("chat", {"n": 2}), ("completion", {"prompt": "p", "n": 2, "stream_options": {"include_usage": True}}),
+                       ("completion", {"prompt": ["a", "b"], "logprobs": 1})):
+        plan = plan_of(kind, stream=True, **body)
+        fast, general = StreamEncoder(plan, "id-1", 5), StreamEncoder(plan, "id-1", 5)
+        general._plain = False
+        for chunk in (Chunk(1, 1, "x", [1]), Chunk(1, 1, 'a "quoted" ✓\n', [2, 3]), Chunk(0, 0, "é", [4])):
+            assert fast.event(chunk) == general.event(chunk)

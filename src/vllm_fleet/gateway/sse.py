@@ -39,10 +39,20 @@ class StreamEncoder:
         self._tail_bytes = b"]" + self._tail.encode()
         self._started: set[int] = set()
         self._completion_logprobs: dict[int, CompletionLogprobs] = {}
+        # The template of a text-only event (`event`): not with continuous usage (usage on every
+        # event) or echo-only completions (no text shown); logprobs are checked per chunk.
+        self._plain = not plan.continuous_usage and not (not self.chat and plan.echo_only)
+        self._plain_heads: dict[int, bytes] = {}
+        self._plain_tail = (b"}" if self.chat else b"") + b',"logprobs":null,"finish_reason":null}' + self._tail_bytes
 
     def event(self, chunk: Chunk) -> bytes:
         self.usage.add(chunk)
         choice = chunk.index * self.plan.n + chunk.sample
+        if (chunk.text and chunk.finish_reason is None and chunk.logprobs is None and not chunk.reasoning
+                and chunk.tool_calls is None and self._plain and choice in self._started):
+            # Almost every event of a stream: a piece of text. Bytes from a template, the same
+            # as the dict's encoding below (orjson; it costs a third of building the dict).
+            return self._plain_head(choice) + orjson.dumps(chunk.text) + self._plain_tail
         first = choice not in self._started
         self._started.add(choice)
         if self.chat:
@@ -56,6 +66,13 @@ class StreamEncoder:
         if body["logprobs"] is not None:
             return (self._head + _dumps(body) + "]" + self._tail).encode()
         return self._head_bytes + orjson.dumps(body) + self._tail_bytes
+
+    def _plain_head(self, choice: int) -> bytes:
+        head = self._plain_heads.get(choice)
+        if head is None:
+            field = b'"delta":{"content":' if self.chat else b'"text":'
+            head = self._plain_heads[choice] = self._head_bytes + b'{"index":%d,' % choice + field
+        return head
 
     def _chat_choice(self, choice: int, chunk: Chunk, first: bool) -> dict:
         delta: dict = {}
