@@ -233,7 +233,7 @@ def load_to_pb(load: WorkerLoad) -> pb.WorkerLoad:
         interactive_ttft_p90_floor_ms=load.interactive_ttft_p90_floor_ms,
         interactive_itl_p90_floor_ms=load.interactive_itl_p90_floor_ms,
         interactive_ttft_baseline_ms=load.interactive_ttft_baseline_ms,
-        interactive_itl_baseline_ms=load.interactive_itl_baseline_ms,
+        interactive_itl_baseline_ms=load.interactive_itl_baseline_ms, engine_silent_s=load.engine_silent_s,
     )
 
 
@@ -248,7 +248,7 @@ def load_from_pb(msg: pb.WorkerLoad) -> WorkerLoad:
         interactive_ttft_p90_floor_ms=msg.interactive_ttft_p90_floor_ms,
         interactive_itl_p90_floor_ms=msg.interactive_itl_p90_floor_ms,
         interactive_ttft_baseline_ms=msg.interactive_ttft_baseline_ms,
-        interactive_itl_baseline_ms=msg.interactive_itl_baseline_ms,
+        interactive_itl_baseline_ms=msg.interactive_itl_baseline_ms, engine_silent_s=msg.engine_silent_s,
     )
 
 

@@ -241,6 +241,7 @@ class WorkerLoad:
     interactive_itl_p90_floor_ms: float = 0.0
     interactive_ttft_baseline_ms: float = 0.0           # P90s without any batch here; 0 = not learnt
     interactive_itl_baseline_ms: float = 0.0
+    engine_silent_s: float = 0.0                        # the engine holds requests and shows no progress; 0 = stepping
 
 
 @dataclass(slots=True)

@@ -357,7 +357,7 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "output_tokens_per_s", "in_flight", "draining", "adapters", "max_adapters", "health", "prefix_cache_queries", "prefix_cache_hits", "interactive_ttft_p90_ms", "interactive_itl_p90_ms", "interactive_ttft_p90_floor_ms", "interactive_itl_p90_floor_ms", "interactive_ttft_baseline_ms", "interactive_itl_baseline_ms")
+    __slots__ = ("running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "output_tokens_per_s", "in_flight", "draining", "adapters", "max_adapters", "health", "prefix_cache_queries", "prefix_cache_hits", "interactive_ttft_p90_ms", "interactive_itl_p90_ms", "interactive_ttft_p90_floor_ms", "interactive_itl_p90_floor_ms", "interactive_ttft_baseline_ms", "interactive_itl_baseline_ms", "engine_silent_s")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -376,6 +376,7 @@ class WorkerLoad(_message.Message):
     INTERACTIVE_ITL_P90_FLOOR_MS_FIELD_NUMBER: _ClassVar[int]
     INTERACTIVE_TTFT_BASELINE_MS_FIELD_NUMBER: _ClassVar[int]
     INTERACTIVE_ITL_BASELINE_MS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_SILENT_S_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_cache_usage: float
@@ -394,7 +395,8 @@ class WorkerLoad(_message.Message):
     interactive_itl_p90_floor_ms: float
     interactive_ttft_baseline_ms: float
     interactive_itl_baseline_ms: float
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., output_tokens_per_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., health: _Optional[str] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., interactive_ttft_p90_ms: _Optional[float] = ..., interactive_itl_p90_ms: _Optional[float] = ..., interactive_ttft_p90_floor_ms: _Optional[float] = ..., interactive_itl_p90_floor_ms: _Optional[float] = ..., interactive_ttft_baseline_ms: _Optional[float] = ..., interactive_itl_baseline_ms: _Optional[float] = ...) -> None: ...
+    engine_silent_s: float
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., output_tokens_per_s: _Optional[float] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., max_adapters: _Optional[int] = ..., health: _Optional[str] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., interactive_ttft_p90_ms: _Optional[float] = ..., interactive_itl_p90_ms: _Optional[float] = ..., interactive_ttft_p90_floor_ms: _Optional[float] = ..., interactive_itl_p90_floor_ms: _Optional[float] = ..., interactive_ttft_baseline_ms: _Optional[float] = ..., interactive_itl_baseline_ms: _Optional[float] = ..., engine_silent_s: _Optional[float] = ...) -> None: ...
 
 class LoadAdapterRequest(_message.Message):
     __slots__ = ("name", "path")

@@ -136,6 +136,7 @@ class WorkerService(GenerateRpcs, worker_pb2_grpc.WorkerServicer):
          load.interactive_ttft_p90_floor_ms, load.interactive_itl_p90_floor_ms) = self.latency.report()
         load.interactive_ttft_baseline_ms = self.latency.ttft_baseline_ms()
         load.interactive_itl_baseline_ms = self.latency.itl_baseline_ms()
+        load.engine_silent_s = self.watch.silent_s()
         return load
 
     async def KvEvents(self, request: pb.KvEventsRequest,

@@ -144,6 +144,7 @@ class EngineWatch:
         self._gaps: deque[tuple[float, float]] = deque(maxlen=4096)  # (when, step gap)
         self._ever_produced = False
         self._checked_at: float | None = None
+        self._busy_at = float("-inf")      # last check that found the engine processes using CPU
         self.last: Check | None = None     # the last check's figures, for the decision log
 
     # --- what the service notes ---------------------------------------------------------
@@ -175,6 +176,15 @@ class EngineWatch:
     def running(self) -> int:
         return len(self._held)
 
+    def silent_s(self) -> float:
+        """Seconds the engine has shown no progress while holding requests: no output and, as of
+        the last check, no CPU used by its processes. 0 while it is idle or steps. Routers read it
+        (WorkerLoad.engine_silent_s) to tell a queued request from a stuck one; unlike the verdict
+        it has no bound, so it is reported even where the worker's own check is off."""
+        if not self._held:
+            return 0.0
+        return max(0.0, self._clock() - max(self._since, self._busy_at))
+
     def step_s(self) -> float:
         """The longest engine step seen within the last STEP_WINDOW_S (0 if none)."""
         cutoff = self._clock() - STEP_WINDOW_S
@@ -205,6 +215,8 @@ class EngineWatch:
         late_s = 0.0 if self._checked_at is None else now - self._checked_at - interval_s
         late = late_s > LATE_TICK_S
         self._checked_at = now
+        if engine_busy:
+            self._busy_at = now
         if not self.enabled or not self._held:
             self.last = None
             return None
