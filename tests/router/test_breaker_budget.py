@@ -102,3 +102,40 @@ def test_retry_budget_recovers_as_the_window_slides():
     assert [budget.try_spend() for _ in range(4)] == [True, True, True, False]
     clock.advance(10)
     assert budget.try_spend()
+
+
+def test_a_breaker_without_room_to_open_stays_closed_and_opens_once_there_is():
+    b = breaker(FakeClock())
+    for _ in range(5):
+        b.record_failure(may_open=False)
+    assert b.state == "closed" and b.allow()
+    b.record_failure(may_open=True)
+    assert b.state == "open"
+
+
+def test_a_failed_probe_without_room_frees_the_probe_slot():
+    clock = FakeClock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.record_failure()
+    clock.advance(5.0)
+    assert b.allow()
+    b.record_failure(may_open=False)
+    assert b.state == "half_open" and b.allow()
+
+
+def test_outlier_ejection_counts_workers_out_by_their_breaker():
+    d = OutlierDetector(min_requests=2, max_ratio=0.5, clock=FakeClock())
+    for _ in range(3):
+        d.record("a", ok=False, group=["a", "b"], out=lambda address: address == "b")
+    assert not d.is_ejected("a")
+
+
+def test_retry_budget_shrinks_with_its_headroom():
+    budget = RetryBudget(ratio=0.2, min_per_s=0.5, window_s=10, clock=FakeClock())
+    for _ in range(100):
+        budget.record_request()
+    spent = 0
+    while budget.try_spend(headroom=0.2):
+        spent += 1
+    assert spent == 5  # 0.2 * (0.2 * 100 + 5)

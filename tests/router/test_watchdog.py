@@ -1,5 +1,5 @@
-"""The stall watchdog: a read past its limit on a worker making no progress is cancelled;
-a busy worker that still makes progress gets patience, up to a bound."""
+"""The stall watchdog: a read past its limit on a worker making no progress is cancelled; a
+busy worker that reports progress is never marked stalled, however long the read waits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from vllm_fleet.router.watchdog import PATIENCE, StallWatchdog
+from vllm_fleet.router.watchdog import StallWatchdog
 
 LIMIT = 0.02
 
@@ -21,7 +21,7 @@ async def read(watchdog: StallWatchdog, future: asyncio.Future, limit: float = L
 
 
 async def test_a_read_on_a_worker_without_progress_is_cancelled():
-    watchdog = StallWatchdog(lambda: False)
+    watchdog = StallWatchdog(lambda limit: False)
     never = asyncio.get_running_loop().create_future()
     with pytest.raises(asyncio.CancelledError):
         await read(watchdog, never)
@@ -29,24 +29,42 @@ async def test_a_read_on_a_worker_without_progress_is_cancelled():
     asyncio.current_task().uncancel()
 
 
-async def test_a_progressing_worker_gets_patience_but_not_forever():
+async def test_a_busy_worker_that_reports_progress_is_never_marked_stalled():
+    """Overload (issue #50): a request queued behind others waits many limits for its first chunk
+    while its engine steps. Before, the watchdog gave up after six limits whatever the worker said."""
     loop = asyncio.get_running_loop()
-    watchdog = StallWatchdog(lambda: True)
+    asked: list[float] = []
+    watchdog = StallWatchdog(lambda limit: asked.append(limit) is None)
     late = loop.create_future()
-    loop.call_later(3 * LIMIT, late.set_result, "chunk")  # three limits late, well within patience
+    loop.call_later(20 * LIMIT, late.set_result, "chunk")
     assert await read(watchdog, late) == "chunk"
     assert not watchdog.fired
+    assert asked and set(asked) == {LIMIT}  # it asked the worker, with the read's own limit
+    watchdog.stop()
+
+
+async def test_a_worker_that_stops_progressing_is_marked_stalled_at_the_next_look():
+    loop = asyncio.get_running_loop()
+    progressing = True
+    watchdog = StallWatchdog(lambda limit: progressing)
     never = loop.create_future()
+
+    def stop() -> None:
+        nonlocal progressing
+        progressing = False
+
+    loop.call_later(10 * LIMIT, stop)
+    started = loop.time()
     with pytest.raises(asyncio.CancelledError):
         await read(watchdog, never)
     assert watchdog.fired
+    assert loop.time() - started >= 10 * LIMIT  # not before the worker stopped progressing
     asyncio.current_task().uncancel()
-    assert PATIENCE > 3
 
 
 async def test_time_spent_outside_reads_does_not_count():
     loop = asyncio.get_running_loop()
-    watchdog = StallWatchdog(lambda: False)
+    watchdog = StallWatchdog(lambda limit: False)
     for _ in range(3):
         ready = loop.create_future()
         ready.set_result(None)
@@ -61,7 +79,7 @@ async def test_time_spent_outside_reads_does_not_count():
 
 async def test_stop_disarms_the_timer():
     loop = asyncio.get_running_loop()
-    watchdog = StallWatchdog(lambda: False)
+    watchdog = StallWatchdog(lambda limit: False)
     watchdog.reading(LIMIT)
     watchdog.stop()
     later = loop.create_future()

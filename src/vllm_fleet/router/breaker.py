@@ -5,6 +5,10 @@
     half_open ──(success_threshold probe successes)──▶ closed
     half_open ──(a probe fails)──▶ open again
 
+A breaker opens only while the pool has room to take its worker out (`may_open`): with the
+workers outlier ejection took out, open breakers never exceed the pool's maximum share
+(`ejection_max_ratio`), so failures everywhere cannot empty the pool (Envoy's max ejection percent).
+
 The clock is injectable so tests step time instead of sleeping.
 """
 
@@ -71,14 +75,21 @@ class CircuitBreaker:
                 self._state = CLOSED
                 self._failures = 0
 
-    def record_failure(self) -> None:
+    def record_failure(self, may_open: bool = True) -> None:
+        """A request failed here. `may_open`: the pool has room to take this worker out (it never
+        takes out more than its maximum share, pool.py); without room the breaker stays as it is
+        and counts on, and opens at the first failure once there is room. A failed probe without
+        room frees its slot for the next probe."""
         state = self.state
         if state == CLOSED:
             self._failures += 1
-            if self._failures >= self.failure_threshold:
+            if self._failures >= self.failure_threshold and may_open:
                 self._open()
         elif state == HALF_OPEN:
-            self._open()
+            if may_open:
+                self._open()
+            else:
+                self._probe_in_flight = False
 
     def release(self) -> None:
         """The request ended with no verdict on the worker (e.g. the client went away)."""

@@ -96,11 +96,13 @@ class RouterConfig(FleetModel):
                                "workers that predate the field, or whose Loads get no answer); at most once per "
                                "Load interval")
     stall_timeout_s: float = Field(
-        5.0, gt=0, description="A stream with no chunk for this long, on a worker that produces no output (or is "
-        "not SERVING), is treated as a failed worker and migrated; a worker still producing gets 6 times as long"
+        5.0, gt=0, description="A stream with no chunk for this long moves to another worker only if its worker "
+        "is not SERVING or its engine has shown no progress (no output, no CPU) for as long by the worker's own "
+        "account; a stream queued on a busy engine waits as long as the engine steps"
     )
     first_chunk_timeout_s: float = Field(
-        60.0, gt=0, description="Longest wait for a worker's first chunk (prefill included) before failing over"
+        60.0, gt=0, description="As --stall-timeout-s, before a request's first chunk (prefill included): how "
+        "long its worker's engine may show no progress before the request fails over"
     )
     max_attempts: int = Field(3, ge=1, description="Most workers one request may try (failovers and migrations included)")
     retry_budget_ratio: float = Field(
@@ -120,7 +122,8 @@ class RouterConfig(FleetModel):
     ejection_window_s: float = Field(30.0, gt=0, description="Outlier ejection: how far back requests count")
     ejection_base_s: float = Field(10.0, gt=0, description="Outlier ejection: first ejection length (doubles on repeats)")
     ejection_max_ratio: float = Field(
-        0.5, ge=0, le=1, description="Outlier ejection: largest share of a model's workers ejected at once"
+        0.5, ge=0, le=1, description="Largest share of a model's workers out of rotation at once (outlier ejection "
+        "and open circuit breakers together); a model's last worker is never taken out"
     )
     affinity_load_bound: float | None = Field(
         1.25, ge=1, description="Session/prefix affinity: a worker takes at most this times the mean in-flight load "

@@ -2,8 +2,9 @@
 
 The breaker only sees *consecutive* failures, so a worker that fails every other request
 (a bad GPU, a flapping link) never trips it. Ejection looks at the failure ratio over a
-window instead, never ejects more than `max_ratio` of the workers of a model (so a fault
-everywhere does not empty the pool), and ejects repeat offenders for longer each time.
+window instead, never ejects more than `max_ratio` of the workers of a model, counting those
+whose breaker is open (so a fault everywhere does not empty the pool; a model with one worker
+never loses it), and ejects repeat offenders for longer each time.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ class OutlierDetector:
         self._ejected_until: dict[str, float] = {}
         self._times_ejected: dict[str, int] = {}
 
-    def record(self, address: str, ok: bool, group: list[str]) -> bool:
+    def record(self, address: str, ok: bool, group: list[str], *, out: Callable[[str], bool] = lambda _: False) -> bool:
         """Record one outcome; eject `address` if it is now an outlier among `group` (the
-        workers of its model). Returns True when this call ejected it."""
+        workers of its model). `out(address)`: that worker is out of rotation for another reason
+        (its breaker is open), which counts against the same maximum share. Returns True when
+        this call ejected it."""
         now = self._clock()
         outcomes = self._outcomes.setdefault(address, deque())
         outcomes.append((now, ok))
@@ -47,7 +50,7 @@ class OutlierDetector:
         failures = sum(1 for _, good in outcomes if not good)
         if failures / len(outcomes) < self.failure_ratio:
             return False
-        ejected_now = sum(1 for a in group if self.is_ejected(a))
+        ejected_now = sum(1 for a in group if a != address and (self.is_ejected(a) or out(a)))
         if ejected_now + 1 > self.max_ratio * len(group):
             return False
         times = self._times_ejected.get(address, 0) + 1

@@ -39,6 +39,8 @@ class RouterMetrics:
         self.migrations = Counter("migrations", "Streams continued on another worker after tokens were sent", **common)
         self.rejections = Counter("rejections", "Requests refused, by reason (requests_per_min, tokens_per_min, "
                                   "queue_full, queue_timeout, no_worker, retry_budget)", ["reason"], **common)
+        self.panics = Counter("panics", "Attempts routed in panic mode: every worker of the model was out of "
+                              "rotation (open breaker or ejected), so one was used regardless", **common)
         self.worker_failures = Counter("worker_failures", "Failed attempts, by worker and error", ["worker", "error"], **common)
         self.breaker_state = Gauge("breaker_state", "Circuit breaker per worker: 0 closed, 1 half-open, 2 open",
                                    ["worker"], **common)

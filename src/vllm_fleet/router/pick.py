@@ -9,6 +9,9 @@ through is leased, the ones this stream tried already last. Two cases wait inste
 * a batch request waits for a worker with slack, on the pool's account of waiting batch
   (`pick_batch`; router/classes.py, batch_wait.py).
 
+When every worker that is up is out of rotation (open breakers, ejection), the request goes to
+one of them anyway (panic mode, `PoolSnapshot.in_panic`): NoWorkerError means no worker is up.
+
 The functions take what they read (the StreamContext, the request and its features, the workers
 tried so far) and `cost(address)`, the tokens the attempt will cost there; they keep no state.
 """
@@ -16,6 +19,7 @@ tried so far) and `cost(address)`, the tokens the attempt will cost there; they 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 from vllm_fleet.errors import NoWorkerError
@@ -23,8 +27,10 @@ from vllm_fleet.protocol.types import GenerateRequest
 from vllm_fleet.router.classes import INTERACTIVE, batch_share, guaranteed_batch, has_slack
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
-from vllm_fleet.router.snapshot import HALF_OPEN
+from vllm_fleet.router.snapshot import HALF_OPEN, PoolSnapshot
 from vllm_fleet.router.worker_state import Lease
+
+logger = logging.getLogger(__name__)
 
 # Batch waiting for slack looks again at least this often, even if no Load or finished attempt woke it.
 BATCH_RECHECK_S = 1.0
@@ -65,9 +71,27 @@ def pick(ctx: StreamContext, request: GenerateRequest, features: RequestFeatures
                 if view is not None:
                     ctx.pool.batch.interactive_arrives(view)  # batch makes room if it must (classes.py)
             return address, lease
+    panicked = snapshot.in_panic(features.model, features.pool)
+    if panicked is not None:
+        return _pick_in_panic(ctx, features, panicked, cost)
     ctx.metrics.rejections.labels("no_worker").inc()
     model = f" for model {features.model!r}" if features.model else ""
     raise NoWorkerError(f"no serving worker{model} can take the request now", retry_after=ctx.pool.retry_after())
+
+
+def _pick_in_panic(ctx: StreamContext, features: RequestFeatures, panicked: PoolSnapshot,
+                   cost: Callable[[str], int]) -> tuple[str, Lease]:
+    """Every worker that is up is out of rotation (breaker or ejection): route among all of them,
+    as Envoy's panic mode does, rather than refuse the request."""
+    for address in ctx.policy.rank(features, panicked):
+        lease = ctx.pool.try_acquire(address, cost(address), panic=True)
+        if lease is not None:
+            ctx.metrics.panics.inc()
+            logger.warning("panic: every worker of %r is out of rotation; routing to %s regardless",
+                           features.model, address)
+            return address, lease
+    raise NoWorkerError(f"no serving worker for model {features.model!r} can take the request now",
+                        retry_after=ctx.pool.retry_after())
 
 
 async def pick_batch(ctx: StreamContext, request: GenerateRequest, features: RequestFeatures, tried: set[str],

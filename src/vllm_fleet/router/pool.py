@@ -16,10 +16,13 @@ late answer moved traffic for nothing, and moved conversations off the worker ho
 prefix cache (session affinity hashes over the serving workers). A dead worker still leaves
 at the second miss, or at the first after a failed request.
 
-Progress (what earns a slow stream patience, see watchdog.py) is output, never held work: a
-worker whose engine wedged keeps reporting the requests it holds (`running > 0`) while it
-produces nothing. A worker progresses while it is SERVING (or draining) and it produced output
-lately: a chunk to one of this router's streams, or output tokens in a fresh Load.
+Progress (what keeps a waiting stream on its worker, see watchdog.py) is the worker's own
+account: it is SERVING (or draining) and its engine has not been silent while holding requests
+(WorkerLoad.engine_silent_s: no output to any request and no CPU used by the engine's processes).
+A request queued behind others on a stepping engine is waiting, not stuck, however long; an engine
+that wedges stops stepping whatever it still holds (a wedged engine reports `running > 0` forever),
+and a stopped worker process stops answering its health checks. When no fresh Load says (its push
+stream broke), the health answer alone decides.
 
 The per-worker record (WorkerState) and an attempt's claim on a worker (Lease) are in
 worker_state.py; the pool makes and keeps them.
@@ -46,7 +49,7 @@ from vllm_fleet.router.classes import batch_share
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.ejection import OutlierDetector
 from vllm_fleet.router.metrics import RouterMetrics
-from vllm_fleet.router.snapshot import HALF_OPEN, SERVING, PoolSnapshot
+from vllm_fleet.router.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot
 from vllm_fleet.router.worker_state import Lease, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -57,6 +60,9 @@ INFO_TIMEOUT_S = 5.0
 HEALTH_MISSES_TO_LEAVE = 2
 # A Load answer younger than this shows the worker process is responsive.
 LOAD_FRESH_MIN_S = 5.0
+# The share of the retry budget left open when every worker of a model queues requests: failures
+# there (a worker dying) still get some retries, while a saturated pool is not fed more work.
+MIN_RETRY_HEADROOM = 0.2
 
 
 class Pool:
@@ -228,20 +234,20 @@ class Pool:
 
     # --- what streams use ---------------------------------------------------------------
 
-    def progressing(self, address: str) -> bool:
-        """Whether the worker looks busy rather than stuck (see the module doc). "Lately" is
-        generous, since a CPU-starved worker answers late; requests it merely holds do not count."""
+    def progressing(self, address: str, limit_s: float) -> bool:
+        """Whether a stream that has waited `limit_s` on this worker should keep waiting: the worker
+        is up by its health and its engine was not silent for `limit_s` (see the module doc)."""
         worker = self._workers.get(address)
         if worker is None:
             return False
-        draining = worker.load is not None and worker.load.draining
+        load = worker.load
+        draining = load is not None and load.draining
         if worker.health != "SERVING" and not draining:
             return False  # its own verdict (e.g. its engine stalled), or no answer at all
-        now = self._clock()
         window = max(LOAD_FRESH_MIN_S, late_after(self.config.load_poll_interval_s))
-        if now - worker.output_at <= window:
+        if load is None or self._clock() - worker.load_at > window:
             return True
-        return worker.load is not None and now - worker.load_at <= window and worker.load.output_tokens_per_s > 0
+        return load.engine_silent_s < limit_s
 
     def _notify(self) -> None:
         self._changed.set()
@@ -260,15 +266,18 @@ class Pool:
         view = self.snapshot().get(address)
         return batch_share(view, self.batch.config) if view is not None else 0
 
-    def try_acquire(self, address: str, tokens: int) -> Lease | None:
-        """Claim `address` for one attempt, or None if it left or its breaker refuses."""
+    def try_acquire(self, address: str, tokens: int, *, panic: bool = False) -> Lease | None:
+        """Claim `address` for one attempt, or None if it left or its breaker refuses. `panic`:
+        every worker of the model is out of rotation (pick.py), so the breaker is not asked."""
         worker = self._workers.get(address)
         if worker is None:
             return None
+        if panic:
+            return Lease(worker, tokens)
         probing = worker.breaker.state == HALF_OPEN
         if not worker.breaker.allow():
             return None
-        return Lease(worker, tokens, self._clock, probe=probing)
+        return Lease(worker, tokens, probe=probing)
 
     def report(self, address: str, ok: bool | None, credited: bool = False) -> None:
         """An attempt's verdict on its worker: True ok, False failed, None no verdict (cancelled).
@@ -280,17 +289,51 @@ class Pool:
             if not credited:  # a credited probe gave its slot back already; another may hold it
                 worker.breaker.release()
             return
+        group = self._group(worker)
         if ok:
             if not credited:
                 worker.breaker.record_success()
         else:
-            worker.breaker.record_failure()
+            worker.breaker.record_failure(may_open=self._may_take_out(address, group))
             worker.request_failed = True
             worker.wake.set()
-        model = worker.info.model if worker.info else ""
-        group = [a for a, w in self._workers.items() if (w.info.model if w.info else "") == model]
-        if self._outliers.record(address, ok, group):
+        if self._outliers.record(address, ok, group, out=self._out_but_ejected):
             logger.warning("worker %s ejected: it failed too many recent requests", address)
+
+    def _group(self, worker: WorkerState) -> list[str]:
+        """The addresses of the workers serving `worker`'s model (itself included)."""
+        model = worker.info.model if worker.info else ""
+        return [a for a, w in self._workers.items() if (w.info.model if w.info else "") == model]
+
+    def _out_but_ejected(self, address: str) -> bool:
+        """Out of rotation for another reason than ejection: down by its health, or breaker open."""
+        worker = self._workers.get(address)
+        return worker is not None and (worker.health != "SERVING" or worker.breaker.state == OPEN)
+
+    def _breaker_open(self, address: str) -> bool:
+        worker = self._workers.get(address)
+        return worker is not None and worker.breaker.state == OPEN
+
+    def _may_take_out(self, address: str, group: list[str]) -> bool:
+        """Whether taking `address` out of rotation keeps the workers out (down by their health,
+        open breaker or ejected) within `ejection_max_ratio` of its model's: a model's last
+        serving worker is never taken out."""
+        out = sum(1 for a in group if a != address and (self._workers[a].health != "SERVING"
+                                                        or self._breaker_open(a) or self._outliers.is_ejected(a)))
+        return out + 1 <= self.config.ejection_max_ratio * len(group)
+
+    def retry_headroom(self, address: str) -> float:
+        """The share of the retry budget open now (budget.py): the share of the serving workers of
+        `address`'s model that queue nothing (their Load shows no waiting request), at least
+        MIN_RETRY_HEADROOM. A retry on a saturated pool only adds work to queues."""
+        worker = self._workers.get(address)
+        if worker is None:
+            return 1.0
+        up = [self._workers[a] for a in self._group(worker) if self._workers[a].health == "SERVING"]
+        if not up:
+            return 1.0
+        free = sum(1 for w in up if w.load is None or w.load.waiting == 0)
+        return max(MIN_RETRY_HEADROOM, free / len(up))
 
     def retry_after(self) -> float:
         """A fair Retry-After when no worker can serve: the soonest breaker probe, else one poll."""

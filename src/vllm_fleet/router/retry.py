@@ -69,7 +69,7 @@ def check_retry(ctx: StreamContext, exc: WorkerError, address: str, *, attempts:
             f"continue on another worker; retry the request", worker=address) from exc
     if attempts >= ctx.config.max_attempts:
         raise exc
-    if not ctx.budget.try_spend():
+    if not ctx.budget.try_spend(ctx.pool.retry_headroom(address)):
         ctx.metrics.rejections.labels("retry_budget").inc()
         logger.warning("retry budget exhausted; not retrying", extra={"request_id": rid})
         raise exc

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vllm_fleet.protocol.types import WorkerLoad
 
@@ -110,6 +110,20 @@ class PoolSnapshot:
             w for w in self.workers
             if w.routable and (model is None or w.model == model) and (not pool or not w.pool or w.pool == pool)
         ]
+
+    def in_panic(self, model: str | None = None, pool: str | None = None) -> PoolSnapshot | None:
+        """Panic mode (Envoy's): when no worker of `model` in `pool` is routable but some are up
+        (health SERVING, only out by their breaker or ejection), the snapshot a policy ranks them
+        in, all shown routable; None otherwise. Failures everywhere then slow requests down
+        instead of refusing every one."""
+        if self.eligible(model, pool):
+            return None
+        up = [w for w in self.workers
+              if w.state in (SERVING, EJECTED) and (model is None or w.model == model)
+              and (not pool or not w.pool or w.pool == pool)]
+        if not up:
+            return None
+        return PoolSnapshot(tuple(replace(w, state=SERVING, breaker=CLOSED) for w in up), self.taken_at)
 
     def to_dict(self) -> dict:
         return {"taken_at": self.taken_at, "workers": [w.to_dict() for w in self.workers]}

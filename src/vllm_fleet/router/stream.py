@@ -17,8 +17,9 @@ recoverable failure, pick another worker and carry on:
   stream with MigrationUnsupportedError (fatal), never with an answer that breaks its grammar.
 
 A stream stalls when no chunk arrives for `stall_timeout_s` (`first_chunk_timeout_s` before
-the first one) and its worker shows no progress (see watchdog.py): that is a worker failure
-like any other. Invalid requests are never retried. Every extra attempt spends from the retry
+the first one) and its worker shows no progress by its own account (not SERVING, or its engine
+silent that long; see watchdog.py): that is a worker failure like any other. A stream queued on a
+busy engine is never stalled, however long it waits. Invalid requests are never retried. Every extra attempt spends from the retry
 budget; retry.py decides whether one follows. Closing the stream (aclose, or cancelling the task
 iterating it) cancels the worker call, which aborts the engine request.
 
@@ -274,7 +275,7 @@ class RoutedStream:
         if self._deadline_passed():
             raise DeadlineExceededError(f"request {self.request.request_id}: deadline passed", worker=address)
         client = ctx.connect(address)
-        watchdog = StallWatchdog(lambda: ctx.pool.progressing(address))
+        watchdog = StallWatchdog(lambda limit: ctx.pool.progressing(address, limit))
         first = True
         gate = ctx.pool.batch
         steer = not self._batch and gate.listening  # interactive latency steers batch (batch_gate.py)

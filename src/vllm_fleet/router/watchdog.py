@@ -1,13 +1,14 @@
 """Stall detection for one attempt's stream, cheap enough to run on every chunk.
 
-A read that waits past its limit (`first_chunk_timeout_s` for the first chunk,
-`stall_timeout_s` after) makes the worker suspect. It is declared stalled only if it also
-shows no progress (`Pool.progressing`): it is not SERVING (its own verdict, e.g. a stalled
-engine, or no answer), or it produced no output lately. Requests it merely holds are not
-progress: a wedged engine reports `running > 0` forever. An overloaded worker still generating
-for others is slow, not stuck; moving its streams would only add prefill work to a pool that
-is already short of it (a retry storm). A read that waits `PATIENCE` times its limit is
-declared stalled whatever the worker says.
+A read that waits past its limit (`first_chunk_timeout_s` for the first chunk, `stall_timeout_s`
+after) asks whether the worker still progresses (`Pool.progressing(address, limit)`): it is SERVING
+(or draining) and its engine has not been silent for the limit by the worker's own account (no
+output to any request and no CPU used by its processes, WorkerLoad.engine_silent_s). Only a worker
+that fails that is stalled. The wait alone never decides: a request queued behind busy work on an
+overloaded engine waits as long as that engine steps, as it would behind stock `vllm serve`, and
+moving it would only add prefill to a pool already short of it (a retry storm that then ejects
+healthy workers, issue #50). A stopped worker process stops answering its health checks, and a
+stopped engine stops stepping; either fails the check within a quarter limit of the next look.
 
 One timer per stream, re-armed only when it fires; a chunk costs one clock read.
 """
@@ -17,12 +18,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-# How many limits a read may wait on a worker that keeps making progress for others.
-PATIENCE = 6.0
+# How often a read past its limit looks at the worker's progress again: a quarter limit, at most
+# a second apart (a worker that stops while a long first-chunk limit runs is noticed within one).
+RECHECK = 0.25
+RECHECK_MAX_S = 1.0
 
 
 class StallWatchdog:
-    def __init__(self, progressing: Callable[[], bool]) -> None:
+    def __init__(self, progressing: Callable[[float], bool]) -> None:
         self._progressing = progressing
         self._loop = asyncio.get_running_loop()
         self._handle: asyncio.TimerHandle | None = None
@@ -63,8 +66,8 @@ class StallWatchdog:
         if waited < self._limit:  # a newer read, or the loop ran this a hair early: look at its limit
             self._handle = self._loop.call_at(since + self._limit, self._check)
             return
-        if waited < PATIENCE * self._limit and self._progressing():
-            self._handle = self._loop.call_at(now + self._limit / 4, self._check)
+        if self._progressing(self._limit):
+            self._handle = self._loop.call_at(now + min(RECHECK * self._limit, RECHECK_MAX_S), self._check)
             return
         self.fired = True
         if self._task is not None:

@@ -3,16 +3,13 @@
 The pool (pool.py) keeps one WorkerState per registered worker and changes it as the worker's
 Info, health and Loads come; policies never see it, only the frozen WorkerView it makes for each
 snapshot. A stream's attempt holds a Lease from `Pool.try_acquire` while it runs: the lease counts
-the attempt in flight with the tokens it still owes, marks the worker as producing output at
-each chunk (what `Pool.progressing` reads; see pool.py on progress), and credits a half-open
-breaker's probe at its first output.
+the attempt in flight with the tokens it still owes, and credits a half-open breaker's probe at
+its first output.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
 from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
 from vllm_fleet.registry import WorkerRecord
@@ -32,7 +29,6 @@ class WorkerState:
         self.load: WorkerLoad | None = None
         self.load_at = 0.0              # when `load` came
         self.loads = 0                  # Loads taken so far
-        self.output_at = float("-inf")  # when a stream of ours last got a chunk from it
         self.health = "UNKNOWN"
         self.missed = 0                 # health checks in a row with no answer
         self.request_failed = False     # a request to it failed since its last health answer
@@ -82,12 +78,10 @@ class WorkerState:
 class Lease:
     """One attempt's claim on a worker: counts it in flight with its outstanding tokens."""
 
-    __slots__ = ("_worker", "_clock", "remaining", "probe", "credited")
+    __slots__ = ("_worker", "remaining", "probe", "credited")
 
-    def __init__(self, worker: WorkerState, tokens: int, clock: Callable[[], float] = time.monotonic,
-                 probe: bool = False) -> None:
+    def __init__(self, worker: WorkerState, tokens: int, probe: bool = False) -> None:
         self._worker = worker
-        self._clock = clock
         self.remaining = tokens
         self.probe = probe          # holds a half-open breaker's one probe slot
         self.credited = False       # ... and its first output already counted as the probe's success
@@ -95,7 +89,7 @@ class Lease:
         worker.outstanding_tokens += tokens
 
     def progress(self, tokens: int) -> None:
-        """A chunk came: `tokens` of the claim are done, and the worker is producing."""
+        """A chunk came: `tokens` of the claim are done."""
         if self._worker is None:
             return
         if self.probe and not self.credited:
@@ -104,7 +98,6 @@ class Lease:
             # one request at a time for minutes.
             self.credited = True
             self._worker.breaker.record_success()
-        self._worker.output_at = self._clock()
         done = min(tokens, self.remaining)
         self.remaining -= done
         self._worker.outstanding_tokens -= done
