@@ -68,6 +68,7 @@ class VllmEngine(Engine):
 
         check_vllm_version(vllm.__version__)   # before the engine's own imports can fail obscurely
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if self.config.enable_auto_tool_choice and not self.config.tool_call_parser:
@@ -87,7 +88,11 @@ class VllmEngine(Engine):
         except TypeError as exc:
             raise ConfigError(f"unknown vLLM engine argument: {exc}") from None
         try:
-            self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self._recorder)])
+            # vLLM sizes its scheduler by who runs it: as `vllm serve` does (on an H100/H200 8,192
+            # batched tokens and 1,024 sequences; the engine context's defaults are 2,048 and 128,
+            # which queue a GPU at a few hundred requests/s). Same on CPU (2,048 and 128).
+            self._llm = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER,
+                                                  stat_loggers=[stat_logger_factory(self._recorder)])
         except Exception as exc:
             raise ModelError(f"vLLM could not load {resolved.path}: {exc}") from exc
         vllm_config = self._llm.vllm_config
