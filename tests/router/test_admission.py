@@ -62,8 +62,17 @@ def test_per_key_override_beats_the_default():
 
 
 def test_a_request_larger_than_the_whole_bucket_fits_when_the_bucket_is_full():
-    keys = KeyLimiter(AdmissionConfig(default=KeyLimits(tokens_per_min=100)), FakeClock())
-    keys.reserve("k", 5000)
+    """A request reserving more than a minute's tokens is never refused forever: it runs when the
+    bucket is full, and the key's debt then holds back what follows until it is paid."""
+    clock = FakeClock()
+    keys = KeyLimiter(AdmissionConfig(default=KeyLimits(tokens_per_min=100)), clock)
+    keys.reserve("k", 5000)  # a full bucket: admitted, 4,900 tokens in debt
+    with pytest.raises(RateLimitedError) as info:
+        keys.reserve("k", 1)
+    assert info.value.retry_after == pytest.approx(4901 * 60 / 100)  # the debt, then one token, at 100/min
+    clock.advance(4901 * 60 / 100)
+    keys.reserve("k", 1)
+    keys.reserve("other", 5000)  # other keys have their own bucket
 
 
 def test_secret_keys_are_not_echoed_in_errors():
