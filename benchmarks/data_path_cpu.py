@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gateway_overhead as overhead  # noqa: E402
+from gateway_rate_cpu import with_src  # noqa: E402
 from proc_stat import children_of, cpu_seconds  # noqa: E402
 
 from vllm_fleet.fleet.worker_process import WorkerProcess  # noqa: E402
@@ -55,10 +56,10 @@ def _py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen:
 
 
 async def one_side(src: str, args: argparse.Namespace, label: str) -> dict:
-    env = {**overhead.QUIET, "PYTHONPATH": str(Path(src).resolve())}
+    env = {**overhead.QUIET, **({"PYTHONPATH": with_src(src)} if src else {})}
     tokens_each = int(100 * args.seconds)
     async with WorkerProcess(["--engine", "mock", "--served-model-name", overhead.MODEL, "--mock-ttft-ms", "1",
-                              "--mock-tokens-per-s", "100", "--mock-max-model-len", "65536"], env,
+                              "--mock-tokens-per-s", "100", "--mock-max-model-len", "65536", *args.worker_args], env,
                              stop_grace_s=20) as worker:
         await worker.wait_serving(60)
         async with GatewayProcess(["--workers", worker.address, "--no-access-log", *args.gateway_args], env,
@@ -123,4 +124,6 @@ if __name__ == "__main__":
     parser.add_argument("--py-spy", help="record both processes of each side with py-spy into this folder")
     parser.add_argument("--gateway-arg", dest="gateway_args", action="append", default=[],
                         help="extra gateway argument (repeat)")
+    parser.add_argument("--worker-arg", dest="worker_args", action="append", default=[],
+                        help="extra mock worker argument (repeat), e.g. --worker-arg=--mock-batched-steps")
     overhead.run_on_uvloop(main(parser.parse_args()))

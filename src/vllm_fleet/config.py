@@ -150,6 +150,9 @@ class EngineConfig(FleetModel):
     mock_prefill_serial: bool = Field(
         False, description="Mock engine: prompts prefill one at a time, as one engine's prefills share its compute: "
         "a long prefill delays the first token of every prompt behind it (routing benchmarks)")
+    mock_batched_steps: bool = Field(
+        False, description="Mock engine: every running sequence steps on one shared 10 ms clock, as a GPU engine's "
+        "batch does (one step's tokens for all requests at once), instead of each on a timer of its own")
     mock_max_model_len: int = Field(4096, ge=16, description="Mock engine: context length it reports")
     mock_kv_blocks: int = Field(
         0, ge=0, description="Mock engine: blocks of its simulated prefix cache (of --block-size tokens, 16 when "

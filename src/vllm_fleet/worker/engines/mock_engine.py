@@ -50,6 +50,28 @@ from vllm_fleet.worker.engines.mock_pooling import mock_embeddings
 from vllm_fleet.worker.engines.mock_tokens import GREEDY, SPECIALS, VOCAB, MockSampling, mock_next_token, word_tokens
 
 _STEP_S = 0.01
+
+
+class _StepClock:
+    """One 10 ms step shared by every running sequence (--mock-batched-steps): they all wake in the
+    same loop iteration, as a GPU engine hands one step's outputs to all its requests at once."""
+
+    def __init__(self) -> None:
+        self._waiters: list[asyncio.Future] = []
+
+    async def next_step(self) -> None:
+        loop = asyncio.get_running_loop()
+        if not self._waiters:
+            loop.call_at((int(loop.time() / _STEP_S) + 1) * _STEP_S, self._step)
+        waiter = loop.create_future()  # one per sequence: cancelling one never cancels the others
+        self._waiters.append(waiter)
+        await waiter
+
+    def _step(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 DEFAULT_BLOCK_SIZE = 16  # the mock prefix cache's block size without --block-size (vLLM's GPU default)
 RATE_WINDOW_S = 5  # Load's output tokens/s covers this many seconds
 
@@ -73,6 +95,7 @@ class MockEngine(Engine):
         self._script: MockScript | None = None
         self._adapter_ids: set[int] = set()  # loaded adapters: a request on a removed one fails, as in vLLM
         self._prefix_cache: MockPrefixCache | None = None
+        self._step_clock = _StepClock() if config.mock_batched_steps else None
 
     async def start(self) -> None:
         from vllm_fleet.worker.prepare import import_vllm_meaning
@@ -223,6 +246,9 @@ class MockEngine(Engine):
                 for delta in deltas:
                     delta.cached_tokens = cached
                 yield deltas
+                if self._step_clock is not None:
+                    await self._step_clock.next_step()
+                    continue
                 next_step += count / self.config.mock_tokens_per_s
                 await asyncio.sleep(max(0.0, next_step - time.monotonic()))
         finally:

@@ -1,0 +1,163 @@
+"""Issue #49 goal 3: streamed completions at a set rate through one gateway host, mock engines at a GPU's pace.
+
+    python benchmarks/gateway_rate_cpu.py --rate 200 --tokens 512 --seconds 20 --processes 4 \
+        --mock-workers 4 --client-processes 6 [--src A/src --src B/src] [--rounds 2]
+
+Open loop (Poisson arrivals at `--rate` req/s for `--seconds`, split over `--client-processes`
+load generators), each a streamed completion of exactly `--tokens` tokens. Behind the gateway
+(`--processes N`), `--mock-workers` mock workers step every running sequence together every
+10 ms (`--mock-batched-steps`, one token per sequence per step: 100 tokens/s, a small model's
+decode pace on a GPU), so a worker message carries one step of all its streams, as a vLLM
+worker's does. Per side: achieved rate, errors, TTFT P50/P90/P99 (pooled over the load
+generators), output tokens/s, SSE events per token, and the gateway's CPU (all its processes,
+/proc) per token and tokens per gateway CPU-second. With several `--src`, the sides alternate
+order each round. The load generators and mock workers run on the same host: the command prints
+their CPU too, so a host whose cores they fill shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gateway_overhead as overhead  # noqa: E402
+from proc_stat import cpu_seconds  # noqa: E402
+
+from vllm_fleet.bench import ArrivalProcess, percentile  # noqa: E402
+from vllm_fleet.fleet.worker_process import WorkerProcess  # noqa: E402
+from vllm_fleet.processes import GatewayProcess  # noqa: E402
+
+
+def with_src(src: str) -> str:
+    """PYTHONPATH with the checkout's src/ first; what was on it stays after (a staged site folder)."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip("/").endswith("src")]
+    return os.pathsep.join([str(Path(src).resolve()), *rest])
+
+
+async def _load(port: int, rate: float, seconds: float, tokens: int, seed: int) -> dict:
+    body = json.dumps({"model": overhead.MODEL, "prompt": overhead.PROMPT, "max_tokens": tokens, "stream": True,
+                       "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
+    times = ArrivalProcess(rate, seed=seed).times(max(1, int(rate * seconds)))
+    ttfts: list[float] = []
+    got_tokens, errors, events = 0, 0, 0
+
+    async def one() -> None:
+        nonlocal got_tokens, errors, events
+        conn = overhead.HttpConnection("127.0.0.1", port)
+        try:
+            await conn.open()
+            ttft, n = await conn.stream("/v1/completions", body, time.perf_counter())
+            events += conn.events
+            if ttft is None or n != tokens:
+                errors += 1
+            else:
+                ttfts.append(ttft)
+                got_tokens += n
+        except Exception:
+            errors += 1
+        finally:
+            conn.close()
+
+    start = time.perf_counter()
+    tasks = []
+    for planned in times:
+        delay = start + planned - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one()))
+    sent_over = time.perf_counter() - start
+    await asyncio.gather(*tasks)
+    return {"ttfts": ttfts, "tokens": got_tokens, "errors": errors, "events": events, "sent": len(times),
+            "sent_over_s": sent_over, "elapsed_s": time.perf_counter() - start}
+
+
+def _load_process(port: int, rate: float, seconds: float, tokens: int, seed: int, out) -> None:
+    out.put(overhead.run_on_uvloop(_load(port, rate, seconds, tokens, seed)))
+
+
+def _run_load(port: int, args: argparse.Namespace) -> list[dict]:
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    share = args.rate / args.client_processes
+    procs = [context.Process(target=_load_process, args=(port, share, args.seconds, args.tokens, 1000 + i, out))
+             for i in range(args.client_processes)]
+    for proc in procs:
+        proc.start()
+    parts = [out.get(timeout=args.seconds + 600) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+    return parts
+
+
+async def one_side(src: str | None, args: argparse.Namespace) -> dict:
+    env = {**overhead.QUIET, **({"PYTHONPATH": with_src(src)} if src else {})}
+    workers = [WorkerProcess(["--engine", "mock", "--served-model-name", overhead.MODEL, "--mock-ttft-ms", "20",
+                              "--mock-tokens-per-s", "100", "--mock-batched-steps", "--mock-max-model-len", "65536"],
+                             env, stop_grace_s=20) for _ in range(args.mock_workers)]
+    for worker in workers:
+        await worker.__aenter__()
+    try:
+        for worker in workers:
+            await worker.wait_serving(120)
+        gateway_args = ["--workers", ",".join(w.address for w in workers), "--no-access-log",
+                        *(["--processes", str(args.processes)] if args.processes != 1 else [])]
+        async with GatewayProcess(gateway_args, env, stop_grace_s=20) as gateway:
+            await gateway.wait_ready(120)
+            await asyncio.to_thread(_run_load, gateway.port, argparse.Namespace(
+                rate=min(args.rate, 20), seconds=1.0, tokens=16, client_processes=1))  # warm-up
+            g0, w0 = cpu_seconds(gateway.pid), sum(cpu_seconds(w.pid) for w in workers)
+            c0, started = _children_cpu(), time.perf_counter()
+            parts = await asyncio.to_thread(_run_load, gateway.port, args)
+            elapsed = time.perf_counter() - started
+            g_cpu = cpu_seconds(gateway.pid) - g0
+            w_cpu = sum(cpu_seconds(w.pid) for w in workers) - w0
+            c_cpu = _children_cpu() - c0
+    finally:
+        for worker in reversed(workers):
+            await worker.__aexit__(None, None, None)
+    ttfts = [t for p in parts for t in p["ttfts"]]
+    tokens = sum(p["tokens"] for p in parts)
+    sent = sum(p["sent"] for p in parts)
+    ms = lambda q: round(percentile(ttfts, q) * 1000, 1) if ttfts else None  # noqa: E731
+    return {"rate": args.rate, "achieved_rate": round(sent / max(p["sent_over_s"] for p in parts), 1),
+            "requests": sent, "errors": sum(p["errors"] for p in parts), "processes": args.processes,
+            "mock_workers": args.mock_workers, "ttft_p50_ms": ms(50), "ttft_p90_ms": ms(90), "ttft_p99_ms": ms(99),
+            "tokens": tokens, "tokens_per_s": round(tokens / elapsed), "events_per_token":
+            round(sum(p["events"] for p in parts) / max(tokens, 1), 3), "gateway_cpu_s": round(g_cpu, 2),
+            "gateway_us_per_token": round(g_cpu / max(tokens, 1) * 1e6, 1),
+            "tokens_per_gateway_cpu_s": round(tokens / max(g_cpu, 1e-9)), "workers_cpu_s": round(w_cpu, 2),
+            "load_generators_cpu_s": round(c_cpu, 2), "elapsed_s": round(elapsed, 1),
+            "load_average": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
+
+
+def _children_cpu() -> float:
+    usage = os.times()
+    return usage.children_user + usage.children_system
+
+
+async def main(args: argparse.Namespace) -> None:
+    srcs = args.src or [None]
+    for round_ in range(args.rounds):
+        for src in (srcs if round_ % 2 == 0 else srcs[::-1]):
+            result = await one_side(src, args)
+            print(json.dumps({"round": round_, "src": src or "this checkout", **result}), flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--processes", type=int, default=1, help="gateway --processes N")
+    parser.add_argument("--mock-workers", type=int, default=1)
+    parser.add_argument("--client-processes", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--src", action="append", help="a checkout's src/ (repeat to compare; default: this one)")
+    overhead.run_on_uvloop(main(parser.parse_args()))
