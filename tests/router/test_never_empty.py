@@ -131,3 +131,21 @@ async def test_the_retry_budget_shrinks_as_the_pool_saturates():
         assert pool.retry_headroom(address) == pytest.approx(MIN_RETRY_HEADROOM)
     finally:
         await pool.close()
+
+
+async def test_streams_of_a_worker_that_is_gone_may_use_the_whole_budget_however_saturated():
+    """Migration off a dead worker adds no work to the pool (its work died with it): it is not cut
+    when the survivors queue, while retries of errors a busy worker answered are."""
+    from vllm_fleet.errors import WorkerError, WorkerTimeoutError
+    from vllm_fleet.router.retry import retry_headroom
+
+    async with router_over(2) as (router, workers):
+        workers.scripted.answer = WorkerLoad(running=8, waiting=20)
+        await wait_until(lambda: all(v.load and v.load.waiting == 20 for v in router.snapshot()), timeout=5,
+                         message="both queues seen")
+        context = router._context  # noqa: SLF001 - what a stream is handed
+        address = addresses(2)[0]
+        assert retry_headroom(context, WorkerUnavailableError("gone", worker=address), address) == 1.0
+        assert retry_headroom(context, WorkerTimeoutError("stalled", worker=address), address) == 1.0
+        assert retry_headroom(context, WorkerError("failed (INTERNAL)", worker=address), address) == \
+            pytest.approx(MIN_RETRY_HEADROOM)

@@ -7,7 +7,7 @@
   overload (a capacity signal) or a passed deadline (the caller's) (`failure_verdict`). Another
   attempt follows (`check_retry`): a failover before anything reached the caller, a migration
   after. None follows once the deadline has passed, `max_attempts` are used or the retry budget
-  is spent (the worker's error is raised), nor after tokens of a grammar-constrained answer
+  is spent (the worker's error is raised; `retry_headroom`: how much of it a retry may use), nor after tokens of a grammar-constrained answer
   (MigrationUnsupportedError, fatal: another worker could not keep the answer valid).
 * Each attempt goes out under its own request id (`attempt_id`).
 """
@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import logging
 
-from vllm_fleet.errors import DeadlineExceededError, MigrationUnsupportedError, WorkerError, WorkerOverloadedError
+from vllm_fleet.errors import (
+    DeadlineExceededError,
+    MigrationUnsupportedError,
+    WorkerError,
+    WorkerOverloadedError,
+    WorkerTimeoutError,
+    WorkerUnavailableError,
+)
 from vllm_fleet.protocol.types import GenerateRequest
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.delivered import Delivered
@@ -53,6 +60,17 @@ def failure_verdict(exc: WorkerError) -> bool | None:
     return None if isinstance(exc, (WorkerOverloadedError, DeadlineExceededError)) else False
 
 
+def retry_headroom(ctx: StreamContext, exc: WorkerError, address: str) -> float:
+    """The share of the retry budget this retry may draw on. A worker that is gone (unreachable,
+    its engine dead or stalled: UNAVAILABLE, or a stall by its own word) left its work behind, so
+    moving that work adds nothing to the pool: the whole budget, as migration off a dead worker
+    needs. A worker that answered with an error is up and busy: its share shrinks as the pool
+    saturates (Pool.retry_headroom), since retrying into full queues only lengthens them."""
+    if isinstance(exc, (WorkerUnavailableError, WorkerTimeoutError)):
+        return 1.0
+    return ctx.pool.retry_headroom(address)
+
+
 def check_retry(ctx: StreamContext, exc: WorkerError, address: str, *, attempts: int, delivered: Delivered,
                 request: GenerateRequest) -> None:
     """Log failed attempt number `attempts` (on `address`) and decide whether another may follow;
@@ -69,7 +87,7 @@ def check_retry(ctx: StreamContext, exc: WorkerError, address: str, *, attempts:
             f"continue on another worker; retry the request", worker=address) from exc
     if attempts >= ctx.config.max_attempts:
         raise exc
-    if not ctx.budget.try_spend(ctx.pool.retry_headroom(address)):
+    if not ctx.budget.try_spend(retry_headroom(ctx, exc, address)):
         ctx.metrics.rejections.labels("retry_budget").inc()
         logger.warning("retry budget exhausted; not retrying", extra={"request_id": rid})
         raise exc
