@@ -12,6 +12,15 @@ def breaker(clock: FakeClock) -> CircuitBreaker:
     return CircuitBreaker(failure_threshold=3, open_s=5.0, success_threshold=2, clock=clock)
 
 
+def half_open(clock: FakeClock) -> CircuitBreaker:
+    """A breaker opened by three failures, then left open for its open time."""
+    b = breaker(clock)
+    for _ in range(3):
+        b.record_failure()
+    clock.advance(5.0)
+    return b
+
+
 def test_breaker_opens_after_consecutive_failures_only():
     clock = FakeClock()
     b = breaker(clock)
@@ -24,11 +33,7 @@ def test_breaker_opens_after_consecutive_failures_only():
 
 
 def test_breaker_half_open_admits_one_probe_and_closes_after_successes():
-    clock = FakeClock()
-    b = breaker(clock)
-    for _ in range(3):
-        b.record_failure()
-    clock.advance(5.0)
+    b = half_open(FakeClock())
     assert b.state == "half_open"
     assert b.allow() and not b.allow()  # one probe at a time
     b.record_success()
@@ -39,10 +44,7 @@ def test_breaker_half_open_admits_one_probe_and_closes_after_successes():
 
 def test_breaker_reopens_when_the_probe_fails_and_a_cancelled_probe_frees_the_slot():
     clock = FakeClock()
-    b = breaker(clock)
-    for _ in range(3):
-        b.record_failure()
-    clock.advance(5.0)
+    b = half_open(clock)
     assert b.allow()
     b.release()           # the client went away: no verdict, the next request may probe
     assert b.allow()
@@ -114,11 +116,7 @@ def test_a_breaker_without_room_to_open_stays_closed_and_opens_once_there_is():
 
 
 def test_a_failed_probe_without_room_frees_the_probe_slot():
-    clock = FakeClock()
-    b = breaker(clock)
-    for _ in range(3):
-        b.record_failure()
-    clock.advance(5.0)
+    b = half_open(FakeClock())
     assert b.allow()
     b.record_failure(may_open=False)
     assert b.state == "half_open" and b.allow()
