@@ -328,3 +328,23 @@ async def test_lines_waiting_for_batch_capacity_show_why_on_the_batch_object(sta
         await flex.close()  # its caller leaves: the guard's slot is free again
     batch = await wait_status(client, batch.id, ("completed",))
     assert batch.request_counts.completed == 1 and batch.model_extra["vllm_fleet_waiting"] is None
+
+
+async def test_a_batch_far_beyond_the_workers_slots_waits_and_no_line_fails_or_retries(start_gateway,
+                                                                                       mock_worker_factory, tmp_path):
+    """Overload (issue #50): 24 lines on one worker of two engine slots, with stall limits far below
+    the waits. Lines wait for slack (or in the engine's queue); a busy worker is not a broken one,
+    so every line is answered at its first attempt."""
+    worker = await mock_worker_factory.start(served_model_name=MODEL_A, max_num_seqs=2, mock_tokens_per_s=50,
+                                             mock_ttft_ms=1)
+    router = RouterConfig(stall_timeout_s=0.5, first_chunk_timeout_s=0.5, load_poll_interval_s=0.1)
+    server = await start_gateway([worker.address], router=router, batch_dir=str(tmp_path / "batch"))
+    await wait_until(lambda: MODEL_A in server.router.models(), timeout=20, message="model A")
+    client = client_of(server)
+    batch = await run_batch(client, [chat_line(f"r{i}", f"question {i}", max_tokens=10) for i in range(24)],
+                            until=("completed", "failed"))
+    assert batch.status == "completed" and batch.request_counts.completed == 24 and batch.request_counts.failed == 0
+    assert all(line["response"]["body"]["usage"]["completion_tokens"] == 10
+               for line in await lines_of(client, batch.output_file_id))
+    metrics = (await http_call(server, "GET", "/metrics")).decode()
+    assert "vllm_fleet_router_retries_total{" not in metrics, "a waiting line was taken for a stalled one"
