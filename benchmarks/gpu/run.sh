@@ -26,7 +26,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-PHASE=${1:?usage: run.sh single|pair|tp2|mock|smoke}
+PHASE=${1:?usage: run.sh single|pair|tp2|short|grid|scale|mock|smoke}
 VLLM_PY=${VLLM_PY:-python3}
 FLEET_PY=${FLEET_PY:-python3}
 MODEL=${MODEL:?set MODEL to a model folder}
@@ -383,6 +383,29 @@ short() {  # issue #17 target 2: many short requests; every system up (and done 
         order=("${systems[@]}"); ((r % 2 == 0)) && order=($(printf '%s\n' "${systems[@]}" | tac))
         for system in "${order[@]}"; do bench "short-${system%%=*}-r$r" "${system#*=}"; done
     done
+}
+
+grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on stock `vllm serve` and ours in turn
+    local frac=${GRID_MEM:-0.28}
+    MODEL=${GRID_MODEL:-${SHORT_MODEL:?set SHORT_MODEL (stage.sh makes the Qwen3-0.6B-shaped folder)}}
+    NAME=${GRID_NAME:-qwen3-0.6b}
+    [[ -f $MODEL/tokenizer.json ]] ||
+        $FLEET_PY benchmarks/gpu/make_model.py --bench-words "${GRID_CONFIG:-benchmarks/gpu/configs/qwen3-0.6b}" "$MODEL" >/dev/null
+    # The same engine options on both sides, the scheduler sizes given (not left to each side's defaults).
+    ENGINE_OPTS=${GRID_ENGINE_OPTS:-"--load-format dummy --dtype bfloat16 --max-model-len 4096 --gpu-memory-utilization $frac --max-num-seqs 1024 --max-num-batched-tokens 16384 --seed 0"}
+    VLLM_EXTRA=${GRID_VLLM_EXTRA:-} FLEET_EXTRA=${GRID_FLEET_EXTRA:-}
+    export STOCK_CACHE_ROOT=${TMPDIR:-/tmp}/vllm-cache-short VLLM_CACHE_ROOT=${TMPDIR:-/tmp}/vllm-cache-short
+    gpu_memory
+    vllm_server vllm-serve 0 $((BASE + 41))
+    wait_http http://127.0.0.1:$((BASE + 41)) "$START_TIMEOUT" || return 1
+    fleet_worker worker 0 $((BASE + 42))
+    wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 42)) || return 1
+    gateway $((BASE + 43)) 127.0.0.1:$((BASE + 42)) ${GRID_GATEWAY_ARGS:-}
+    wait_http http://127.0.0.1:$((BASE + 43)) 60 || return 1
+    $VLLM_PY benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:$((BASE + 41)) \
+        --ours http://127.0.0.1:$((BASE + 43)) --model "$MODEL" --served-name "$NAME" \
+        --rates "${GRID_RATES:-100,200,400}" --rounds "${GRID_ROUNDS:-2}" --out-len "${GRID_OUT:-64}" \
+        --num-prompts "${GRID_NUM:-2000}" --results "$RESULTS/goal1" 2>&1 | tee "$RESULTS/goal1.txt"
 }
 
 wait_grpc_health() {  # wait_grpc_health SECONDS host:port [PID]: the standard gRPC health service says
