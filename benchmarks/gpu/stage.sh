@@ -15,6 +15,15 @@
 #         && STAGE_FROM=/tmp/stage bash benchmarks/gpu/stage.sh install && source /tmp/gpu-env.sh
 #   then pool_cache.sh, run.sh, suite.sh (carry .gpu/smg and run `stage.sh install` again for SMG).
 #
+# The lean sequence of 2026-12-06 (enough for `run.sh grid` / `short`: no LoRA adapter, no real
+# SmolLM2, no Spark), five runs: after prepare.sh, here
+#   (cd .gpu && tar -cf - deps fleet srv third_party.tgz | split -b 28M -d - lean.part)
+#   runs 1-3, carry .gpu/vllm.part0N:   bash benchmarks/gpu/stage.sh part .gpu/vllm.part0N
+#   run 4, carry .gpu/lean.part00:      bash benchmarks/gpu/stage.sh part .gpu/lean.part00
+#   run 5, carry .gpu/lean.part01:      bash benchmarks/gpu/stage.sh part .gpu/lean.part01 &&
+#       bash benchmarks/gpu/stage.sh unbundle lean && STAGE_FROM=/tmp/stage bash benchmarks/gpu/stage.sh install
+#   (one call at a time, each within seconds of the last; ~25 s of device time for all five)
+#
 # The first sequence, of 2026-12-01 (the repo itself is ~10 MB of each run's 64 MiB, so vLLM travels in
 # three 37 MiB parts; pack_vllm.sh writes them):
 #   run 1, carry .gpu/vllm.part00 .gpu/srv .gpu/third_party.tgz .gpu/fleet:
