@@ -382,9 +382,8 @@ async def test_a_recovering_worker_takes_many_streams_at_once_after_its_first_pr
     # behind a probe that streams for minutes. Seen on a real node: 15 of 16 streams failed.
     worker = await mock_worker_factory.start(mock_tokens_per_s=20, mock_ttft_ms=50)
     try:
-        # ejection_max_ratio 1: the user lets a model's only worker be taken out, as a crash does.
         async with routed(worker.address, breaker_failures=1, breaker_successes=2, breaker_open_s=0.2,
-                          ejection_max_ratio=1.0) as router:
+                          ejection_max_ratio=1.0) as router:  # 1.0: a model's only worker may be taken out
             router._pool.report(worker.address, False)  # a failed request, as the router records one
             await wait_until(lambda: router.snapshot().get(worker.address).breaker == "half_open", timeout=10,
                              message="the breaker half-open")

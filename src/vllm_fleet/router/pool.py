@@ -60,8 +60,8 @@ INFO_TIMEOUT_S = 5.0
 HEALTH_MISSES_TO_LEAVE = 2
 # A Load answer younger than this shows the worker process is responsive.
 LOAD_FRESH_MIN_S = 5.0
-# The share of the retry budget left open when every worker of a model queues requests: failures
-# there (a worker dying) still get some retries, while a saturated pool is not fed more work.
+# The share of the retry budget left open when every worker of a model queues requests: errors a
+# busy worker answers still get some retries, while a saturated pool is not fed much more work.
 MIN_RETRY_HEADROOM = 0.2
 
 
@@ -310,16 +310,11 @@ class Pool:
         worker = self._workers.get(address)
         return worker is not None and (worker.health != "SERVING" or worker.breaker.state == OPEN)
 
-    def _breaker_open(self, address: str) -> bool:
-        worker = self._workers.get(address)
-        return worker is not None and worker.breaker.state == OPEN
-
     def _may_take_out(self, address: str, group: list[str]) -> bool:
         """Whether taking `address` out of rotation keeps the workers out (down by their health,
         open breaker or ejected) within `ejection_max_ratio` of its model's: a model's last
         serving worker is never taken out."""
-        out = sum(1 for a in group if a != address and (self._workers[a].health != "SERVING"
-                                                        or self._breaker_open(a) or self._outliers.is_ejected(a)))
+        out = sum(1 for a in group if a != address and (self._out_but_ejected(a) or self._outliers.is_ejected(a)))
         return out + 1 <= self.config.ejection_max_ratio * len(group)
 
     def retry_headroom(self, address: str) -> float:

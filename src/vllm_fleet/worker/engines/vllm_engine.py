@@ -67,34 +67,11 @@ class VllmEngine(Engine):
         import vllm
 
         check_vllm_version(vllm.__version__)   # before the engine's own imports can fail obscurely
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         if self.config.enable_auto_tool_choice and not self.config.tool_call_parser:
             raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser")  # as vllm serve says
         resolved = resolve_model(self.config.model, self.config.served_model_name)
         self._served_name = resolved.served_name
-        kwargs = engine_kwargs(self.config, resolved.path, resolved.served_name)
-        on_cpu_here = on_cpu()
-        self._dtype_choice = choose_dtype(kwargs.get("dtype"), on_cpu=on_cpu_here,
-                                          cpu_flags=read_cpu_flags() if on_cpu_here else ())
-        kwargs["dtype"] = self._dtype_choice.dtype
-        logger.info("weight dtype %s (%s)", self._dtype_choice.dtype, self._dtype_choice.reason)
-        self._ask_for_kv_events(kwargs)
-        logger.info("starting vLLM engine: %s", kwargs)
-        try:
-            args = AsyncEngineArgs(**kwargs)
-        except TypeError as exc:
-            raise ConfigError(f"unknown vLLM engine argument: {exc}") from None
-        try:
-            # vLLM sizes its scheduler by who runs it: as `vllm serve` does (on an H100/H200 8,192
-            # batched tokens and 1,024 sequences; the engine context's defaults are 2,048 and 128,
-            # which queue a GPU at a few hundred requests/s). Same on CPU (2,048 and 128).
-            self._llm = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER,
-                                                  stat_loggers=[stat_logger_factory(self._recorder)])
-        except Exception as exc:
-            raise ModelError(f"vLLM could not load {resolved.path}: {exc}") from exc
+        self._llm = self._build_llm(resolved.path)
         vllm_config = self._llm.vllm_config
         self._max_model_len = vllm_config.model_config.max_model_len
         model_config = vllm_config.model_config
@@ -131,6 +108,33 @@ class VllmEngine(Engine):
         else:
             await self._warm_up()
         logger.info("vLLM engine ready: model=%s max_model_len=%d", self._served_name, self._max_model_len)
+
+    def _build_llm(self, model_path: str) -> Any:
+        """vLLM's AsyncLLM for our config: its engine arguments, the weights' dtype, KV events."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        kwargs = engine_kwargs(self.config, model_path, self._served_name)
+        on_cpu_here = on_cpu()
+        self._dtype_choice = choose_dtype(kwargs.get("dtype"), on_cpu=on_cpu_here,
+                                          cpu_flags=read_cpu_flags() if on_cpu_here else ())
+        kwargs["dtype"] = self._dtype_choice.dtype
+        logger.info("weight dtype %s (%s)", self._dtype_choice.dtype, self._dtype_choice.reason)
+        self._ask_for_kv_events(kwargs)
+        logger.info("starting vLLM engine: %s", kwargs)
+        try:
+            args = AsyncEngineArgs(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"unknown vLLM engine argument: {exc}") from None
+        try:
+            # vLLM sizes its scheduler by who runs it: as `vllm serve` does (on an H100/H200 8,192
+            # batched tokens and 1,024 sequences; the engine context's defaults are 2,048 and 128,
+            # which queue a GPU at a few hundred requests/s). Same on CPU (2,048 and 128).
+            return AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER,
+                                             stat_loggers=[stat_logger_factory(self._recorder)])
+        except Exception as exc:
+            raise ModelError(f"vLLM could not load {model_path}: {exc}") from exc
 
     def _ask_for_kv_events(self, kwargs: dict[str, Any]) -> None:
         """Have vLLM publish KV-cache events to a socket of ours (localhost only), unless events
