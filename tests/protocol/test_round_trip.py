@@ -157,30 +157,19 @@ def test_the_envelope_carries_no_sampling_field():
     request = build_request("r", [GenerateInput(text="x")], SamplingParams(temperature=0.5, max_tokens=7, n=3,
                                                                           stop=["."], logit_bias={5: 1.0}))
     msg = request_to_pb(request)
-    assert not msg.HasField("params")  # the previous release's copy is never written
     assert msg.n == 3
     assert json.loads(msg.body.body_json) == {"temperature": 0.5, "max_tokens": 7, "stop": ["."],
                                               "logit_bias": {"5": 1.0}}
 
 
-def test_a_previous_release_request_reads_as_the_body_its_params_stood_for():
-    # A 0.1 router (Spark, the Python client) sent typed params and typed chat messages.
-    old = pb.GenerateRequest(request_id="old", priority=2, session_id="s", adapter="a")
-    old.inputs.add().chat.messages.add(role="assistant", content="", tool_calls_json='[{"id": "c1"}]')
-    old.params.max_tokens = 9
-    old.params.n = 2
-    old.params.stop.append("!")
-    old.params.constraint.regex = "[a-z]+"
-    read = request_from_pb(_over_the_wire(old))
-    assert read.n == 2 and read.priority == 2 and read.constrained and read.body.endpoint == "chat"
-    assert read.inputs[0].messages == [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]
-    assert json.loads(read.body.body_json) == {"max_tokens": 9, "stop": ["!"], "structured_outputs": {"regex": "[a-z]+"}}
-    # An 0.1 gateway's request: the OpenAI body already carried the meaning; n came in params.
-    gateway = pb.GenerateRequest(request_id="gw", body=pb.RequestBody(endpoint="completion", body_json=b'{"seed":1}'))
-    gateway.inputs.add().text = "hi"
-    gateway.params.n = 3
-    read = request_from_pb(_over_the_wire(gateway))
-    assert read.n == 3 and read.body.body_json == b'{"seed":1}'
+def test_the_previous_release_fields_are_retired_for_good():
+    # No compatibility shims before 1.0: typed params (3) and typed chat inputs (2) are gone, and
+    # their numbers reserved so a stale peer's bytes are never read as some new field.
+    assert "params" not in pb.GenerateRequest.DESCRIPTOR.fields_by_name
+    assert 3 not in pb.GenerateRequest.DESCRIPTOR.fields_by_number
+    assert "chat" not in pb.GenerateInput.DESCRIPTOR.fields_by_name
+    assert 2 not in pb.GenerateInput.DESCRIPTOR.fields_by_number
+    assert not hasattr(pb, "SamplingParams") and not hasattr(pb, "ChatMessages")
 
 
 def test_messages_that_are_not_a_json_list_are_refused_naming_them():

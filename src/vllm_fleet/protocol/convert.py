@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from vllm_fleet.protocol import legacy, worker_pb2 as pb
+from vllm_fleet.protocol import worker_pb2 as pb
 from vllm_fleet.protocol.types import (
     Adapter,
     Chunk,
@@ -61,8 +61,6 @@ def input_from_pb(msg: pb.GenerateInput) -> GenerateInput:
              "router_ids_digest": msg.router_ids_digest if router_ids else ""}
     if kind == "messages_json":
         return GenerateInput(messages=_messages(msg.messages_json), **extra)
-    if kind == "chat":
-        return GenerateInput(messages=legacy.messages(msg.chat), **extra)
     return GenerateInput(text=msg.text, **extra)
 
 
@@ -96,14 +94,10 @@ def request_to_pb(request: GenerateRequest) -> pb.GenerateRequest:
 
 
 def request_from_pb(msg: pb.GenerateRequest) -> GenerateRequest:
-    """The request as this release reads it; a previous release's form is converted by legacy.py.
-    Raises MalformedRequestError for inputs that cannot be read."""
-    inputs = [input_from_pb(i) for i in msg.inputs]
-    if not msg.n and msg.HasField("params"):
-        return legacy.request(msg, inputs)
+    """Raises MalformedRequestError for inputs that cannot be read."""
     return GenerateRequest(
         request_id=msg.request_id,
-        inputs=inputs,
+        inputs=[input_from_pb(i) for i in msg.inputs],
         body=RequestBody(endpoint=msg.body.endpoint, body_json=msg.body.body_json),
         n=msg.n,  # 0 from a new router is a bug the worker refuses (n must be at least 1)
         session_id=msg.session_id,

@@ -207,7 +207,7 @@ class WorkerInfo:
     device: str = ""
     worker_id: str = ""
     pool: str = ""             # the workload pool it serves (e.g. short | long); "" = any
-    request_form: int = REQUEST_FORM  # the request form it reads; 0 from a 0.1 worker
+    request_form: int = REQUEST_FORM  # the request form it reads; routers use only workers of theirs
     kv_block_size: int = 0     # tokens per KV-cache block; 0 = unknown
     kv_events: bool = False    # KvEvents streams this engine's cache events
     tasks: list[str] = field(default_factory=list)  # vLLM's supported tasks; [] = generate (older workers)

@@ -6,28 +6,6 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class ChatMessage(_message.Message):
-    __slots__ = ("role", "content", "name", "tool_call_id", "tool_calls_json", "reasoning")
-    ROLE_FIELD_NUMBER: _ClassVar[int]
-    CONTENT_FIELD_NUMBER: _ClassVar[int]
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    TOOL_CALLS_JSON_FIELD_NUMBER: _ClassVar[int]
-    REASONING_FIELD_NUMBER: _ClassVar[int]
-    role: str
-    content: str
-    name: str
-    tool_call_id: str
-    tool_calls_json: str
-    reasoning: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., name: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., reasoning: _Optional[str] = ...) -> None: ...
-
-class ChatMessages(_message.Message):
-    __slots__ = ("messages",)
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
-    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
-
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
     IDS_FIELD_NUMBER: _ClassVar[int]
@@ -35,9 +13,8 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateInput(_message.Message):
-    __slots__ = ("text", "chat", "token_ids", "messages_json", "resume_token_ids", "resume_delivered_chars", "router_token_ids", "router_ids_digest")
+    __slots__ = ("text", "token_ids", "messages_json", "resume_token_ids", "resume_delivered_chars", "router_token_ids", "router_ids_digest")
     TEXT_FIELD_NUMBER: _ClassVar[int]
-    CHAT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -45,91 +22,13 @@ class GenerateInput(_message.Message):
     ROUTER_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     ROUTER_IDS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     text: str
-    chat: ChatMessages
     token_ids: TokenIds
     messages_json: bytes
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     resume_delivered_chars: int
     router_token_ids: _containers.RepeatedScalarFieldContainer[int]
     router_ids_digest: str
-    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages_json: _Optional[bytes] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_delivered_chars: _Optional[int] = ..., router_token_ids: _Optional[_Iterable[int]] = ..., router_ids_digest: _Optional[str] = ...) -> None: ...
-
-class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "stop", "stop_token_ids", "seed", "n", "logprobs", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "bad_words", "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "constraint")
-    class LogitBiasEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: int
-        value: float
-        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
-    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
-    TOP_P_FIELD_NUMBER: _ClassVar[int]
-    TOP_K_FIELD_NUMBER: _ClassVar[int]
-    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    STOP_FIELD_NUMBER: _ClassVar[int]
-    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    SEED_FIELD_NUMBER: _ClassVar[int]
-    N_FIELD_NUMBER: _ClassVar[int]
-    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
-    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
-    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
-    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
-    MIN_P_FIELD_NUMBER: _ClassVar[int]
-    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
-    BAD_WORDS_FIELD_NUMBER: _ClassVar[int]
-    ALLOWED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
-    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
-    temperature: float
-    top_p: float
-    top_k: int
-    max_tokens: int
-    min_tokens: int
-    stop: _containers.RepeatedScalarFieldContainer[str]
-    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    seed: int
-    n: int
-    logprobs: int
-    ignore_eos: bool
-    presence_penalty: float
-    frequency_penalty: float
-    repetition_penalty: float
-    min_p: float
-    logit_bias: _containers.ScalarMap[int, float]
-    bad_words: _containers.RepeatedScalarFieldContainer[str]
-    allowed_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    include_stop_str_in_output: bool
-    skip_special_tokens: bool
-    truncate_prompt_tokens: int
-    constraint: Constraint
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., bad_words: _Optional[_Iterable[str]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ...) -> None: ...
-
-class Constraint(_message.Message):
-    __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
-    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
-    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
-    REGEX_FIELD_NUMBER: _ClassVar[int]
-    CHOICE_FIELD_NUMBER: _ClassVar[int]
-    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
-    STRUCTURAL_TAG_FIELD_NUMBER: _ClassVar[int]
-    json_schema: str
-    json_object: bool
-    regex: str
-    choice: ChoiceList
-    grammar: str
-    structural_tag: str
-    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[ChoiceList, _Mapping]] = ..., grammar: _Optional[str] = ..., structural_tag: _Optional[str] = ...) -> None: ...
-
-class ChoiceList(_message.Message):
-    __slots__ = ("choices",)
-    CHOICES_FIELD_NUMBER: _ClassVar[int]
-    choices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages_json: _Optional[bytes] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_delivered_chars: _Optional[int] = ..., router_token_ids: _Optional[_Iterable[int]] = ..., router_ids_digest: _Optional[str] = ...) -> None: ...
 
 class RequestBody(_message.Message):
     __slots__ = ("endpoint", "body_json")
@@ -140,10 +39,9 @@ class RequestBody(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., body_json: _Optional[bytes] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "inputs", "params", "session_id", "priority", "stream_interval_ms", "body", "constrained", "adapter", "n", "batch")
+    __slots__ = ("request_id", "inputs", "session_id", "priority", "stream_interval_ms", "body", "constrained", "adapter", "n", "batch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
@@ -154,7 +52,6 @@ class GenerateRequest(_message.Message):
     BATCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     inputs: _containers.RepeatedCompositeFieldContainer[GenerateInput]
-    params: SamplingParams
     session_id: str
     priority: int
     stream_interval_ms: int
@@ -163,7 +60,7 @@ class GenerateRequest(_message.Message):
     adapter: str
     n: int
     batch: bool
-    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[GenerateInput, _Mapping]]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., session_id: _Optional[str] = ..., priority: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., body: _Optional[_Union[RequestBody, _Mapping]] = ..., constrained: _Optional[bool] = ..., adapter: _Optional[str] = ..., n: _Optional[int] = ..., batch: _Optional[bool] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[GenerateInput, _Mapping]]] = ..., session_id: _Optional[str] = ..., priority: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., body: _Optional[_Union[RequestBody, _Mapping]] = ..., constrained: _Optional[bool] = ..., adapter: _Optional[str] = ..., n: _Optional[int] = ..., batch: _Optional[bool] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "token", "logprob", "top")
