@@ -396,14 +396,28 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
     VLLM_EXTRA=${GRID_VLLM_EXTRA:-} FLEET_EXTRA=${GRID_FLEET_EXTRA:-}
     export STOCK_CACHE_ROOT=${TMPDIR:-/tmp}/vllm-cache-short VLLM_CACHE_ROOT=${TMPDIR:-/tmp}/vllm-cache-short
     gpu_memory
+    local extra=() profiles=()
     vllm_server vllm-serve 0 $((BASE + 41))
+    profiles+=(--profile "stock=${PIDS[-1]}")
     wait_http http://127.0.0.1:$((BASE + 41)) "$START_TIMEOUT" || return 1
     fleet_worker worker 0 $((BASE + 42))
+    profiles+=(--profile "ours=${PIDS[-1]}")
     wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 42)) || return 1
     gateway $((BASE + 43)) 127.0.0.1:$((BASE + 42)) ${GRID_GATEWAY_ARGS:-}
+    profiles+=(--profile "ours=${PIDS[-1]}")
     wait_http http://127.0.0.1:$((BASE + 43)) 60 || return 1
+    if [[ -n ${GRID_VARIANT:-} ]]; then  # a third system: our worker with these options added (e.g. a cost's off switch)
+        FLEET_EXTRA="$FLEET_EXTRA $GRID_VARIANT" fleet_worker worker-variant 0 $((BASE + 44))
+        profiles+=(--profile "variant=${PIDS[-1]}")
+        wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 44)) || return 1
+        gateway $((BASE + 45)) 127.0.0.1:$((BASE + 44)) ${GRID_GATEWAY_ARGS:-}
+        wait_http http://127.0.0.1:$((BASE + 45)) 60 || return 1
+        extra+=(--system "variant=http://127.0.0.1:$((BASE + 45))")
+        log "grid: variant = our worker with: $GRID_VARIANT"
+    fi
+    [[ -n ${GRID_PY_SPY:-} ]] && extra+=(--py-spy "$GRID_PY_SPY" "${profiles[@]}")
     $VLLM_PY benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:$((BASE + 41)) \
-        --ours http://127.0.0.1:$((BASE + 43)) --model "$MODEL" --served-name "$NAME" \
+        --ours http://127.0.0.1:$((BASE + 43)) "${extra[@]}" --model "$MODEL" --served-name "$NAME" \
         --rates "${GRID_RATES:-100,200,400}" --rounds "${GRID_ROUNDS:-2}" --out-len "${GRID_OUT:-64}" \
         --num-prompts "${GRID_NUM:-2000}" --results "$RESULTS/goal1" 2>&1 | tee "$RESULTS/goal1.txt"
 }

@@ -1,32 +1,77 @@
-"""Issue #49 goal 1: vLLM's own bench client against two running front ends in turn, and the ratios.
+"""Issue #49 goal 1: vLLM's own bench client against running front ends in turn, and the ratios.
 
     python benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:PORT1 --ours http://127.0.0.1:PORT2 \
-        --model DIR [--rates 100,200,400] [--rounds 2] [--out-len 64] [--in-len 256] [--num-prompts 2000] \
-        [--results DIR]
+        [--system lean=http://127.0.0.1:PORT3 ...] --model DIR [--rates 100,200,400] [--rounds 2] \
+        [--out-len 64] [--in-len 256] [--num-prompts 2000] [--results DIR] \
+        [--py-spy BIN --profile NAME=PID ...]
 
-Both systems must already be up (same engine options, e.g. both resident on one GPU, started one
-after the other; `benchmarks/gpu/run.sh short` with SHORT_SYSTEMS="stock fleet" starts them). Each
-(round, rate) benches the two in turn, in alternating order per round, with
-`vllm.benchmarks.serve` (random dataset, `--ignore-eos`, the same seed on both sides), then prints
-ours / stock for TTFT, TPOT and E2E at P50 and P99, and for output throughput. The client's own
-JSON results are kept in --results.
+Every system must already be up (same engine options, e.g. all resident on one GPU, started one
+after the other; `benchmarks/gpu/run.sh grid` starts them). Each (round, rate) benches the systems
+in turn, in reversed order every other round, with `vllm.benchmarks.serve` (random dataset,
+`--ignore-eos`, the same seed everywhere), then prints each system / stock for TTFT, TPOT and E2E at
+P50 and P99, and for output throughput. The client's own JSON results are kept in --results.
+
+While each bench runs, the CPU time of every process on the host is read from /proc before and
+after; processes that used at least half a CPU-second are listed (100% = one core), so the table
+says which process (front end, EngineCore, gateway, worker) did the work. With --py-spy, each
+`--profile NAME=PID` process is sampled for a few seconds during the first round's first rate of
+the system NAME (speedscope files in --results, read with benchmarks/speedscope_top.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 BENCH = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
          "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
          "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 METRICS = [("ttft", "p50"), ("ttft", "p99"), ("tpot", "p50"), ("tpot", "p99"), ("e2el", "p50"), ("e2el", "p99")]
+TICK = os.sysconf("SC_CLK_TCK")
 
 
-def bench(url: str, name: str, rate: str, args: argparse.Namespace) -> dict:
+def cpu_by_process() -> dict[int, tuple[float, str]]:
+    """user + system CPU seconds (all threads) and a short command line of every process."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        found[int(entry)] = ((int(fields[11]) + int(fields[12])) / TICK, command.strip()[:110])
+    return found
+
+
+def cpu_table(before: dict, after: dict, seconds: float) -> list[str]:
+    rows = []
+    for pid, (cpu, command) in after.items():
+        used = cpu - before.get(pid, (0.0, ""))[0]
+        if used >= 0.5:
+            rows.append((used, f"  pid {pid:>7}  {used:7.1f} CPU-s  {100 * used / seconds:5.0f}%  {command}"))
+    return [line for _, line in sorted(rows, reverse=True)]
+
+
+def profile(py_spy: str, pid: int, out: Path, delay: float, seconds: int) -> threading.Thread:
+    def run() -> None:
+        time.sleep(delay)  # past the client's start: profile the steady state
+        subprocess.run([py_spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200",
+                        "--format", "speedscope", "--output", str(out), "--nonblocking"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=False)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def bench(url: str, name: str, rate: str, args: argparse.Namespace, profiles: list[tuple[str, int]]) -> dict:
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
     command = [args.python, "-c", BENCH, "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
@@ -35,7 +80,14 @@ def bench(url: str, name: str, rate: str, args: argparse.Namespace) -> dict:
                "--num-prompts", str(args.num_prompts), "--request-rate", rate, "--seed", "0",
                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
                "--save-result", "--result-dir", str(out), "--result-filename", f"{name}.json"]
+    threads = [profile(args.py_spy, pid, out / f"{name}-{label}.speedscope.json", 8.0, 5) for label, pid in profiles]
+    before, started = cpu_by_process(), time.monotonic()
     subprocess.run(command, check=True)
+    seconds = time.monotonic() - started
+    print(f"CPU during {name} ({seconds:.1f} s, processes with >= 0.5 CPU-s):", flush=True)
+    print("\n".join(cpu_table(before, cpu_by_process(), seconds)), flush=True)
+    for thread in threads:
+        thread.join(timeout=30)
     return json.loads((out / f"{name}.json").read_text())
 
 
@@ -43,6 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stock", required=True, help="base URL of stock `vllm serve`")
     parser.add_argument("--ours", required=True, help="base URL of our gateway")
+    parser.add_argument("--system", action="append", default=[], metavar="NAME=URL",
+                        help="another front end to bench beside them (e.g. our gateway over a worker with other options)")
     parser.add_argument("--model", required=True, help="the model folder (its tokenizer is the client's)")
     parser.add_argument("--served-name", help="the model's name on both servers (default: --model)")
     parser.add_argument("--rates", default="100,200,400")
@@ -52,25 +106,36 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=2000)
     parser.add_argument("--results", default="/tmp/gpu-results/goal1")
     parser.add_argument("--python", default=sys.executable, help="a Python that imports vLLM")
+    parser.add_argument("--py-spy", help="py-spy binary: sample the --profile processes once per system")
+    parser.add_argument("--profile", action="append", default=[], metavar="SYSTEM=PID",
+                        help="a process to sample while SYSTEM runs its first bench (needs --py-spy)")
     args = parser.parse_args()
-    sides = [("stock", args.stock), ("ours", args.ours)]
+    sides = [("stock", args.stock), ("ours", args.ours)] + [tuple(s.split("=", 1)) for s in args.system]
+    wanted: dict[str, list[tuple[str, int]]] = {}
+    for item in args.profile if args.py_spy else []:
+        system, pid = item.split("=", 1)
+        wanted.setdefault(system, []).append((f"pid{pid}", int(pid)))
+    rates = args.rates.split(",")
     results: dict[tuple[int, str, str], dict] = {}
     for round_ in range(1, args.rounds + 1):
-        for rate in args.rates.split(","):
+        for rate in rates:
             for side, url in (sides if round_ % 2 else sides[::-1]):
-                results[(round_, rate, side)] = bench(url, f"{side}-rate{rate}-r{round_}", rate, args)
-    print("ratios ours / stock (round: value):")
-    for rate in args.rates.split(","):
-        cells = []
-        for metric, pct in METRICS:
-            key = f"{pct}_{metric}_ms"
-            ratios = [results[(r, rate, "ours")][key] / results[(r, rate, "stock")][key]
-                      for r in range(1, args.rounds + 1)]
-            cells.append(f"{metric} {pct} " + "/".join(f"{x:.3f}" for x in ratios))
-        tput = [results[(r, rate, "ours")]["output_throughput"] / results[(r, rate, "stock")]["output_throughput"]
-                for r in range(1, args.rounds + 1)]
-        cells.append("throughput " + "/".join(f"{x:.3f}" for x in tput))
-        print(f"rate {rate}: " + "; ".join(cells), flush=True)
+                first = round_ == 1 and rate == rates[0]
+                results[(round_, rate, side)] = bench(url, f"{side}-rate{rate}-r{round_}", rate, args,
+                                                      wanted.get(side, []) if first else [])
+    for side, _ in sides[1:]:
+        print(f"ratios {side} / stock (round: value):")
+        for rate in rates:
+            cells = []
+            for metric, pct in METRICS:
+                key = f"{pct}_{metric}_ms"
+                ratios = [results[(r, rate, side)][key] / results[(r, rate, "stock")][key]
+                          for r in range(1, args.rounds + 1)]
+                cells.append(f"{metric} {pct} " + "/".join(f"{x:.3f}" for x in ratios))
+            tput = [results[(r, rate, side)]["output_throughput"] / results[(r, rate, "stock")]["output_throughput"]
+                    for r in range(1, args.rounds + 1)]
+            cells.append("throughput " + "/".join(f"{x:.3f}" for x in tput))
+            print(f"rate {rate}: " + "; ".join(cells), flush=True)
 
 
 if __name__ == "__main__":
