@@ -1,49 +1,57 @@
 """The exception tree of vllm-fleet.
 
-Every error says whether it is *recoverable*: whether the same request may succeed if it is
-retried, possibly on another worker. Routers retry and migrate only recoverable errors;
-everything else goes straight back to the caller with its message.
+Whether a retry is safe is a property of the error's type, set here on each class and read by
+every caller (the router's failover and migration, its short calls, Spark's row resends); no
+caller keeps a list of types of its own. Two class attributes say it:
 
-    FleetError
-    ├── ConfigError            fatal    a setting is wrong; the message says which and how to fix it
-    ├── ModelError             fatal    the model cannot be found, provisioned or loaded
-    ├── InvalidRequestError    fatal    the request itself is bad (HTTP 400, gRPC INVALID_ARGUMENT); `param` names the field
-    │   ├── UnknownModelError             no worker serves the requested model (HTTP 404)
-    │   └── DuplicateRequestError         the worker already runs a request with this id (gRPC ALREADY_EXISTS):
-    │                                     not resent by the router (a copy elsewhere would compute it twice);
-    │                                     a caller that reuses ids on purpose (Spark's answerer, for a retried
-    │                                     task) waits and sends the same id again once the first run ended
-    ├── WorkerError            recoverable unless stated: something went wrong on or with one worker
-    │   ├── WorkerUnavailableError   the worker cannot be reached, is draining, or its engine died (gRPC UNAVAILABLE)
-    │   ├── WorkerOverloadedError    the worker refused for capacity (gRPC RESOURCE_EXHAUSTED)
-    │   ├── WorkerTimeoutError       a deadline passed, or the stream stalled
-    │   │   └── DeadlineExceededError    fatal: the caller's own deadline passed (nothing left to retry in)
-    │   ├── MigrationUnsupportedError fatal: a worker failed mid-answer and the answer cannot continue on
-    │   │                             another worker (grammar-constrained decoding); retry the whole request
-    │   ├── KvEventsUnsupportedError fatal: the worker relays no KV-cache events (gRPC FAILED_PRECONDITION,
-    │                                or UNIMPLEMENTED from an older worker): route it without them
-    │   └── TokenizerFilesError      fatal: a worker has no tokenizer files to send (gRPC FAILED_PRECONDITION),
-    │                                 or sent some a router cannot keep (a name off the allow-list)
-    │   └── IntrospectUnsupportedError fatal: a worker cannot answer /tokenize or a render route
-    │                                 (gRPC FAILED_PRECONDITION: mock engine, vLLM 0.26; UNIMPLEMENTED: older worker)
-    ├── NoWorkerError          recoverable later: no serving worker can take the request now
-    ├── RateLimitedError       recoverable later: admission refused (HTTP 429); `retry_after` seconds
-    └── ProcessStartError      fatal    a process we started (worker, gateway) exited or was not ready in time;
-                                        the message ends with its log
+- `recoverable` (R): the same request may succeed if it is tried again now, possibly on another
+  worker, continuing after what the caller already has. The router fails over and migrates
+  only these.
+- `resend_safe` (S): the whole request, sent again from the start, may succeed. Spark resends a
+  row's request only for these. Every recoverable error is resend-safe; two fatal ones are too.
+
+                               R  S
+    FleetError                 -  -
+    ├── ConfigError            -  -   a setting is wrong; the message says which and how to fix it
+    ├── ModelError             -  -   the model cannot be found, provisioned or loaded
+    ├── InvalidRequestError    -  -   the request itself is bad (HTTP 400, gRPC INVALID_ARGUMENT); `param` names the field
+    │   ├── UnknownModelError  -  -   no worker serves the requested model (HTTP 404)
+    │   └── DuplicateRequestError - S the worker already runs a request with this id (gRPC ALREADY_EXISTS):
+    │                                 not resent by the router (a copy elsewhere would compute it twice);
+    │                                 a caller that reuses ids on purpose (Spark's answerer, for a retried
+    │                                 task) waits and sends the same id again once the first run ended
+    ├── WorkerError            R  S   something went wrong on or with one worker
+    │   ├── WorkerUnavailableError   R S  the worker cannot be reached, is draining, or its engine died (gRPC UNAVAILABLE)
+    │   ├── WorkerOverloadedError    R S  the worker refused for capacity (gRPC RESOURCE_EXHAUSTED)
+    │   ├── WorkerTimeoutError       R S  a deadline passed, or the stream stalled
+    │   │   └── DeadlineExceededError  - -  the caller's own deadline passed (nothing left to retry in)
+    │   ├── MigrationUnsupportedError  - S  a worker failed mid-answer and the answer cannot continue on
+    │   │                                   another worker (grammar-constrained decoding); the whole request,
+    │   │                                   sent again, starts a fresh grammar
+    │   ├── KvEventsUnsupportedError   - -  the worker relays no KV-cache events (gRPC FAILED_PRECONDITION,
+    │   │                                   or UNIMPLEMENTED): route it without them
+    │   ├── TokenizerFilesError        - -  a worker has no tokenizer files to send (gRPC FAILED_PRECONDITION),
+    │   │                                   or sent some a router cannot keep (a name off the allow-list)
+    │   └── IntrospectUnsupportedError - -  a worker cannot answer /tokenize or a render route
+    │                                       (gRPC FAILED_PRECONDITION: mock engine, vLLM 0.26; or UNIMPLEMENTED)
+    ├── NoWorkerError          R  S   later: no serving worker can take the request now
+    ├── RateLimitedError       R  S   later: admission refused (HTTP 429); `retry_after` seconds
+    └── ProcessStartError      -  -   a process we started (worker, gateway) exited or was not ready in time;
+                                      the message ends with its log
 """
 
 from __future__ import annotations
 
 
 class FleetError(Exception):
-    """Base of every error vllm-fleet raises on purpose."""
+    """Base of every error vllm-fleet raises on purpose. Whether a retry is safe is its type's
+    (`recoverable`, `resend_safe`: the module docstring), never an instance's."""
 
-    recoverable: bool = False
+    recoverable: bool = False   # tried again now, possibly elsewhere, after what the caller has
+    resend_safe: bool = False   # the whole request, sent again from the start
 
-    def __init__(self, message: str, *, recoverable: bool | None = None) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
-        if recoverable is not None:
-            self.recoverable = recoverable
 
     @property
     def message(self) -> str:
@@ -53,9 +61,13 @@ class FleetError(Exception):
 class ConfigError(FleetError):
     """A setting is wrong or missing. Fatal: fix the configuration."""
 
+    recoverable = resend_safe = False
+
 
 class ModelError(FleetError):
     """The model cannot be found, provisioned or loaded. Fatal."""
+
+    recoverable = resend_safe = False
 
 
 class InvalidRequestError(FleetError):
@@ -64,37 +76,45 @@ class InvalidRequestError(FleetError):
     `param` names the offending field where there is one (the OpenAI error body carries it).
     """
 
+    recoverable = resend_safe = False
+
     def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message, recoverable=False)
+        super().__init__(message)
         self.param = param
 
 
 class WorkerError(FleetError):
     """Something went wrong on, or on the way to, one worker. Recoverable elsewhere."""
 
-    recoverable = True
+    recoverable = resend_safe = True
 
-    def __init__(self, message: str, *, worker: str | None = None, recoverable: bool | None = None) -> None:
-        super().__init__(message, recoverable=recoverable)
+    def __init__(self, message: str, *, worker: str | None = None) -> None:
+        super().__init__(message)
         self.worker = worker
 
 
 class WorkerUnavailableError(WorkerError):
     """The worker cannot be reached, is draining, or cannot generate. Recoverable."""
 
+    recoverable = resend_safe = True
+
 
 class WorkerOverloadedError(WorkerError):
     """The worker refused the request for lack of capacity. Recoverable."""
+
+    recoverable = resend_safe = True
 
 
 class WorkerTimeoutError(WorkerError):
     """A deadline passed or the stream stalled. Recoverable (the request may be retried)."""
 
+    recoverable = resend_safe = True
+
 
 class NoWorkerError(FleetError):
     """No serving worker can take the request now. Recoverable once workers return."""
 
-    recoverable = True
+    recoverable = resend_safe = True
 
     def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
         super().__init__(message)
@@ -107,7 +127,7 @@ class RateLimitedError(FleetError):
     `reason` is a short label for metrics (e.g. "requests_per_min", "tokens_per_min", "queue_full").
     """
 
-    recoverable = True
+    recoverable = resend_safe = True
 
     def __init__(self, message: str, *, retry_after: float, reason: str) -> None:
         super().__init__(message)
@@ -118,6 +138,8 @@ class RateLimitedError(FleetError):
 class UnknownModelError(InvalidRequestError):
     """No worker in the pool serves the requested model (HTTP 404). Fatal: ask for a served model."""
 
+    recoverable = resend_safe = False
+
     def __init__(self, message: str, *, model: str) -> None:
         super().__init__(message, param="model")
         self.model = model
@@ -126,7 +148,7 @@ class UnknownModelError(InvalidRequestError):
 class DeadlineExceededError(WorkerTimeoutError):
     """The caller's deadline passed (HTTP 504). Fatal: no time is left to retry in."""
 
-    recoverable = False
+    recoverable = resend_safe = False
 
 
 class DuplicateRequestError(InvalidRequestError):
@@ -137,6 +159,9 @@ class DuplicateRequestError(InvalidRequestError):
     rows, so this means a retried task met its own first attempt: it waits, then sends again.
     """
 
+    recoverable = False
+    resend_safe = True   # the same id, once the first run ended (spark/answerer.py waits for it)
+
 
 class MigrationUnsupportedError(WorkerError):
     """A worker failed after part of the answer was delivered, and the rest cannot be generated
@@ -146,15 +171,16 @@ class MigrationUnsupportedError(WorkerError):
     """
 
     recoverable = False
+    resend_safe = True
 
 
 class KvEventsUnsupportedError(WorkerError):
     """The worker relays no KV-cache events: its engine has none (prefix caching or --kv-events off, a
-    mock without --mock-kv-blocks), or the worker predates the KvEvents call. Fatal for this worker:
-    asking again will not help; route to it without knowing what it holds.
+    mock without --mock-kv-blocks). Fatal for this worker: asking again will not help; route to it
+    without knowing what it holds.
     """
 
-    recoverable = False
+    recoverable = resend_safe = False
 
 
 class TokenizerFilesError(WorkerError):
@@ -164,7 +190,7 @@ class TokenizerFilesError(WorkerError):
     a router routes without token ids for the model meanwhile.
     """
 
-    recoverable = False
+    recoverable = resend_safe = False
 
 
 class IntrospectUnsupportedError(WorkerError):
@@ -173,7 +199,7 @@ class IntrospectUnsupportedError(WorkerError):
     worker's answer; a worker on another engine or vLLM version may answer.
     """
 
-    recoverable = False
+    recoverable = resend_safe = False
 
 
 class ProcessStartError(FleetError):
@@ -182,6 +208,8 @@ class ProcessStartError(FleetError):
     Fatal for that start: the message ends with the last lines of its log, which say why.
     `returncode` is None when the process was still running (it was not ready in time).
     """
+
+    recoverable = resend_safe = False
 
     def __init__(self, message: str, *, returncode: int | None, log_tail: str) -> None:
         super().__init__(message)

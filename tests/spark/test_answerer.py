@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.client import WorkerClient
@@ -15,6 +16,7 @@ from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router
 from vllm_fleet.spark.answerer import Answerer
 from vllm_fleet.spark.config import build_config
+from test_retry_safety import TABLE as RETRY_TABLE, make as make_error
 
 
 async def test_a_retried_task_waits_for_its_first_attempt_instead_of_failing_the_row(mock_worker_factory):
@@ -122,3 +124,14 @@ async def test_rows_ask_workers_to_coalesce_their_tokens():
     assert router.intervals_ms == [250]
     assert (await _answer(router, stream_interval_ms=0)).output == "the answer"
     assert router.intervals_ms == [250, 0], "0 asks for every engine step"
+
+
+@pytest.mark.parametrize("cls", sorted(RETRY_TABLE, key=lambda c: c.__name__), ids=lambda c: c.__name__)
+async def test_a_row_is_sent_again_exactly_when_its_error_s_type_says_a_resend_is_safe(cls):
+    # One row per error class of the tree (tests/test_retry_safety.py's table): the answerer reads
+    # the type's `resend_safe`, never a list of its own.
+    router = _ScriptedRouter(make_error(cls), "the answer")
+    result = await _answer(router)
+    resent = len(router.sent_ids) == 2
+    assert resent is RETRY_TABLE[cls][1], (router.sent_ids, result.error)
+    assert (result.error is None) is resent

@@ -3,7 +3,8 @@
 The worker maps its errors to codes in one place too (worker/service.py), as the design says:
 bad input → INVALID_ARGUMENT (with the field at fault beside it), a request id it is already
 running → ALREADY_EXISTS, overload → RESOURCE_EXHAUSTED, draining or engine dead → UNAVAILABLE.
-Only the code and that field are read here, never the message text.
+Only the code and that field are read here, never the message text. Whether a retry is safe
+comes with the type chosen here (`recoverable`, `resend_safe`: errors.py), never decided here.
 """
 
 from __future__ import annotations

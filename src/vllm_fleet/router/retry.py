@@ -78,7 +78,7 @@ def check_retry(ctx: StreamContext, exc: WorkerError, address: str, *, attempts:
     rid = request.request_id
     ctx.metrics.worker_failures.labels(address, type(exc).__name__).inc()
     logger.warning("attempt %d on %s failed: %s", attempts, address, exc, extra={"request_id": rid})
-    if isinstance(exc, DeadlineExceededError):
+    if not exc.recoverable:  # the type says (errors.py): e.g. the caller's own deadline passed
         raise exc
     if delivered.any and request.constrained:
         tokens = delivered.tokens()

@@ -2,7 +2,7 @@
 
 The Router already fails over and migrates within one request (`RouterConfig.max_attempts`).
 On top of that a row is sent again (`row_attempts`, with backoff) when the router gives up
-for a recoverable reason — no worker right now, the retry budget ran out, a worker restarted —
+for a reason whose type says a resend is safe (`FleetError.resend_safe`) — no worker right now, the retry budget ran out, a worker restarted —
 so a short outage costs latency, not rows. Whatever still fails becomes the row's `error`.
 """
 
@@ -12,8 +12,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from vllm_fleet.errors import (DeadlineExceededError, DuplicateRequestError, FleetError, InvalidRequestError,
-                               MigrationUnsupportedError)
+from vllm_fleet.errors import DuplicateRequestError, FleetError, InvalidRequestError
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.router import RoutedStream, Router
@@ -74,16 +73,12 @@ class Answerer:
                     return None
                 return [RowResult.failed(f"invalid request: {exc}", attempts=attempts + _tries(stream),
                                          worker=stream.worker if stream else None)]
-            except DeadlineExceededError as exc:
-                error = exc
-                break
-            except MigrationUnsupportedError as exc:
-                # A constrained answer lost its worker midway and cannot continue elsewhere. The
-                # row's text reached no one, so the whole row, sent again, starts a fresh grammar.
-                error = exc
             except FleetError as exc:
+                # Whether the whole request may be sent again is the error's type's (errors.py):
+                # not after the caller's deadline passed; yes after a constrained answer lost its
+                # worker midway (the row's text reached no one: a resend starts a fresh grammar).
                 error = exc
-                if not exc.recoverable:
+                if not exc.resend_safe:
                     break
             if not isinstance(error, DuplicateRequestError):
                 resends += 1

@@ -12,7 +12,8 @@ EmbeddingRequest with a list input: the engine batches its texts, and the execut
 (executor.py): routing to pooling workers of the model, failover when a worker dies (a pooling
 request is idempotent), admission. A batch vLLM refuses (one text too long, say) is split and
 each row sent alone, so only the bad row carries the `error`; a null row is an error at once.
-A recoverable failure is retried `row_attempts` times, then becomes the rows' error.
+A failure whose type says a resend is safe (`FleetError.resend_safe`) is retried `row_attempts`
+times, then becomes the rows' error.
 
 The driver checks, before any task runs, that the column exists and is a string, and that the
 model serves /v1/embeddings (ConfigError otherwise), as generate's driver does.
@@ -36,7 +37,7 @@ from pydantic import Field, ValidationError
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-from vllm_fleet.errors import ConfigError, DeadlineExceededError, FleetError, InvalidRequestError, NoWorkerError
+from vllm_fleet.errors import ConfigError, FleetError, InvalidRequestError, NoWorkerError
 from vllm_fleet.protocol.pooling import EMBEDDINGS, PoolRequest
 from vllm_fleet.registry import open_registry
 from vllm_fleet.router import Router
@@ -211,7 +212,7 @@ class _Embedder:
                 error, attempts = exc, attempts + 1
                 logger.warning("embedding request failed (%s); %d of %d", exc, round_ + 1, self.config.row_attempts,
                                extra={"request_id": request.request_id})
-                if isinstance(exc, DeadlineExceededError) or not exc.recoverable:
+                if not exc.resend_safe:  # the type says (errors.py)
                     break
                 if round_ + 1 < self.config.row_attempts and loop.time() + backoff < deadline:
                     await asyncio.sleep(backoff)

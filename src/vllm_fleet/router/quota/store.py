@@ -34,7 +34,7 @@ MAX_CAS_ATTEMPTS = 20   # a hot key contended by many gateways converges long be
 class QuotaStoreUnavailable(FleetError):
     """The coordinator did not answer in time. Recoverable: the quota falls back to local shares."""
 
-    recoverable = True
+    recoverable = resend_safe = True
 
 
 class ZooKeeperQuotaStore:
