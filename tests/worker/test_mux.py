@@ -136,9 +136,20 @@ async def test_errors_end_only_their_own_stream(mock):
 
 
 class _WorkerWithoutGenerateMany(WorkerService):
-    """A worker from before GenerateMany: the base servicer answers UNIMPLEMENTED."""
+    """A worker without GenerateMany (the base servicer answers UNIMPLEMENTED), counting the calls
+    each method gets."""
 
-    GenerateMany = worker_pb2_grpc.WorkerServicer.GenerateMany
+    stream_calls = 0
+    generate_calls = 0
+
+    def GenerateMany(self, request_iterator, context):
+        type(self).stream_calls += 1
+        return worker_pb2_grpc.WorkerServicer.GenerateMany(self, request_iterator, context)
+
+    async def Generate(self, request_pb, context):
+        type(self).generate_calls += 1
+        async for chunk in super().Generate(request_pb, context):
+            yield chunk
 
 
 class _WorkerWhoseStreamCallFailsAtOnce(WorkerService):
@@ -178,7 +189,14 @@ async def _two_requests_through(servicer: type[WorkerService]) -> None:
 
 
 async def test_a_worker_without_generate_many_gets_one_call_per_request():
-    await _two_requests_through(_WorkerWithoutGenerateMany)
+    worker = _WorkerWithoutGenerateMany
+    generate_before, stream_before = worker.generate_calls, worker.stream_calls
+    await _two_requests_through(worker)
+    assert worker.generate_calls == generate_before + 2, "each request is a Generate call of its own"
+    # The stream call is tried first; once its UNIMPLEMENTED arrives it is not tried again. When
+    # the first write loses the race with the refusal, grpcio says INTERNAL instead
+    # (_WorkerWhoseStreamCallFailsAtOnce), and the second request tries it once more.
+    assert 1 <= worker.stream_calls - stream_before <= 2
 
 
 async def test_a_stream_call_that_fails_before_answering_leaves_each_request_served_by_its_own_call():
