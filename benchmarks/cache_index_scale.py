@@ -31,7 +31,7 @@ from vllm_fleet.router.block_keys import block_keys
 from vllm_fleet.router.cache_index import CacheIndex
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import make_policy
-from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 
 SYSTEM_PROMPTS = 32
 SYSTEM_TOKENS = 256

@@ -55,7 +55,7 @@ from vllm_fleet.router.features import features_of
 from vllm_fleet.router.policies import make_policy
 from vllm_fleet.router.prompt_tokens import TokenizerCache
 from vllm_fleet.router.segment_tokens import MAX_CHARS
-from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 from vllm_fleet.worker.tokenizer_files import read_tokenizer_files
 
 MODEL = "m"

@@ -173,7 +173,7 @@ async def phase(name: str, addresses: list[str], args, *, online: bool, batch_cl
         wall = time.perf_counter() - started
         stop.set()
         batch_done = await batch if batch else None
-        gate = router._pool.batch  # the controller's own counts: cuts, and pauses for an arrival
+        gate = router._batch  # the controller's own counts: cuts, and pauses for an arrival
         cuts, arrival_pauses = gate.cuts, gate.arrival_pauses
     finally:
         await router.close()

@@ -16,8 +16,8 @@ from vllm_fleet.protocol.types import REQUEST_FORM, WorkerInfo, WorkerLoad
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.metrics import RouterMetrics
-from vllm_fleet.router.pool import Pool
-from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.membership import Pool
+from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 
 
 class FakeClock:

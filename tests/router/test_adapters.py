@@ -12,7 +12,7 @@ from support import wait_until
 from vllm_fleet.errors import InvalidRequestError, NoWorkerError, UnknownModelError, WorkerOverloadedError
 from vllm_fleet.protocol.types import Adapter, WorkerLoad
 from vllm_fleet.router.adapters import AdapterPlacement
-from vllm_fleet.router.snapshot import WorkerView
+from vllm_fleet.router.pool.snapshot import WorkerView
 
 
 class FakeWorker:

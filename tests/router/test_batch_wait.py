@@ -18,7 +18,7 @@ from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.batch_gate import BatchGate
 from vllm_fleet.router.batch_wait import why_no_slack
 from vllm_fleet.router.classes import ServiceClassConfig
-from vllm_fleet.router.snapshot import DOWN, PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.snapshot import DOWN, PoolSnapshot, WorkerView
 
 CONFIG = ServiceClassConfig(interactive_reserve=0.2, batch_max_kv_usage=0.9, batch_min_share=0.0,
                             interactive_targets="absolute", interactive_ttft_target_ms=500,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fakes import FakeClock
-from vllm_fleet.router.breaker import CircuitBreaker
+from vllm_fleet.router.pool.breaker import CircuitBreaker
 from vllm_fleet.router.budget import RetryBudget
-from vllm_fleet.router.ejection import OutlierDetector
+from vllm_fleet.router.pool.ejection import OutlierDetector
 
 
 def breaker(clock: FakeClock) -> CircuitBreaker:

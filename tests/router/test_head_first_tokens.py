@@ -27,7 +27,7 @@ from vllm_fleet.router.head_cut import all_cuts, cut_before, exact_cuts
 from vllm_fleet.router.policies import make_policy
 from vllm_fleet.router.prompt_tokens import PromptTokenizer
 from vllm_fleet.router.segment_tokens import PartialIds, SegmentTokenizer
-from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 
 MODEL, BS = "m", 16
 WORKERS = [f"w{n}" for n in range(4)]

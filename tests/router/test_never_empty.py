@@ -19,7 +19,7 @@ from vllm_fleet.protocol.types import Chunk, GenerateRequest, Usage, WorkerLoad
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.metrics import RouterMetrics
-from vllm_fleet.router.pool import MIN_RETRY_HEADROOM, Pool
+from vllm_fleet.router.pool.membership import MIN_RETRY_HEADROOM, Pool
 
 FAST = dict(load_poll_interval_s=0.02, health_poll_interval_s=0.02)
 

@@ -10,7 +10,7 @@ from fakes import addresses, snapshot, view
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import POLICIES, make_policy
-from vllm_fleet.router.snapshot import DOWN, DRAINING, EJECTED, OPEN
+from vllm_fleet.router.pool.snapshot import DOWN, DRAINING, EJECTED, OPEN
 
 
 def features(ticket: int = 0, **kwargs) -> RequestFeatures:

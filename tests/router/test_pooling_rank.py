@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllm_fleet.protocol.types import WorkerLoad
 from vllm_fleet.router.pooling import rank_pooling
-from vllm_fleet.router.snapshot import WorkerView
+from vllm_fleet.router.pool.snapshot import WorkerView
 
 
 def _view(address: str, in_flight: int = 0, running: int = 0) -> WorkerView:

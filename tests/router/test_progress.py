@@ -9,7 +9,7 @@ import dataclasses
 from fakes import POOL_WORKER as ADDRESS
 from support import wait_until
 from vllm_fleet.protocol.types import WorkerLoad
-from vllm_fleet.router.pool import Pool
+from vllm_fleet.router.pool.membership import Pool
 
 LIMIT_S = 5.0
 

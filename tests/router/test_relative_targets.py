@@ -145,5 +145,5 @@ async def test_a_router_learns_a_workers_latency_from_interactive_streams_withou
         async with router.stream(request) as stream:
             async for _ in stream:
                 pass
-        _, itl = router._pool.batch.baseline(worker.address)
+        _, itl = router._batch.baseline(worker.address)
         assert itl is not None and 0 < itl < 1.0  # one answer's gaps fill a window

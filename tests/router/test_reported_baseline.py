@@ -89,10 +89,10 @@ async def test_the_worker_learns_without_batch_and_a_router_whose_batch_never_le
         assert 40 <= load.interactive_itl_baseline_ms <= 150  # ~50 ms: the mock's pace, plus a busy machine's delays
         # A router whose batch runs there now takes the worker's baseline for its target.
         row = asyncio.create_task(stream(executor, "row-2", "batch", max_tokens=60))
-        await wait_until(lambda: executor._pool.batch.targets(worker.address)[1] != 0.2, timeout=30,
+        await wait_until(lambda: executor._batch.targets(worker.address)[1] != 0.2, timeout=30,
                          message="the executor took the worker's baseline")
-        assert executor._pool.batch.targets(worker.address)[1] == pytest.approx(
-            1.1 * executor._pool.batch.baseline(worker.address)[1])
-        assert executor._pool.batch.baseline(worker.address)[1] == pytest.approx(
+        assert executor._batch.targets(worker.address)[1] == pytest.approx(
+            1.1 * executor._batch.baseline(worker.address)[1])
+        assert executor._batch.baseline(worker.address)[1] == pytest.approx(
             load.interactive_itl_baseline_ms / 1000, rel=0.5)
         await row

@@ -14,7 +14,7 @@ from vllm_fleet.protocol.types import REQUEST_FORM
 async def test_a_worker_of_an_older_request_form_gets_no_requests_until_it_is_upgraded(caplog):
     worker = ScriptedWorkerClient("old:1")
     worker.request_form = 0
-    caplog.set_level(logging.ERROR, logger="vllm_fleet.router.pool")
+    caplog.set_level(logging.ERROR, logger="vllm_fleet.router.pool.membership")
     pool = await serving_pool(worker, FakeClock(), 0.02)
     try:
         await wait_until(lambda: worker.info_calls >= 3, timeout=5, message="Info asked again")

@@ -18,7 +18,7 @@ from vllm_fleet.protocol.types import WorkerLoad
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.batch_gate import BatchGate
 from vllm_fleet.router.classes import ServiceClassConfig, guaranteed_batch, has_room, has_slack
-from vllm_fleet.router.snapshot import WorkerView
+from vllm_fleet.router.pool.snapshot import WorkerView
 
 CONFIG = ServiceClassConfig(interactive_reserve=0.25, batch_max_kv_usage=0.8, batch_min_share=0.1)
 
@@ -176,21 +176,20 @@ def test_after_a_step_down_the_cap_doubles_back_to_half_the_level_that_missed_th
 def test_each_cut_of_a_workers_batch_cap_is_counted_by_worker_signal_and_source():
     from prometheus_client import CollectorRegistry
 
-    from vllm_fleet.registry import StaticRegistry
     from vllm_fleet.router.metrics import RouterMetrics
-    from vllm_fleet.router.pool import Pool
 
     registry = CollectorRegistry()
-    config = RouterConfig(classes=ServiceClassConfig(interactive_targets="absolute", interactive_ttft_target_ms=500))
-    pool = Pool(StaticRegistry.from_spec("10.0.0.1:50051"), None, config, RouterMetrics(registry))
-    assert pool.batch.observe("10.0.0.1:50051", ttft_s=2.0, share=lambda: 12)       # the router's own sample
-    assert not pool.batch.observe("10.0.0.2:50051", ttft_s=0.1, share=lambda: 12)
-    pool.batch.reported("10.0.0.2:50051", ttft_ms=0, itl_ms=900, share=lambda: 12)  # the worker's report
+    metrics = RouterMetrics(registry)
+    config = ServiceClassConfig(interactive_targets="absolute", interactive_ttft_target_ms=500)
+    gate = BatchGate(config, on_cut=metrics.count_cut)  # wired as the Router wires it
+    assert gate.observe("10.0.0.1:50051", ttft_s=2.0, share=lambda: 12)       # the router's own sample
+    assert not gate.observe("10.0.0.2:50051", ttft_s=0.1, share=lambda: 12)
+    gate.reported("10.0.0.2:50051", ttft_ms=0, itl_ms=900, share=lambda: 12)  # the worker's report
     cuts = "vllm_fleet_router_batch_cap_cuts_total"
     assert registry.get_sample_value(cuts, {"worker": "10.0.0.1:50051", "signal": "ttft", "source": "router"}) == 1
     assert registry.get_sample_value(cuts, {"worker": "10.0.0.2:50051", "signal": "itl", "source": "worker"}) == 1
     assert registry.get_sample_value(cuts, {"worker": "10.0.0.2:50051", "signal": "ttft", "source": "router"}) is None
-    pool.metrics.forget_worker("10.0.0.1:50051")                                     # a worker that left
+    metrics.forget_worker("10.0.0.1:50051")                                     # a worker that left
     assert registry.get_sample_value(cuts, {"worker": "10.0.0.1:50051", "signal": "ttft", "source": "router"}) is None
     assert registry.get_sample_value(cuts, {"worker": "10.0.0.2:50051", "signal": "itl", "source": "worker"}) == 1
 
@@ -245,7 +244,7 @@ async def test_batch_withdrawn_by_the_latency_controller_is_answered_not_refused
             assert text
         results = await asyncio.gather(*batch)  # a DuplicateRequestError would raise here
     assert all(text for text, _ in results)
-    assert router._pool.batch.cuts >= 1 and sum(s.withdrawals for _, s in results) >= 1
+    assert router._batch.cuts >= 1 and sum(s.withdrawals for _, s in results) >= 1
 
 
 def _six_batch_attempts_two_waiting_four_streaming_one_constrained(gate: BatchGate, stepped: list[str]) -> None:
@@ -345,11 +344,11 @@ async def test_a_router_with_only_batch_backs_off_when_the_worker_reports_slow_i
         async with WorkerClient(worker.address) as client:
             load = await client.load()
         assert text and load.interactive_itl_p90_ms == 0 and load.interactive_ttft_p90_ms == 0
-        assert executor._pool.batch.cuts == 0
+        assert executor._batch.cuts == 0
         live = asyncio.create_task(answer(gateway, "chat", "interactive", max_tokens=40))
-        await wait_until(lambda: executor._pool.batch.cuts >= 1, timeout=30,
+        await wait_until(lambda: executor._batch.cuts >= 1, timeout=30,
                          message="the executor's router cut its batch cap on the worker's report")
         share = 6  # 8 slots less the 25% interactive reserve
-        assert executor._pool.batch.cap(worker.address, share) < share
+        assert executor._batch.cap(worker.address, share) < share
         assert executor.snapshot().get(worker.address).load.interactive_itl_p90_ms > 10
         await live

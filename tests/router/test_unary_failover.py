@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_fleet.errors import InvalidRequestError, NoWorkerError, WorkerUnavailableError
-from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 from vllm_fleet.router.unary import call_any_worker
 
 

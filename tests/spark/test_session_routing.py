@@ -20,8 +20,8 @@ from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import make_policy, ring_order
-from vllm_fleet.router.pool import Pool
-from vllm_fleet.router.snapshot import DOWN, SERVING, PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.membership import Pool
+from vllm_fleet.router.pool.snapshot import DOWN, SERVING, PoolSnapshot, WorkerView
 from vllm_fleet.spark.config import SparkGenerateConfig
 
 WORKERS = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]

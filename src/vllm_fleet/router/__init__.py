@@ -64,7 +64,7 @@ from vllm_fleet.router.config import (
 )
 from vllm_fleet.router.batch_wait import BatchWaitStatus
 from vllm_fleet.router.router import Router
-from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 from vllm_fleet.errors import DeadlineExceededError  # re-exported: the stream raises it
 from vllm_fleet.router.stream import RoutedStream
 

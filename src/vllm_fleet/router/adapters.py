@@ -32,7 +32,7 @@ from vllm_fleet.errors import (
     WorkerError,
 )
 from vllm_fleet.protocol.types import Adapter
-from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 
 logger = logging.getLogger(__name__)
 

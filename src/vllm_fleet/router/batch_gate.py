@@ -68,11 +68,12 @@ import asyncio
 import collections
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from vllm_fleet.latency_stats import LatencyBaseline, significant_over
-from vllm_fleet.router.classes import ServiceClassConfig, busy, has_room, slots
-from vllm_fleet.router.snapshot import WorkerView
+from vllm_fleet.router.classes import ServiceClassConfig, batch_share, busy, has_room, slots
+from vllm_fleet.router.pool.snapshot import WorkerView
+from vllm_fleet.router.pool.worker import WorkerState
 
 
 class BatchGate:
@@ -81,6 +82,11 @@ class BatchGate:
     the latency controller: a per-worker cap on this router's batch requests, halved on a
     significant interactive latency miss and grown back in quiet windows (the module docstring
     says how and why).
+
+    It follows the pool as a PoolListener (pool/listener.py): each worker's Load brings its own
+    latency report (`reported`) and may show slack (`notify`); each snapshot's views get
+    `batch_in_flight` from it. `view_of(address)` is the pool's view of a worker now (its batch
+    share is judged on it).
     """
 
     CUT_EVERY_S = 0.5
@@ -90,7 +96,8 @@ class BatchGate:
     MISS_WINDOW_S = {"ttft": 2.0, "itl": 1.0}  # the router's own samples are judged over these windows
 
     def __init__(self, config: ServiceClassConfig | None = None, clock: Callable[[], float] | None = None,
-                 *, on_cut: Callable[[str, str, str], None] | None = None) -> None:
+                 *, on_cut: Callable[[str, str, str], None] | None = None,
+                 view_of: Callable[[str], WorkerView | None] = lambda address: None) -> None:
         import time
 
         self.config = config or ServiceClassConfig()
@@ -98,6 +105,7 @@ class BatchGate:
         # told at each cut: the worker's address, which signal missed ("ttft", "itl" or "both") and
         # whose samples showed it ("router": this router's own, "worker": the worker's report)
         self._on_cut = on_cut
+        self._view_of = view_of
         self.running: dict[str, int] = {}
         # Per worker, token → the callable that makes that attempt step aside: before its first
         # token (withdraw) and after it (pause; only attempts that can resume are listed).
@@ -254,6 +262,33 @@ class BatchGate:
         if self.observe(address, ttft_s=ttft_judged / 1000 or None, itl_s=itl_judged / 1000 or None,
                         share=share, judged=True):
             self._reported_at[address] = self._clock()
+
+    # --- following the pool (pool/listener.py) -------------------------------------------------
+
+    def joined(self, worker: WorkerState) -> None:
+        pass
+
+    def left(self, address: str) -> None:
+        pass
+
+    def info(self, worker: WorkerState) -> None:
+        return None
+
+    def loaded(self, worker: WorkerState) -> None:
+        """A Load came: the worker's latency report steers its cap, and it may show slack."""
+        load, address = worker.load, worker.address
+        self.reported(address, ttft_ms=load.interactive_ttft_p90_ms, itl_ms=load.interactive_itl_p90_ms,
+                      ttft_floor_ms=load.interactive_ttft_p90_floor_ms, itl_floor_ms=load.interactive_itl_p90_floor_ms,
+                      ttft_baseline_ms=load.interactive_ttft_baseline_ms,
+                      itl_baseline_ms=load.interactive_itl_baseline_ms, share=lambda: self._share(address))
+        self.notify()  # a fresh Load may show slack
+
+    def view_fields(self, address: str) -> Mapping[str, object]:
+        return {"batch_in_flight": self.running.get(address, 0)}
+
+    def _share(self, address: str) -> int:
+        view = self._view_of(address)
+        return batch_share(view, self.config) if view is not None else 0
 
     @property
     def listening(self) -> bool:

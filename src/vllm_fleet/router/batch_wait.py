@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from vllm_fleet.router.batch_gate import BatchGate
 from vllm_fleet.router.classes import DEFAULT_SLOTS, ServiceClassConfig, batch_share, busy, guaranteed_batch
-from vllm_fleet.router.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot, WorkerView
 
 logger = logging.getLogger(__name__)
 

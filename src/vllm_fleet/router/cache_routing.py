@@ -21,7 +21,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.router.block_keys import block_keys
@@ -29,6 +29,7 @@ from vllm_fleet.router.cache_index import CacheIndex, RoutedHold
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.kv_follow import KvFollower
+from vllm_fleet.router.pool.worker import WorkerState
 from vllm_fleet.router.prefix_reuse import PrefixReuse
 from vllm_fleet.router.segment_tokens import PartialIds
 
@@ -73,6 +74,30 @@ class CacheRouting:
         self._keying: concurrent.futures.ThreadPoolExecutor | None = None  # the rest of head-keyed prompts
         self._id_takers: dict[str, str] = {}  # address -> tokenizer digest, of workers that take router ids
         self._reuse: dict[str, PrefixReuse] = {}  # model -> what a prompt's home is worth (policies.CacheAware)
+
+    # --- following the pool (pool/listener.py) -------------------------------------------------
+
+    def joined(self, worker: WorkerState) -> None:
+        address = worker.address
+        self._metrics.watch_cache(address, fresh=lambda: self.fresh(address),
+                                  hits=lambda: worker.load.prefix_cache_hits if worker.load else 0,
+                                  queries=lambda: worker.load.prefix_cache_queries if worker.load else 0)
+
+    def left(self, address: str) -> None:
+        self.forget(address)
+
+    def info(self, worker: WorkerState) -> Awaitable[None] | None:
+        """Its Info came: the follower of its events, if a new one, is the worker's task to run."""
+        follower = self.on_info(worker.address, worker.info, lambda: worker.info.model if worker.info else None)
+        return follower.run() if follower is not None else None
+
+    def loaded(self, worker: WorkerState) -> None:
+        pass
+
+    def view_fields(self, address: str) -> Mapping[str, object]:
+        return {"kv_events_fresh": self.fresh(address), "cache_events": self.events_state(address),
+                "predicted_hit_rate": self.predicted_hit_rate(address), "copied_share": self.copied_share(address),
+                "cache_blocks": self.index.entries_of(address)}
 
     # --- workers ------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ from typing import Literal
 from pydantic import Field
 
 from vllm_fleet.config import FleetModel
-from vllm_fleet.router.snapshot import WorkerView
+from vllm_fleet.router.pool.snapshot import WorkerView
 
 INTERACTIVE, BATCH = "interactive", "batch"
 SERVICE_CLASSES = (INTERACTIVE, BATCH)

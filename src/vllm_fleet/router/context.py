@@ -15,12 +15,14 @@ from typing import Protocol
 from vllm_fleet.protocol.types import Chunk, GenerateRequest
 from vllm_fleet.router.adapters import AdapterPlacement
 from vllm_fleet.router.admission import Admission
+from vllm_fleet.router.batch_gate import BatchGate
+from vllm_fleet.router.batch_wait import BatchWaits
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.cache_routing import CacheRouting
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import Policy
-from vllm_fleet.router.pool import Pool
+from vllm_fleet.router.pool.membership import Pool
 
 
 class ChunkSource(Protocol):
@@ -36,6 +38,8 @@ Connect = Callable[[str], ChunkSource]
 class StreamContext:
     policy: Policy             # ranks the workers for a request
     pool: Pool                 # worker states: snapshot, leases, verdicts, progress
+    batch: BatchGate           # batch per worker: its attempts, their stepping aside, its latency controller
+    batch_waits: BatchWaits    # batch requests waiting for slack, and why
     budget: RetryBudget        # every extra attempt spends from it
     admission: Admission       # key buckets and class queues, passed before the first attempt
     metrics: RouterMetrics

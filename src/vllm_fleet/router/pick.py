@@ -27,8 +27,8 @@ from vllm_fleet.protocol.types import GenerateRequest
 from vllm_fleet.router.classes import INTERACTIVE, batch_share, guaranteed_batch, has_slack
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
-from vllm_fleet.router.snapshot import HALF_OPEN, PoolSnapshot
-from vllm_fleet.router.worker_state import Lease
+from vllm_fleet.router.pool.snapshot import HALF_OPEN, PoolSnapshot
+from vllm_fleet.router.pool.lease import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def pick(ctx: StreamContext, request: GenerateRequest, features: RequestFeatures
             if features.service_class == INTERACTIVE:
                 view = snapshot.get(address)
                 if view is not None:
-                    ctx.pool.batch.interactive_arrives(view)  # batch makes room if it must (classes.py)
+                    ctx.batch.interactive_arrives(view)  # batch makes room if it must (classes.py)
             return address, lease
     panicked = snapshot.in_panic(features.model, features.pool)
     if panicked is not None:
@@ -101,7 +101,7 @@ async def pick_batch(ctx: StreamContext, request: GenerateRequest, features: Req
     is on the pool's account of waiting batch (batch_wait.py), which says why. `waited(seconds)`
     hears of each wait, which the stream adds to its deadline."""
     config = ctx.config.classes
-    waits = ctx.pool.batch_waits
+    waits = ctx.batch_waits
     waiting: int | None = None
     try:
         while True:
@@ -112,10 +112,10 @@ async def pick_batch(ctx: StreamContext, request: GenerateRequest, features: Req
             if request.adapter and ctx.adapters is not None:
                 ranked = ctx.adapters.prefer_holders(request.adapter, ranked, snapshot)
             views = {a: snapshot.get(a) for a in ranked}
-            gate = ctx.pool.batch
+            gate = ctx.batch
             open_ = [a for a in ranked
                      if has_slack(views[a], config, gate.cap(a, batch_share(views[a], config)))]
-            if not open_ and ctx.pool.batch.total < guaranteed_batch(views.values(), config):
+            if not open_ and ctx.batch.total < guaranteed_batch(views.values(), config):
                 open_ = ranked  # starvation guard
             for address in [a for a in open_ if a not in tried] + [a for a in open_ if a in tried]:
                 lease = ctx.pool.try_acquire(address, cost(address))
@@ -129,7 +129,7 @@ async def pick_batch(ctx: StreamContext, request: GenerateRequest, features: Req
             # deadline bounds its work, not its queue, so the wait never fails it.
             loop = asyncio.get_running_loop()
             waited_from = loop.time()
-            await ctx.pool.batch.wait(BATCH_RECHECK_S)
+            await ctx.batch.wait(BATCH_RECHECK_S)
             waited(loop.time() - waited_from)
     finally:
         if waiting is not None:

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.router.features import RequestFeatures
-from vllm_fleet.router.snapshot import PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 
 # Points per worker on the hash ring: enough that keys spread evenly over a few workers.
 RING_POINTS_PER_WORKER = 64

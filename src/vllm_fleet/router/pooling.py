@@ -27,7 +27,7 @@ from vllm_fleet.protocol.pooling import PoolRequest, PoolResult
 from vllm_fleet.router.features import SHORT
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.retry import failure_verdict
-from vllm_fleet.router.snapshot import WorkerView
+from vllm_fleet.router.pool.snapshot import WorkerView
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.registry import Registry
 from vllm_fleet.router.adapters import AdapterPlacement
 from vllm_fleet.router.admission import Admission
-from vllm_fleet.router.batch_wait import BatchWaitStatus
+from vllm_fleet.router.batch_gate import BatchGate
+from vllm_fleet.router.batch_wait import BatchWaits, BatchWaitStatus, why_no_slack
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.config import KeyLimits, RouterConfig
 from vllm_fleet.router.context import Connect, StreamContext
@@ -36,12 +37,12 @@ from vllm_fleet.router.prompt_tokens import TokenizerCache
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import CacheCosts, make_policy
-from vllm_fleet.router.pool import Pool
+from vllm_fleet.router.pool.membership import Pool
 from vllm_fleet.router.quota.fleet import FleetQuota
 from vllm_fleet.router.quota.shared_buckets import SharedBucketFile
 from vllm_fleet.protocol.pooling import ENDPOINT_PATHS, PoolRequest
 from vllm_fleet.router.pooling import PoolAnswer, route_pool
-from vllm_fleet.router.snapshot import SERVING, PoolSnapshot
+from vllm_fleet.router.pool.snapshot import SERVING, PoolSnapshot
 from vllm_fleet.router.stream import RoutedStream
 from vllm_fleet.router.unary import call_any_worker
 
@@ -87,14 +88,23 @@ class Router:
         # cache_aware keeps an index of every worker's KV-cache blocks, from their event streams.
         self._cache = (CacheRouting(self.config, self.clients.get, self._metrics, tokenizers=tokenizers, clock=clock)
                        if self.config.policy == "cache_aware" else None)
-        self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock, cache=self._cache)
+        self._pool = Pool(registry, self.clients, self.config, self._metrics, clock=clock)
+        # batch per worker and its latency controller; batch requests waiting for slack, and why
+        self._batch = BatchGate(self.config.classes, clock, on_cut=self._metrics.count_cut,
+                                view_of=lambda address: self._pool.snapshot().get(address))
+        self._batch_waits = BatchWaits(
+            lambda model, pool: why_no_slack(self._pool.snapshot(), self._batch, model, pool),
+            self._metrics.batch_waiting, clock)
+        self._pool.listen(self._batch)
+        if self._cache is not None:
+            self._pool.listen(self._cache)  # follows each worker's KV-cache events
         self.adapters = AdapterPlacement(self._pool.snapshot, self.clients.get,
                                          overlay_s=max(1.0, 3 * self.config.load_poll_interval_s), clock=clock)
         self._tickets = itertools.count()
         self._context = StreamContext(
             policy=self._policy, pool=self._pool, budget=self._budget, admission=self._admission,
             metrics=self._metrics, config=self.config, connect=connect or self.clients.get, adapters=self.adapters,
-            cache=self._cache,
+            cache=self._cache, batch=self._batch, batch_waits=self._batch_waits,
         )
         for name, queue in self._admission.queues.items():
             self._metrics.watch_queue(name, lambda q=queue: q.depth)
@@ -198,7 +208,7 @@ class Router:
         """Batch requests waiting for a worker with slack now (of `model`; with ids in
         `request_ids`): how many, since when, and why, per worker (router/batch_wait.py). Cheap:
         the reason is built on this call."""
-        return self._pool.batch_waits.status(model=model, request_ids=request_ids)
+        return self._batch_waits.status(model=model, request_ids=request_ids)
 
     # --- limits -------------------------------------------------------------------------
 

@@ -56,7 +56,7 @@ from vllm_fleet.router.pick import pick_batch, pick_or_await_probe
 from vllm_fleet.router.retry import attempt_id, check_retry, failure_verdict, stepped_aside
 from vllm_fleet.router.routed_holds import RoutedHold
 from vllm_fleet.router.watchdog import StallWatchdog
-from vllm_fleet.router.worker_state import Lease
+from vllm_fleet.router.pool.lease import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class RoutedStream:
                 token = id(self)
                 if self._batch:
                     self._step_aside_requested = False
-                    ctx.pool.batch.started(address, token, self._step_aside)
+                    ctx.batch.started(address, token, self._step_aside)
                 try:
                     async with contextlib.aclosing(self._attempt(address, lease, hold)) as chunks:
                         async for chunk in chunks:
@@ -219,7 +219,7 @@ class RoutedStream:
                         hold.release()
                     ctx.pool.report(address, verdict, credited=lease.credited)
                     if self._batch:
-                        ctx.pool.batch.ended(address, token)
+                        ctx.batch.ended(address, token)
             outcome = "ok"
             if self._delivered.keep_text and ctx.cache is not None:
                 ctx.cache.answered(self.request, self.features, self._delivered.answer_text())
@@ -277,7 +277,7 @@ class RoutedStream:
         client = ctx.connect(address)
         watchdog = StallWatchdog(lambda limit: ctx.pool.progressing(address, limit))
         first = True
-        gate = ctx.pool.batch
+        gate = ctx.batch
         steer = not self._batch and gate.listening  # interactive latency steers batch (batch_gate.py)
         loop = asyncio.get_running_loop()
         last_at = loop.time()
@@ -301,7 +301,7 @@ class RoutedStream:
                         if hold is not None:
                             hold.first_token()
                         if self._batch:  # from here on it can only pause, and only if it can resume
-                            ctx.pool.batch.first_token(
+                            ctx.batch.first_token(
                                 address, id(self), pause=None if self.request.constrained else self._step_aside)
                         lease.progress(max(0, self.features.prompt_tokens - self.features.cached_tokens.get(address, 0)))
                     lease.progress(len(chunk.token_ids))

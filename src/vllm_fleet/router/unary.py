@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from vllm_fleet.errors import NoWorkerError, WorkerError
-from vllm_fleet.router.snapshot import PoolSnapshot
+from vllm_fleet.router.pool.snapshot import PoolSnapshot
 
 logger = logging.getLogger(__name__)
 

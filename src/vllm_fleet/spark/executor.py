@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from vllm_fleet.errors import NoWorkerError
 from vllm_fleet.registry import open_registry
 from vllm_fleet.router import Router
-from vllm_fleet.router.snapshot import DOWN
+from vllm_fleet.router.pool.snapshot import DOWN
 from vllm_fleet.spark.answerer import Answerer
 from vllm_fleet.spark.config import SparkGenerateConfig
 from vllm_fleet.spark.ledger import TaskLedger, index_for

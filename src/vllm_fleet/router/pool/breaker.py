@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from vllm_fleet.router.snapshot import CLOSED, HALF_OPEN, OPEN
+from vllm_fleet.router.pool.snapshot import CLOSED, HALF_OPEN, OPEN
 
 
 class CircuitBreaker:
@@ -77,7 +77,7 @@ class CircuitBreaker:
 
     def record_failure(self, may_open: bool = True) -> None:
         """A request failed here. `may_open`: the pool has room to take this worker out (it never
-        takes out more than its maximum share, pool.py); without room the breaker stays as it is
+        takes out more than its maximum share, pool/membership.py); without room the breaker stays as it is
         and counts on, and opens at the first failure once there is room. A failed probe without
         room frees its slot for the next probe."""
         state = self.state

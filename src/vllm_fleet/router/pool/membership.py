@@ -24,8 +24,10 @@ that wedges stops stepping whatever it still holds (a wedged engine reports `run
 and a stopped worker process stops answering its health checks. When no fresh Load says (its push
 stream broke), the health answer alone decides.
 
-The per-worker record (WorkerState) and an attempt's claim on a worker (Lease) are in
-worker_state.py; the pool makes and keeps them.
+The per-worker record (WorkerState, worker.py) and an attempt's claim on a worker (Lease,
+lease.py) are the pool's to make and keep. What else follows the workers (cache-aware routing's
+event followers, the batch gate) registers as a PoolListener (listener.py): the pool tells it of
+joins, leaves, Infos and Loads, and asks it for its fields of each snapshot's WorkerViews.
 """
 
 from __future__ import annotations
@@ -41,16 +43,14 @@ from vllm_fleet.client.loads import late_after
 from vllm_fleet.errors import FleetError, NoWorkerError
 from vllm_fleet.protocol.types import REQUEST_FORM, WorkerLoad
 from vllm_fleet.registry import Registry, WorkerRecord
-from vllm_fleet.router.batch_gate import BatchGate
-from vllm_fleet.router.batch_wait import BatchWaits, why_no_slack
-from vllm_fleet.router.breaker import CircuitBreaker
-from vllm_fleet.router.cache_routing import CacheRouting
-from vllm_fleet.router.classes import batch_share
 from vllm_fleet.router.config import RouterConfig
-from vllm_fleet.router.ejection import OutlierDetector
 from vllm_fleet.router.metrics import RouterMetrics
-from vllm_fleet.router.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot
-from vllm_fleet.router.worker_state import Lease, WorkerState
+from vllm_fleet.router.pool.breaker import CircuitBreaker
+from vllm_fleet.router.pool.ejection import OutlierDetector
+from vllm_fleet.router.pool.lease import Lease
+from vllm_fleet.router.pool.listener import PoolListener
+from vllm_fleet.router.pool.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot
+from vllm_fleet.router.pool.worker import WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ MIN_RETRY_HEADROOM = 0.2
 
 class Pool:
     def __init__(self, registry: Registry, clients: ClientPool, config: RouterConfig, metrics: RouterMetrics,
-                 *, clock: Callable[[], float] = time.monotonic, cache: CacheRouting | None = None) -> None:
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry
         self.clients = clients
         self.config = config
@@ -80,13 +80,13 @@ class Pool:
             max_ratio=config.ejection_max_ratio, clock=clock,
         )
         self._changed = asyncio.Event()
-        self.cache = cache        # cache_aware: follows each worker's KV-cache events
-        self.batch = BatchGate(config.classes, clock, on_cut=metrics.count_cut)  # batch per worker; its controller
-        # batch requests waiting for slack, and why (batch_wait.py)
-        self.batch_waits = BatchWaits(lambda model, pool: why_no_slack(self.snapshot(), self.batch, model, pool),
-                                      metrics.batch_waiting, clock)
+        self._listeners: list[PoolListener] = []  # told of joins, leaves, Infos, Loads (listener.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: Callable[[], None] | None = None
+
+    def listen(self, listener: PoolListener) -> None:
+        """Tell `listener` of every worker's join, leave, Info and Load from now on (before start)."""
+        self._listeners.append(listener)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -134,11 +134,8 @@ class Pool:
             outstanding=lambda: worker.outstanding_tokens,
             serving=lambda: worker.state(self._outliers.is_ejected(record.address)) == SERVING,
         )
-        if self.cache is not None:
-            cache = self.cache
-            self.metrics.watch_cache(record.address, fresh=lambda: cache.fresh(record.address),
-                                     hits=lambda: worker.load.prefix_cache_hits if worker.load else 0,
-                                     queries=lambda: worker.load.prefix_cache_queries if worker.load else 0)
+        for listener in self._listeners:
+            listener.joined(worker)
 
     async def _remove(self, address: str) -> None:
         worker = self._workers.pop(address, None)
@@ -150,8 +147,8 @@ class Pool:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._outliers.forget(address)
-        if self.cache is not None:
-            self.cache.forget(address)
+        for listener in self._listeners:
+            listener.left(address)
         self.metrics.forget_worker(address)
         self._notify()
 
@@ -178,13 +175,8 @@ class Pool:
         worker.load = load
         worker.load_at = self._clock()
         worker.loads += 1
-        self.batch.reported(worker.address, ttft_ms=load.interactive_ttft_p90_ms, itl_ms=load.interactive_itl_p90_ms,
-                            ttft_floor_ms=load.interactive_ttft_p90_floor_ms,
-                            itl_floor_ms=load.interactive_itl_p90_floor_ms,
-                            ttft_baseline_ms=load.interactive_ttft_baseline_ms,
-                            itl_baseline_ms=load.interactive_itl_baseline_ms,
-                            share=lambda: self._batch_share(worker.address))
-        self.batch.notify()  # a fresh Load may show slack
+        for listener in self._listeners:
+            listener.loaded(worker)
         await self._apply_health(worker, load.health)
 
     def _first_miss(self, worker: WorkerState, status: str) -> bool:
@@ -226,10 +218,10 @@ class Pool:
             logger.info("worker %s serves %s (max_model_len %d, engine %s)", worker.address, info.model,
                         info.max_model_len, info.engine)
         worker.info = info
-        if self.cache is not None:
-            follower = self.cache.on_info(worker.address, info, lambda: worker.info.model if worker.info else None)
-            if follower is not None:
-                worker.tasks.append(asyncio.ensure_future(follower.run()))
+        for listener in self._listeners:
+            task = listener.info(worker)
+            if task is not None:
+                worker.tasks.append(asyncio.ensure_future(task))
         self._notify()
 
     # --- what streams use ---------------------------------------------------------------
@@ -255,16 +247,12 @@ class Pool:
 
     def snapshot(self) -> PoolSnapshot:
         is_ejected = self._outliers.is_ejected
-        batch = self.batch.running
-        return PoolSnapshot(tuple(w.view(is_ejected(a), batch.get(a, 0), self.cache)
-                                  for a, w in self._workers.items()), self._clock())
+        listeners = self._listeners
+        return PoolSnapshot(tuple(w.view(is_ejected(a), _fields(listeners, a)) for a, w in self._workers.items()),
+                            self._clock())
 
     def worker(self, address: str) -> WorkerState | None:
         return self._workers.get(address)
-
-    def _batch_share(self, address: str) -> int:
-        view = self.snapshot().get(address)
-        return batch_share(view, self.batch.config) if view is not None else 0
 
     def try_acquire(self, address: str, tokens: int, *, panic: bool = False) -> Lease | None:
         """Claim `address` for one attempt, or None if it left or its breaker refuses. `panic`:
@@ -358,3 +346,11 @@ class Pool:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
                     await changed.wait()
+
+
+def _fields(listeners: list[PoolListener], address: str) -> dict[str, object]:
+    """The WorkerView fields the listeners own for `address`."""
+    fields: dict[str, object] = {}
+    for listener in listeners:
+        fields.update(listener.view_fields(address))
+    return fields
