@@ -187,7 +187,7 @@ class GenerateRpcs:
                         if last_tokens_at is not None:
                             self._note_latency(last_tokens_at, index, deltas, started, now)
                         chunks = stream.on_deltas(index, deltas, now)
-                        if index in stream.cut_inputs:  # ended early at a stop string (stop_resume.py)
+                        if index in stream.cut_inputs:  # ended early at a stop string (resume/stops.py)
                             _cancel_pump(active, f"{request_id}-{index}")
                     case Ended(index, aborted):
                         chunks = stream.on_end(index, aborted)

@@ -57,7 +57,7 @@ class RequestStream:
         self._prompt_lens = [item.prompt_len for item in inputs]
         self._held = [item.held for item in inputs]
         self._resumed = [item.stop_resume for item in inputs]
-        # Inputs a stop string across a migration ended (stop_resume.py): the service stops their
+        # Inputs a stop string across a migration ended (resume/stops.py): the service stops their
         # engine requests.
         self.cut_inputs: set[int] = set()
         self._parsers = _StreamParsers(inputs)
