@@ -1,8 +1,9 @@
 """What routing and admission need to know about a request, computed once per request.
 
-Here the router does not tokenize (the worker owns the tokenizer), so prompt sizes are estimates:
-about four characters per token for text, the exact count for token ids; cache_aware's
-CacheRouting.with_cache replaces them with its own count. It reads only what it
+Prompt sizes here are estimates: about four characters per token for text, the exact count for
+token ids. The worker's tokenizer is what counts for what runs; the router tokenizes only for
+cache_aware, with the served model's own tokenizer files (`PromptTokenizer`), and
+CacheRouting.with_cache then puts that exact count in place of the estimate. It reads only what it
 needs to route: the envelope (inputs, n, session) and its routing hints (the answer length asked
 for, `GenerateRequest.hints`), never the body, whose meaning is vLLM's on the worker.
 """
