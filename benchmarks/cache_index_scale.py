@@ -27,8 +27,8 @@ import time
 
 from vllm_fleet.bench import percentile
 from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
-from vllm_fleet.router.block_keys import block_keys
-from vllm_fleet.router.cache_index import CacheIndex
+from vllm_fleet.router.cache.block_keys import block_keys
+from vllm_fleet.router.cache.index import CacheIndex
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import make_policy
 from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView

@@ -68,7 +68,7 @@ from vllm_fleet.protocol.sampling import SamplingParams, build_request
 from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.block_keys import block_keys
+from vllm_fleet.router.cache.block_keys import block_keys
 from vllm_fleet.router.prompt_tokens import PromptTokenizer
 
 WORDS = ("river mountain city forest ocean desert island volcano glacier lake valley canyon harbor bridge "

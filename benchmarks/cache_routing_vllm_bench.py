@@ -65,7 +65,7 @@ from vllm.benchmarks.serve import add_cli_args
 from vllm.benchmarks.datasets import get_samples
 from vllm.tokenizers import get_tokenizer
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm_fleet.router.block_keys import block_keys
+from vllm_fleet.router.cache.block_keys import block_keys
 block = int(sys.argv[1])
 p = FlexibleArgumentParser(); add_cli_args(p); args = p.parse_args(sys.argv[2:])
 random.seed(args.seed); np.random.seed(args.seed)

@@ -47,9 +47,9 @@ from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.tokenizer_files import FileAssembler
-from vllm_fleet.router import cache_routing
-from vllm_fleet.router.block_keys import block_keys
-from vllm_fleet.router.cache_routing import CacheRouting
+from vllm_fleet.router.cache import routing
+from vllm_fleet.router.cache.block_keys import block_keys
+from vllm_fleet.router.cache.routing import CacheRouting
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.policies import make_policy

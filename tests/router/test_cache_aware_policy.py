@@ -6,7 +6,7 @@ import argparse
 
 from fakes import addresses, snapshot, view
 from vllm_fleet.router import add_router_options, router_config_from_args
-from vllm_fleet.router.cache_index import CacheIndex
+from vllm_fleet.router.cache.index import CacheIndex
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy, ring_order
 

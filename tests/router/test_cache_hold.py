@@ -21,7 +21,7 @@ from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import REQUEST_FORM, Chunk, GenerateRequest, Usage, WorkerInfo
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.block_keys import block_keys
+from vllm_fleet.router.cache.block_keys import block_keys
 
 BS = 16
 TTL_S = 2.0

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from vllm_fleet.protocol.kv_events import AllCleared, BlocksRemoved, BlocksStored, KvEventBatch
-from vllm_fleet.router.block_keys import block_keys
-from vllm_fleet.router.cache_index import ApplyResult, CacheIndex
+from vllm_fleet.router.cache.block_keys import block_keys
+from vllm_fleet.router.cache.index import ApplyResult, CacheIndex
 
 BS = 4
 W1, W2 = "10.0.0.1:50051", "10.0.0.2:50051"
@@ -305,7 +305,7 @@ def test_the_router_keys_a_request_with_its_cache_salt():
     # keys for the request must carry it too, or salted prompts would never match their blocks.
     from vllm_fleet.protocol import GenerateInput, SamplingParams
     from vllm_fleet.protocol.sampling import build_request
-    from vllm_fleet.router.cache_routing import cache_salt
+    from vllm_fleet.router.cache.routing import cache_salt
 
     salted = build_request("r1", [GenerateInput(token_ids=PROMPT)], SamplingParams(max_tokens=1),
                            extra_body={"cache_salt": "tenant-a"})
@@ -319,7 +319,7 @@ def test_a_requests_frontier_is_its_first_block_no_worker_holds(index):
     from vllm_fleet.protocol import GenerateInput, SamplingParams
     from vllm_fleet.protocol.sampling import build_request
     from vllm_fleet.router import RouterConfig
-    from vllm_fleet.router.cache_routing import CacheRouting
+    from vllm_fleet.router.cache.routing import CacheRouting
     from vllm_fleet.router.features import RequestFeatures
 
     routing = CacheRouting(RouterConfig(policy="cache_aware"), connect=lambda address: None, metrics=None)

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from vllm_fleet.router.block_keys import block_keys
-from vllm_fleet.router.cache_index import CacheIndex
+from vllm_fleet.router.cache.block_keys import block_keys
+from vllm_fleet.router.cache.index import CacheIndex
 
 BLOCK = 16
 

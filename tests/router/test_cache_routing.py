@@ -15,8 +15,8 @@ from vllm_fleet.gateway.dashboard import Dashboard
 from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.kv_follow import KvFollower
-from vllm_fleet.router.cache_index import CacheIndex
+from vllm_fleet.router.cache.follower import KvFollower
+from vllm_fleet.router.cache.index import CacheIndex
 
 BS = 16
 FAST = dict(load_poll_interval_s=0.1, health_poll_interval_s=0.2)
@@ -67,7 +67,7 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
                 hits += cached
         assert hits == 18 * SHARED_BLOCKS * BS  # every follow-up found every shared block in its engine
         assert not any(router._cache.stats()["copied_tokens"].values())  # and no prefix was prefilled twice
-        # Every new prefix came back: a home stays worth all its tokens (router/prefix_reuse.py) ...
+        # Every new prefix came back: a home stays worth all its tokens (router/cache/prefix_reuse.py) ...
         assert list(router._cache.stats()["prefix_reuse"].values()) == [1.0]
         view = router.snapshot().get(homes[0]).to_dict()
         assert view["cache"]["events"] == "in step" and view["cache"]["predicted_hit_rate"] > 0.5
@@ -86,7 +86,7 @@ async def test_each_prefix_goes_where_it_is_held_and_the_engines_hit(mock_worker
 
 async def test_one_models_unique_prompts_leave_another_models_home_its_worth(mock_worker_factory):
     """What a home is worth is each model's own: beside a model whose prompts share nothing, one
-    whose documents come back keeps the full home (router/prefix_reuse.py)."""
+    whose documents come back keeps the full home (router/cache/prefix_reuse.py)."""
     common = dict(mock_kv_blocks=1024, block_size=BS, mock_ttft_ms=1, mock_tokens_per_s=500)
     workers = [await mock_worker_factory.start(served_model_name=name, **common) for name in ("docs", "unique")]
     async with routed([w.address for w in workers]) as router:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.router import RouterConfig
-from vllm_fleet.router.cache_routing import CacheRouting
+from vllm_fleet.router.cache.routing import CacheRouting
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.metrics import RouterMetrics
 

@@ -18,7 +18,7 @@ from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
 from vllm_fleet.protocol.sampling import build_request
-from vllm_fleet.router.cache_routing import CacheRouting
+from vllm_fleet.router.cache.routing import CacheRouting
 from vllm_fleet.router.chat_render import Unrenderable
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import features_of

@@ -1,4 +1,4 @@
-"""The block-key memo (router/key_memo.py) used by block_keys.chain_keys: keys from the memo are
+"""The block-key memo (router/cache/key_memo.py) used by block_keys.chain_keys: keys from the memo are
 exactly the hashed ones, the memo is what answers for blocks keyed before, and it stays bounded."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from vllm_fleet.router import block_keys as block_keys_module
-from vllm_fleet.router.block_keys import block_keys
-from vllm_fleet.router.key_memo import KeyMemo
+from vllm_fleet.router.cache import block_keys as block_keys_module
+from vllm_fleet.router.cache.block_keys import block_keys
+from vllm_fleet.router.cache.key_memo import KeyMemo
 
 
 def _reference_keys(tokens: list[int], block_size: int, salt: str = "") -> list[int]:

@@ -1,4 +1,4 @@
-"""What a prompt's home is worth follows whether new prompts come back (router/prefix_reuse.py)."""
+"""What a prompt's home is worth follows whether new prompts come back (router/cache/prefix_reuse.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fakes import addresses, snapshot, view
 from vllm_fleet.router import add_router_options, router_config_from_args
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy, ring_order
-from vllm_fleet.router.prefix_reuse import WINDOW, PrefixReuse
+from vllm_fleet.router.cache.prefix_reuse import WINDOW, PrefixReuse
 
 A, B = addresses(2)
 

@@ -18,7 +18,7 @@ from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import WorkerInfo
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.cache_routing import CacheRouting
+from vllm_fleet.router.cache.routing import CacheRouting
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.worker.engines.base import build_engine

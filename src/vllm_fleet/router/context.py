@@ -18,7 +18,7 @@ from vllm_fleet.router.admission import Admission
 from vllm_fleet.router.batch_gate import BatchGate
 from vllm_fleet.router.batch_wait import BatchWaits
 from vllm_fleet.router.budget import RetryBudget
-from vllm_fleet.router.cache_routing import CacheRouting
+from vllm_fleet.router.cache.routing import CacheRouting
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import Policy

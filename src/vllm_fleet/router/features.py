@@ -27,7 +27,7 @@ class RequestFeatures:
     """The inputs of a routing decision. `ticket` is a per-request counter: policies that
     rotate or sample derive it from here, so that they stay pure functions.
 
-    `cached_tokens` is what the router's cache index (router/cache_index.py) matched of this
+    `cached_tokens` is what the router's cache index (router/cache/index.py) matched of this
     prompt: worker address -> leading prompt tokens that worker holds in its KV cache (absent or
     empty: none, or unknown). It is read-only by convention, like the rest of the bundle; when it
     is set, `prompt_tokens` is the exact token count the keys were computed from, unless
@@ -51,7 +51,7 @@ class RequestFeatures:
     # every block is held somewhere); its point on the hash ring is where a miss goes ("" = none)
     frontier_key: str = ""
     # cache_aware: of the new parts of recent mostly-new prompts, the share later prompts reused
-    # (router/prefix_reuse.py); a prompt's home is worth that share of what it would keep cached
+    # (router/cache/prefix_reuse.py); a prompt's home is worth that share of what it would keep cached
     prefix_reuse: float = 1.0
     # When only a head of a long new text was keyed (prompt_ids_len 0): the whole prompt's block
     # keys, computed on call. CacheRouting.routed() calls it off the decision path, so the

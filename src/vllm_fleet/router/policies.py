@@ -220,7 +220,7 @@ class CacheAware(Policy):
     CPU run of workload (b), 2026-12-05: all 48 requests on one of two engines, P90 TTFT 1.07x
     round robin's). A load difference above the home's worth still wins, so the home decides
     only between workers otherwise about equal. The home is worth its tokens only as far as
-    new prompts come back: `features.prefix_reuse` (router/prefix_reuse.py: of the new parts of
+    new prompts come back: `features.prefix_reuse` (router/cache/prefix_reuse.py: of the new parts of
     the model's recent mostly-new prompts, the share later prompts reused) scales it (`home_by_reuse` False:
     it does not), so where nothing comes back (workload c) a miss goes to the least loaded instead
     of waiting behind up to `home_tokens` of load for a reuse that never comes (2 CPU engines,

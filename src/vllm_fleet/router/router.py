@@ -31,7 +31,7 @@ from vllm_fleet.router.batch_wait import BatchWaits, BatchWaitStatus, why_no_sla
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.config import KeyLimits, RouterConfig
 from vllm_fleet.router.context import Connect, StreamContext
-from vllm_fleet.router.cache_routing import CacheRouting
+from vllm_fleet.router.cache.routing import CacheRouting
 from vllm_fleet.router.classes import SERVICE_CLASSES
 from vllm_fleet.router.prompt_tokens import TokenizerCache
 from vllm_fleet.router.features import features_of

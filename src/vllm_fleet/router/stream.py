@@ -54,7 +54,7 @@ from vllm_fleet.router.delivered import Delivered
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pick import pick_batch, pick_or_await_probe
 from vllm_fleet.router.retry import attempt_id, check_retry, failure_verdict, stepped_aside
-from vllm_fleet.router.routed_holds import RoutedHold
+from vllm_fleet.router.cache.routed_holds import RoutedHold
 from vllm_fleet.router.watchdog import StallWatchdog
 from vllm_fleet.router.pool.lease import Lease
 

@@ -1,7 +1,7 @@
 """Which worker holds which KV-cache blocks: the router's index, kept from the engines' events.
 
 The index owns the router's view of every worker's prefix cache, keyed by our own chained hash
-of the token ids (`block_keys`, router/block_keys.py), never by the engine's hash: the engine's hash depends on its
+of the token ids (`block_keys`, router/cache/block_keys.py), never by the engine's hash: the engine's hash depends on its
 release and hash seed, ours on nothing but the tokens, the block size, the LoRA adapter and the
 cache salt. The engine's hashes are kept per worker only to apply its removals and to find the
 key a stored block chains from. Everything here is in-process and synchronous; nothing waits on
@@ -39,7 +39,7 @@ Rules:
 - One block size per model (the fleet launches a model's workers alike); a stored event with
   another block size is malformed.
 - Speculative entries (`note_routed`, `extend_hold`, RoutedHold): written at routing time,
-  held until the attempt's first token and `ttl_s` after it; their rules are in routed_holds.py.
+  held until the attempt's first token and `ttl_s` after it; their rules are in cache/routed_holds.py.
 
 Memory bound: at most `max_entries` (worker, block) entries, speculative ones included. Past
 it, the index evicts from the worker holding the most entries its least recently stored or
@@ -70,8 +70,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vllm_fleet.protocol.kv_events import AllCleared, BlocksRemoved, BlocksStored, KvEventBatch
-from vllm_fleet.router.block_keys import chain_keys, key_seed
-from vllm_fleet.router.routed_holds import RoutedHold, RoutedHolds
+from vllm_fleet.router.cache.block_keys import chain_keys, key_seed
+from vllm_fleet.router.cache.entries import WorkerEntries
+from vllm_fleet.router.cache.routed_holds import RoutedHold, RoutedHolds
 
 __all__ = ["ApplyResult", "CacheIndex", "CacheIndexCounters", "RoutedHold"]  # RoutedHold: where callers import it
 
@@ -95,30 +96,6 @@ class CacheIndexCounters:
     speculative_dropped: int = 0    # entries of attempts that ended before their first token
 
 
-class _Worker:
-    __slots__ = ("address", "bit", "model", "epoch", "sequence", "synced", "applied_at", "held", "by_engine",
-                 "speculative", "pending")
-
-    def __init__(self, address: str, bit: int, model: str) -> None:
-        self.address = address
-        self.bit = bit
-        self.model = model
-        self.epoch: str | None = None
-        self.sequence = 0
-        self.synced = False
-        self.applied_at = float("-inf")
-        self.held: dict[int, bytes] = {}          # our key -> engine hash, least recently stored/routed first
-        self.by_engine: dict[bytes, int] = {}     # engine hash -> our key
-        self.speculative: dict[int, float] = {}   # our key -> expiry, in the order their ttl started
-        # our key -> [requests holding it that have no first token yet, expiry once they are done]:
-        # a key is in at most one of held, speculative and pending.
-        self.pending: dict[int, list] = {}
-
-    @property
-    def entries(self) -> int:
-        return len(self.held) + len(self.speculative) + len(self.pending)
-
-
 def _locked(method):
     """Run `method` holding the index's lock (see "Threads" in the module docstring)."""
     @functools.wraps(method)
@@ -136,12 +113,12 @@ class CacheIndex(RoutedHolds):
         self.counters = CacheIndexCounters()
         self._clock = clock
         self._holders: dict[int, int] = {}       # our key -> bitmask of the workers holding it
-        self._workers: dict[str, _Worker] = {}
-        self._by_bit: dict[int, _Worker] = {}
+        self._workers: dict[str, WorkerEntries] = {}
+        self._by_bit: dict[int, WorkerEntries] = {}
         self._free_bits: list[int] = []
         self._block_sizes: dict[str, int] = {}   # model -> block size
         self._total = 0                           # (worker, block) entries, speculative included
-        self._speculating: set[_Worker] = set()  # workers with speculative entries
+        self._speculating: set[WorkerEntries] = set()  # workers with speculative entries
         self._lock = threading.Lock()
 
     # --- what the caller asks ---------------------------------------------------------------
@@ -245,17 +222,17 @@ class CacheIndex(RoutedHolds):
         del self._by_bit[state.bit]
         self._free_bits.append(state.bit)
 
-    def _worker(self, address: str, model: str) -> _Worker:
+    def _worker(self, address: str, model: str) -> WorkerEntries:
         state = self._workers.get(address)
         if state is None:
             bit = self._free_bits.pop() if self._free_bits else len(self._by_bit)
-            state = self._workers[address] = self._by_bit[bit] = _Worker(address, bit, model)
+            state = self._workers[address] = self._by_bit[bit] = WorkerEntries(address, bit, model)
         elif state.model != model:            # the address now serves another model
             self._clear(state)
             state.model = model
         return state
 
-    def _stored(self, state: _Worker, event: BlocksStored) -> None:
+    def _stored(self, state: WorkerEntries, event: BlocksStored) -> None:
         if event.medium and event.medium.upper() != "GPU":
             self.counters.events_other_medium += 1
             return
@@ -281,7 +258,7 @@ class CacheIndex(RoutedHolds):
         for engine_hash, key in zip(event.block_hashes, keys):
             self._hold(state, bit, key, engine_hash)
 
-    def _hold(self, state: _Worker, bit: int, key: int, engine_hash: bytes) -> None:
+    def _hold(self, state: WorkerEntries, bit: int, key: int, engine_hash: bytes) -> None:
         old_key = state.by_engine.pop(engine_hash, None)
         if old_key is not None and old_key != key:     # the engine reused the hash for other tokens
             self._drop_held(state, old_key)
@@ -297,7 +274,7 @@ class CacheIndex(RoutedHolds):
         if self._total > self.max_entries:
             self._evict()
 
-    def _removed(self, state: _Worker, event: BlocksRemoved) -> None:
+    def _removed(self, state: WorkerEntries, event: BlocksRemoved) -> None:
         if event.medium and event.medium.upper() != "GPU":
             self.counters.events_other_medium += 1
             return
@@ -307,7 +284,7 @@ class CacheIndex(RoutedHolds):
                 del state.held[key]
                 self._unhold(key, 1 << state.bit)
 
-    def _drop_held(self, state: _Worker, key: int) -> None:
+    def _drop_held(self, state: WorkerEntries, key: int) -> None:
         engine_hash = state.held.pop(key, None)
         if engine_hash is not None:
             state.by_engine.pop(engine_hash, None)
@@ -321,7 +298,7 @@ class CacheIndex(RoutedHolds):
             self._holders.pop(key, None)
         self._total -= 1
 
-    def _clear(self, state: _Worker) -> None:
+    def _clear(self, state: WorkerEntries) -> None:
         bit = 1 << state.bit
         for key in itertools.chain(state.held, state.speculative, state.pending):
             self._unhold(key, bit)

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 
 from vllm_fleet.errors import FleetError, KvEventsUnsupportedError
-from vllm_fleet.router.cache_index import ApplyResult, CacheIndex
+from vllm_fleet.router.cache.index import ApplyResult, CacheIndex
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Our key of each KV-cache block: a chained hash of the prompt's token ids, the same in every
-router whatever the engine's release or hash seed (router/cache_index.py keys its entries by it).
+router whatever the engine's release or hash seed (router/cache/index.py keys its entries by it).
 Each key hashes the previous key (for the first, the LoRA adapter and cache salt) and the block's
-token ids; a lately keyed block comes from a bounded memo (router/key_memo.py) instead of the hash.
+token ids; a lately keyed block comes from a bounded memo (router/cache/key_memo.py) instead of the hash.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 
-from vllm_fleet.router.key_memo import KeyMemo
+from vllm_fleet.router.cache.key_memo import KeyMemo
 
 # Keys are cut to 60 bits: CPython keeps an int below 2**60 in 32 bytes (40 above), and one
 # collision among 10 million blocks has a chance of about 1 in 20,000.
@@ -36,7 +36,7 @@ def chain_keys(token_ids: Sequence[int], block_size: int, previous: bytes) -> li
     digests = []
     append = digests.append
     cut = _CUT_LAST_BYTE
-    memo = KEY_MEMO         # a block seen lately (router/key_memo.py): its key without hashing
+    memo = KEY_MEMO         # a block seen lately (router/cache/key_memo.py): its key without hashing
     new_hasher = _EMPTY_HASHER.copy
     recent, older = memo.recent, memo.older
     for start in range(0, (len(token_ids) // block_size) * step, step):

@@ -1,8 +1,8 @@
 """What the cache-aware policy knows: each worker's KV-cache blocks, and the prompt's blocks.
 
 A router whose policy is `cache_aware` keeps one CacheRouting. It follows the KV-cache events
-of every worker that streams them (router/kv_follow.py) into its own bounded index
-(router/cache_index.py), and for each request works out the prompt's token ids (the input's
+of every worker that streams them (router/cache/follower.py) into its own bounded index
+(router/cache/index.py), and for each request works out the prompt's token ids (the input's
 own ids, or the router's rendering with the served model's tokenizer files: router/prompt_tokens.py),
 their block keys, and how many leading tokens each worker holds. Every router (each gateway
 process, each gateway of a fleet, each Spark executor) keeps its own from the same event
@@ -24,13 +24,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
-from vllm_fleet.router.block_keys import block_keys
-from vllm_fleet.router.cache_index import CacheIndex, RoutedHold
+from vllm_fleet.router.cache.block_keys import block_keys
+from vllm_fleet.router.cache.index import CacheIndex, RoutedHold
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import RequestFeatures
-from vllm_fleet.router.kv_follow import KvFollower
+from vllm_fleet.router.cache.follower import KvFollower
 from vllm_fleet.router.pool.worker import WorkerState
-from vllm_fleet.router.prefix_reuse import PrefixReuse
+from vllm_fleet.router.cache.prefix_reuse import PrefixReuse
 from vllm_fleet.router.segment_tokens import PartialIds
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Speculative cache entries: where the router sent a prompt, counted as held before the engine says so.
 
-The cache index (cache_index.py) learns what a worker holds from its KV events, which come after
+The cache index (cache/index.py) learns what a worker holds from its KV events, which come after
 the engine prefilled the prompt. A prompt routed now is counted as held where it went at once,
 so the next request with the same prefix finds it there. This module is that half of the index:
 `CacheIndex.note_routed` writes the entries and hands back a RoutedHold, `extend_hold` adds the
@@ -17,19 +17,28 @@ Rules:
 
 RoutedHolds is a part of CacheIndex written in its own file, not an object of its own: it works
 on the index's entries (`_holders`, `_total`, `_unhold`, `_evict`, `_speculating`, `counters`),
-on each worker's `speculative` and `pending` keys, and under the index's `_lock`, because an
-entry is one entry whether the router or an event wrote it (memory bound and eviction count
-them together).
+on each worker's `speculative` and `pending` keys (WorkerEntries, entries.py), and under the
+index's `_lock`, because an entry is one entry whether the router or an event wrote it (memory
+bound and eviction count them together). A RoutedHold knows its index only as a HoldEnds: the
+one call that ends a hold's entries.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from vllm_fleet.router.cache_index import _Worker
+from vllm_fleet.router.cache.entries import WorkerEntries
+
+# A hold's entries: (the worker's entries, our key, its pending entry [holders, expiry]).
+HeldEntries = list[tuple[WorkerEntries, int, list]]
+
+
+class HoldEnds(Protocol):
+    """What a RoutedHold needs of its index: ending its entries, once."""
+
+    def end_hold(self, entries: HeldEntries, started: bool, ttl_s: float, now: float | None) -> None: ...
 
 
 class RoutedHold:
@@ -39,7 +48,7 @@ class RoutedHold:
 
     __slots__ = ("_index", "_entries", "_ttl_s", "_open")
 
-    def __init__(self, index: RoutedHolds, entries: list[tuple[_Worker, int, list]], ttl_s: float) -> None:
+    def __init__(self, index: HoldEnds, entries: HeldEntries, ttl_s: float) -> None:
         self._index = index
         self._entries = entries     # (worker, key, its pending entry): a cleared or evicted one is skipped
         self._ttl_s = ttl_s
@@ -61,12 +70,12 @@ class RoutedHold:
     def _end(self, *, started: bool, now: float | None) -> None:
         if self._open:
             self._open = False
-            self._index._end_pending(self._entries, started, self._ttl_s, now)
+            self._index.end_hold(self._entries, started, self._ttl_s, now)
 
 
 class RoutedHolds:
     """CacheIndex's speculative entries (see the module docstring); CacheIndex derives from it.
-    Every public method holds the index's lock ("Threads" in cache_index.py)."""
+    Every public method holds the index's lock ("Threads" in cache/index.py)."""
 
     # --- what the router did -----------------------------------------------------------------
 
@@ -88,10 +97,10 @@ class RoutedHolds:
             if hold.is_open:
                 hold._entries.extend(self._note_pending(self._worker(worker, model), keys))
 
-    def _note_pending(self, state: _Worker, keys: Sequence[int]) -> list[tuple[_Worker, int, list]]:
+    def _note_pending(self, state: WorkerEntries, keys: Sequence[int]) -> HeldEntries:
         bit = 1 << state.bit
         pending = state.pending
-        mine: list[tuple[_Worker, int, list]] = []
+        mine: HeldEntries = []
         for key in keys:
             engine_hash = state.held.pop(key, None)
             if engine_hash is not None:
@@ -113,8 +122,7 @@ class RoutedHolds:
                 self._evict()
         return mine
 
-    def _end_pending(self, entries: list[tuple[_Worker, int, list]], started: bool, ttl_s: float,
-                     now: float | None) -> None:
+    def end_hold(self, entries: HeldEntries, started: bool, ttl_s: float, now: float | None) -> None:
         """A hold's attempt got its first token (`started`) or ended without one."""
         with self._lock:
             now = self._clock() if now is None else now
