@@ -32,18 +32,27 @@ class ScriptedCall:
     def __init__(self) -> None:
         self.received: asyncio.Queue[pb.MuxRequest] = asyncio.Queue()
         self._script: asyncio.Queue = asyncio.Queue()
+        self._unpacked: list[pb.MuxRequest] = []  # the rest of the last message, one start or cancel each
 
     async def next_request(self) -> pb.MuxRequest:
+        """The next message as it came over the wire (its `batched` starts and cancels in it)."""
         return await asyncio.wait_for(self.received.get(), WAIT_S)
 
-    async def next_start(self) -> pb.MuxRequest:
-        message = await self.next_request()
-        assert message.WhichOneof("kind") == "start", f"expected a start, got {message}"
-        return message
+    async def next_item(self) -> pb.MuxRequest:
+        """The next start or cancel, in the order a worker handles them: a message, then its batched."""
+        if not self._unpacked:
+            message = await self.next_request()
+            self._unpacked = [message, *message.batched]
+        return self._unpacked.pop(0)
 
-    def send(self, *events: pb.MuxEvent, takes_batched: bool = False) -> None:
-        """One MuxResponse carrying `events`, in order; `takes_batched` as a current worker says it."""
-        self._script.put_nowait(pb.MuxResponse(events=events, takes_batched=takes_batched))
+    async def next_start(self) -> pb.MuxRequest:
+        item = await self.next_item()
+        assert item.WhichOneof("kind") == "start", f"expected a start, got {item}"
+        return item
+
+    def send(self, *events: pb.MuxEvent) -> None:
+        """One MuxResponse carrying `events`, in order."""
+        self._script.put_nowait(pb.MuxResponse(events=events))
 
     def fail(self, code: grpc.StatusCode, details: str) -> None:
         """End the whole call with `code`, as a worker that breaks would."""

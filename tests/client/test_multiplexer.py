@@ -64,13 +64,13 @@ async def test_each_stream_gets_its_own_number_and_only_its_own_events(scripted,
     assert [await _result(t) for t in tasks] == [["text-0"], ["text-1"], ["text-2"]]
 
 
-async def _burst_of_starts(scripted, mux, *, takes_batched: bool, count: int = 20, prompt: str = "hi"):
-    """After one answered request (whose response says `takes_batched`), `count` requests at once:
+async def _burst_of_starts(scripted, mux, *, count: int = 20, prompt: str = "hi"):
+    """After one answered request, `count` requests at once:
     the messages the worker received for them, and their starts in the order they arrived."""
     first = _run(mux, "first")
     call = await scripted.next_call()
     start = await call.next_start()
-    call.send(event(start.stream, "a", done=True), takes_batched=takes_batched)
+    call.send(event(start.stream, "a", done=True))
     assert await _result(first) == ["a"]
     tasks = [asyncio.ensure_future(_texts(mux.generate(build_request(f"b{i}", [GenerateInput(text=prompt)]),
                                                         timeout=None))) for i in range(count)]
@@ -84,8 +84,8 @@ async def _burst_of_starts(scripted, mux, *, takes_batched: bool, count: int = 2
     return messages, starts
 
 
-async def test_a_burst_of_starts_travels_batched_once_the_worker_takes_it(scripted, mux):
-    messages, starts = await _burst_of_starts(scripted, mux, takes_batched=True)
+async def test_a_burst_of_starts_travels_batched(scripted, mux):
+    messages, starts = await _burst_of_starts(scripted, mux)
     assert [s.start.request_id for s in starts] == [f"b{i}" for i in range(20)], "batched out of order"
     assert len(messages) < 20, "every start went in a message of its own"
 
@@ -93,16 +93,10 @@ async def test_a_burst_of_starts_travels_batched_once_the_worker_takes_it(script
 async def test_a_batch_stays_under_its_size_bound_so_large_requests_never_break_the_call(scripted, mux):
     # Five requests of ~400 KB: together they would make one 2 MB message; each batch stays under
     # BATCH_BYTES, and the request that did not fit goes first in the next message.
-    messages, starts = await _burst_of_starts(scripted, mux, takes_batched=True, count=5, prompt="w" * 400_000)
+    messages, starts = await _burst_of_starts(scripted, mux, count=5, prompt="w" * 400_000)
     assert [s.start.request_id for s in starts] == [f"b{i}" for i in range(5)], "batched out of order"
     assert len(messages) > 1, "five large requests went in one message"
     assert all(m.ByteSize() <= BATCH_BYTES for m in messages), [m.ByteSize() for m in messages]
-
-
-async def test_a_worker_that_does_not_say_it_takes_batches_gets_one_start_per_message(scripted, mux):
-    # A worker that predates MuxRequest.batched would drop the batched starts unseen.
-    messages, starts = await _burst_of_starts(scripted, mux, takes_batched=False)
-    assert len(messages) == 20 and not any(m.batched for m in messages)
 
 
 async def test_a_late_event_of_a_finished_stream_never_reaches_a_new_request_with_its_id(scripted, mux):
@@ -128,7 +122,7 @@ async def test_leaving_a_stream_early_cancels_it_on_the_worker_and_frees_its_num
     assert (await _result(head)).text == "first"
     await chunks.aclose()
 
-    cancel = await call.next_request()
+    cancel = await call.next_item()
     assert (cancel.stream, cancel.WhichOneof("kind")) == (start.stream, "cancel")
     # Chunks the worker sent before it saw the cancel are dropped; the call keeps serving.
     after = _run(mux, "after")
@@ -143,7 +137,7 @@ async def test_a_stream_past_its_deadline_ends_and_is_cancelled_on_the_worker(sc
     start = await call.next_start()
     with pytest.raises(WorkerTimeoutError, match="deadline exceeded"):
         await _result(task)
-    cancel = await call.next_request()
+    cancel = await call.next_item()
     assert (cancel.stream, cancel.WhichOneof("kind")) == (start.stream, "cancel")
 
 

@@ -105,7 +105,7 @@ async def test_events_carry_a_load_every_interval_and_arm_no_timer_unless_asked(
     call.outbox.end(1)
     first = await _next(call)
     assert [e.stream for e in first.events] == [1] and first.HasField("load")  # the call's first message
-    assert first.takes_batched and first.load_every_ms == 0
+    assert first.load_every_ms == 0
     call.outbox.end(2)
     assert not (await _next(call)).HasField("load")  # not due yet
     clock.advance(MUX_LOAD_INTERVAL_S)

@@ -45,7 +45,7 @@ def _chunk(message: pb.GenerateChunk) -> Chunk:
 
 
 class MuxUnsupported(Exception):
-    """The worker predates GenerateMany: use one call per request."""
+    """The worker has no GenerateMany (it answered UNIMPLEMENTED): use one call per request."""
 
 
 class MuxNeverAnswered(Exception):
@@ -66,7 +66,6 @@ class Multiplexer:
         self._outgoing: asyncio.Queue = asyncio.Queue()
         self._streams: dict[int, asyncio.Queue] = {}
         self._numbers = itertools.count(1)
-        self._takes_batched = False  # the worker said so in a response
         self._load_every_asked = 0     # ms, asked of the worker on this call
         self.pushes_load = False       # the worker said it pushes Loads on this call (load_every_ms)
         self.failed: BaseException | None = None
@@ -75,15 +74,14 @@ class Multiplexer:
 
     async def _requests(self) -> AsyncIterator[pb.MuxRequest]:
         """The call's request stream. grpcio takes the next message only when the last write has
-        completed; once the worker takes batched requests, whatever queued up meanwhile goes as
-        one message (a busy gateway starts many requests per write), up to BATCH_BYTES."""
+        completed; whatever queued up meanwhile goes as one message (a busy gateway starts many requests per write), up to BATCH_BYTES."""
         held = None  # taken from the queue but past the batch's size: the next message
         while True:
             message, held = held if held is not None else await self._outgoing.get(), None
             if message is _CLOSE:
                 return
-            size = message.ByteSize() if self._takes_batched else 0
-            while self._takes_batched and not self._outgoing.empty():
+            size = message.ByteSize()
+            while not self._outgoing.empty():
                 more = self._outgoing.get_nowait()
                 more_size = 0 if more is _CLOSE else more.ByteSize()
                 if more is _CLOSE or size + more_size > BATCH_BYTES:
@@ -99,7 +97,6 @@ class Multiplexer:
         try:
             async for response in self._call:
                 answered = True
-                self._takes_batched = response.takes_batched
                 self.pushes_load = response.load_every_ms > 0
                 if self._on_load is not None and response.HasField("load"):
                     self._on_load(load_from_pb(response.load))

@@ -210,14 +210,14 @@ class WorkerInfo:
     request_form: int = REQUEST_FORM  # the request form it reads; routers use only workers of theirs
     kv_block_size: int = 0     # tokens per KV-cache block; 0 = unknown
     kv_events: bool = False    # KvEvents streams this engine's cache events
-    tasks: list[str] = field(default_factory=list)  # vLLM's supported tasks; [] = generate (older workers)
+    tasks: list[str] = field(default_factory=list)  # vLLM's supported tasks; [] = generate (the mock)
     pooling_endpoints: list[str] = field(default_factory=list)  # what Pool takes (pooling.py); [] = none
     tokenizer_digest: str = ""  # of the files TokenizerFiles sends (protocol/tokenizer_files.py); "" = none
     takes_router_ids: bool = False  # runs a router's prompt ids rendered with those files
 
     @property
     def generates(self) -> bool:
-        """Serves generation (chat, completions): an older worker, which says no tasks, always does."""
+        """Serves generation (chat, completions): a worker that says no tasks (the mock) does."""
         return not self.tasks or "generate" in self.tasks
 
 

@@ -179,16 +179,14 @@ class MuxEvent(_message.Message):
     def __init__(self, stream: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[GenerateChunk, _Mapping]]] = ..., done: _Optional[bool] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., status_param: _Optional[str] = ...) -> None: ...
 
 class MuxResponse(_message.Message):
-    __slots__ = ("events", "load", "takes_batched", "load_every_ms")
+    __slots__ = ("events", "load", "load_every_ms")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
-    TAKES_BATCHED_FIELD_NUMBER: _ClassVar[int]
     LOAD_EVERY_MS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[MuxEvent]
     load: WorkerLoad
-    takes_batched: bool
     load_every_ms: int
-    def __init__(self, events: _Optional[_Iterable[_Union[MuxEvent, _Mapping]]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., takes_batched: _Optional[bool] = ..., load_every_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, events: _Optional[_Iterable[_Union[MuxEvent, _Mapping]]] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., load_every_ms: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -151,8 +151,8 @@ class MuxCall:
         while (events := await self.outbox.take()) is not None:
             load = self._load_if_due()
             if load is not None or events:
-                return pb.MuxResponse(events=events, load=load, takes_batched=True,
-                                      load_every_ms=round(self._load_every * 1000) if self._load_every else 0)
+                every_ms = round(self._load_every * 1000) if self._load_every else 0
+                return pb.MuxResponse(events=events, load=load, load_every_ms=every_ms)
             self._wake_when_load_due()  # the timer ran a hair early: nothing is due yet
         return None
 
