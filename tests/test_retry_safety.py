@@ -1,6 +1,7 @@
 """Whether a retry is safe is the error type's (errors.py), one table for the whole tree; the
-router's failover/migration decision reads it (router/retry.py), and so do Spark's row resends
-(tests/spark/test_answerer.py drives each class through the answerer)."""
+router's failover/migration decisions read it (router/retry.py for streams, router/pooling.py for
+pooling calls), and so do Spark's row resends (tests/spark/test_answerer.py drives each class
+through the answerer)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from vllm_fleet import errors
 from vllm_fleet.errors import FleetError, WorkerError
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RequestBody
+from vllm_fleet.router.pooling import _before_retry
 from vllm_fleet.router.quota.store import QuotaStoreUnavailable
 from vllm_fleet.router.retry import check_retry
 
@@ -87,3 +89,13 @@ def test_the_router_fails_over_exactly_the_recoverable_worker_errors(cls):
     else:
         with pytest.raises(cls):
             check_retry(_context(), error, "w:1", attempts=1, delivered=nothing_delivered, request=request)
+
+
+@pytest.mark.parametrize("cls", WORKER_ERRORS, ids=lambda c: c.__name__)
+def test_a_pooling_call_fails_over_exactly_the_recoverable_worker_errors(cls):
+    error = make(cls)
+    if cls.recoverable:
+        _before_retry(_context(), error, "w:1", 1, "r")
+    else:
+        with pytest.raises(cls):
+            _before_retry(_context(), error, "w:1", 1, "r")

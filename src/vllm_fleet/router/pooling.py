@@ -119,7 +119,7 @@ def _before_retry(ctx: StreamContext, exc: WorkerError, address: str, attempts: 
     """Log a failed attempt; re-raise when no further attempt may follow."""
     ctx.metrics.worker_failures.labels(address, type(exc).__name__).inc()
     logger.warning("pooling attempt %d on %s failed: %s", attempts, address, exc, extra={"request_id": request_id})
-    if isinstance(exc, DeadlineExceededError) or attempts >= ctx.config.max_attempts:
+    if not exc.recoverable or attempts >= ctx.config.max_attempts:  # the type says (errors.py)
         raise exc
     if not ctx.budget.try_spend():
         ctx.metrics.rejections.labels("retry_budget").inc()
