@@ -50,6 +50,7 @@ from vllm_fleet.gateway.completions import CompletionHandler
 from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway import vllm_surface
 from vllm_fleet.gateway.dashboard import Dashboard
+from vllm_fleet.gateway.front_door import FrontDoor
 from vllm_fleet.gateway.introspect import IntrospectionRoutes
 from vllm_fleet.gateway.keys import KeyRecord, KeyStore
 from vllm_fleet.gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -77,11 +78,12 @@ class GatewayApp:
         self.keys = keys
         # siblings: the other processes of `--processes N`; /metrics and the dashboard answer for all.
         self.metrics = GatewayMetrics(router, metrics_registry, siblings)
-        self.completions = CompletionHandler(router, config, self.metrics)
-        self.messages = anthropic.MessagesHandler(router, config, self.metrics)
+        door = FrontDoor(router, config, self.metrics)  # the skeleton the generating routes share
+        self.completions = CompletionHandler(door)
+        self.messages = anthropic.MessagesHandler(door)
         self.dashboard = Dashboard(router, registry, self.metrics.totals, siblings)
         self.adapter_admin = AdapterAdmin(router, config)
-        self.responses = ResponsesHandler(router, config, self.metrics)
+        self.responses = ResponsesHandler(door)
         self.batches = BatchApi(self.completions, config, metrics_registry)
         self.pooling = PoolingHandler(router, config)
         self.introspection = IntrospectionRoutes(router, config)

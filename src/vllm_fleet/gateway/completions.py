@@ -8,36 +8,28 @@
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import logging
 import time
 
-from vllm_fleet.errors import MigrationUnsupportedError
 from vllm_fleet.gateway import translate
 from vllm_fleet.gateway.access_log import RequestRecord
 from vllm_fleet.gateway.aggregate import Aggregate
-from vllm_fleet.gateway.api_error import from_exception
 from vllm_fleet.gateway.asgi import Response, StreamResponse
 from vllm_fleet.gateway.call import Call
-from vllm_fleet.gateway.config import GatewayConfig
-from vllm_fleet.gateway.formats import UsageTally
-from vllm_fleet.gateway.metrics import GatewayMetrics
+from vllm_fleet.gateway.front_door import FrontDoor, answer_name
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from vllm_fleet.gateway.sse import StreamEncoder, first_chunk
+from vllm_fleet.gateway.sse import StreamEncoder
 from vllm_fleet.gateway.translate import Plan
-from vllm_fleet.router import RoutedStream, Router
-
-logger = logging.getLogger(__name__)
 
 
 class CompletionHandler:
-    """Serves both generation endpoints: `chat` and `completion` are route handlers."""
+    """Serves both generation endpoints: `chat` and `completion` are route handlers. Opening,
+    streaming and settling are the front door's (front_door.py); the mapping is translate.py's
+    (body → Plan), sse.py's (chunk → event) and aggregate.py's (chunks → body)."""
 
-    def __init__(self, router: Router, config: GatewayConfig, metrics: GatewayMetrics) -> None:
-        self.router = router
-        self.config = config
-        self.metrics = metrics
+    def __init__(self, door: FrontDoor) -> None:
+        self.door = door
+        self.router = door.router
+        self.config = door.config
 
     async def chat(self, call: Call) -> Response | StreamResponse:
         return await self._handle("chat", call)
@@ -50,14 +42,12 @@ class CompletionHandler:
         body = await call.http.read_body(self.config.max_body_bytes)
         plan = self.plan(kind, body, record=record, worker_request_id=call.worker_request_id,
                          session_id=call.http.headers.get("x-session-id", ""))
-        # vLLM's rule: the X-Request-Id header names the answer, else the body's request_id.
-        named = plan.response_id if "x-request-id" not in call.http.headers else None
-        response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + (named or record.request_id)
-        stream = self._open(plan, call.key_id)
+        response_id = _prefix(kind) + answer_name(plan.response_id, call.http.headers, record.request_id)
         created = int(time.time())
         if plan.stream:
-            return await self._streamed(plan, stream, record, response_id, created)
-        return Response.json(await self._whole(plan, stream, record, response_id, created))
+            return await self.door.streamed(plan.request, plan.model, key=call.key_id, record=record,
+                                            writer=StreamEncoder(plan, response_id, created))
+        return Response.json(await self._whole(plan, call.key_id, record, response_id, created))
 
     def plan(self, kind: str, body: bytes, *, record: RequestRecord, worker_request_id: str,
              session_id: str = "") -> Plan:
@@ -76,70 +66,14 @@ class CompletionHandler:
     async def answer(self, plan: Plan, *, key: str | None, record: RequestRecord) -> dict:
         """The whole (non-streamed) answer's body, exactly what the online endpoint sends: the
         seam the batch runner (gateway/batch/) goes through, so a batch line is answered alike."""
-        response_id = ("chatcmpl-" if plan.kind == "chat" else "cmpl-") + (plan.response_id or record.request_id)
-        return await self._whole(plan, self._open(plan, key), record, response_id, int(time.time()))
+        response_id = _prefix(plan.kind) + (plan.response_id or record.request_id)
+        return await self._whole(plan, key, record, response_id, int(time.time()))
 
-    def _open(self, plan: Plan, key: str | None) -> RoutedStream:
-        loop = asyncio.get_running_loop()
-        return self.router.stream(plan.request, model=plan.model, key=key,
-                                  deadline=loop.time() + self.config.request_timeout_s)
-
-    async def _whole(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str,
+    async def _whole(self, plan: Plan, key: str | None, record: RequestRecord, response_id: str,
                      created: int) -> dict:
-        try:
-            return await self._aggregated(plan, stream, record, response_id, created)
-        except MigrationUnsupportedError as exc:
-            # Nothing of the answer reached the client yet, so it can start over, whole, once.
-            logger.warning("restarting the answer from scratch: %s", exc, extra={"request_id": record.request_id})
-            request = dataclasses.replace(plan.request, request_id=f"{plan.request.request_id}-again")
-            again = self.router.stream(request, model=plan.model, key=stream.key, deadline=stream.deadline)
-            return await self._aggregated(plan, again, record, response_id, created)
+        return await self.door.whole(plan.request, plan.model, key=key, record=record,
+                                     answer=lambda: Aggregate(plan, response_id, created))
 
-    async def _aggregated(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str,
-                          created: int) -> dict:
-        aggregate = Aggregate(plan, response_id, created)
-        try:
-            async for chunk in stream:
-                if record.ttft_s is None:
-                    record.ttft_s = time.perf_counter() - record.started
-                aggregate.add(chunk)
-        finally:
-            await stream.aclose()
-            self._settle(plan, stream, record, aggregate.usage)
-        return aggregate.body()
 
-    async def _streamed(self, plan: Plan, stream: RoutedStream, record: RequestRecord, response_id: str,
-                        created: int) -> StreamResponse:
-        encoder = StreamEncoder(plan, response_id, created)
-        iterator = aiter(stream)
-        first = await first_chunk(stream, iterator, lambda: self._settle(plan, stream, record, encoder.usage))
-        return StreamResponse(self._events(plan, stream, iterator, first, encoder, record))
-
-    async def _events(self, plan: Plan, stream: RoutedStream, iterator, first, encoder: StreamEncoder,
-                      record: RequestRecord):
-        itl = self.metrics.child(self.metrics.itl, plan.model)
-        try:
-            if first is not None:
-                record.ttft_s = time.perf_counter() - record.started
-                last = time.perf_counter()
-                yield encoder.event(first)
-                async for chunk in iterator:
-                    now = time.perf_counter()
-                    tokens = len(chunk.token_ids)
-                    if tokens:
-                        itl.observe((now - last) / tokens)
-                    last = now
-                    yield encoder.event(chunk)
-            yield encoder.end()
-        except Exception as exc:  # after the 200 went out, errors travel in the stream
-            error = from_exception(exc)
-            record.error = f"{error.status} {error.message}"
-            if error.status >= 500:
-                logger.warning("stream failed after its start: %s", exc, extra={"request_id": record.request_id})
-            yield encoder.error(error)
-        finally:
-            await stream.aclose()
-            self._settle(plan, stream, record, encoder.usage)
-
-    def _settle(self, plan: Plan, stream: RoutedStream, record: RequestRecord, usage: UsageTally) -> None:
-        self.metrics.settle(plan.model, stream, record, prompt_tokens=usage.prompt, completion_tokens=usage.completion)
+def _prefix(kind: str) -> str:
+    return "chatcmpl-" if kind == "chat" else "cmpl-"

@@ -15,29 +15,18 @@ exactly: a whole answer starts over once, a stream ends with an error event.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import json
-import logging
-import time
 
-import orjson
-
-from vllm_fleet.errors import MigrationUnsupportedError
 from vllm_fleet.gateway import forward, responses_fields
-from vllm_fleet.gateway.sse import first_chunk
-from vllm_fleet.gateway.api_error import bad_request, from_exception
+from vllm_fleet.gateway.api_error import bad_request
 from vllm_fleet.gateway.asgi import Response, StreamResponse
 from vllm_fleet.gateway.call import Call
-from vllm_fleet.gateway.config import GatewayConfig
-from vllm_fleet.gateway.metrics import GatewayMetrics
+from vllm_fleet.gateway.front_door import FrontDoor, answer_name
 from vllm_fleet.gateway.responses_output import ResponsesOutput
 from vllm_fleet.protocol.sampling import is_constrained
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RoutingHints
-from vllm_fleet.router import RoutedStream, Router
+from vllm_fleet.router import Router
 from vllm_fleet.router.classes import SERVICE_TIERS
-
-logger = logging.getLogger(__name__)
 
 # Request fields the response object repeats, with OpenAI's defaults.
 _ECHOED = {"instructions": None, "max_output_tokens": None, "temperature": None, "top_p": None, "tools": [],
@@ -46,25 +35,29 @@ _ECHOED = {"instructions": None, "max_output_tokens": None, "temperature": None,
 
 
 class ResponsesHandler:
-    def __init__(self, router: Router, config: GatewayConfig, metrics: GatewayMetrics) -> None:
-        self.router = router
-        self.config = config
-        self.metrics = metrics
+    """POST /v1/responses: the body → GenerateRequest mapping; ResponsesOutput shapes the answer,
+    the front door (front_door.py) opens, streams and settles."""
+
+    def __init__(self, door: FrontDoor) -> None:
+        self.door = door
+        self.router = door.router
+        self.config = door.config
 
     async def create(self, call: Call) -> Response | StreamResponse:
         record = call.record
         body = _parse(await call.http.read_body(self.config.max_body_bytes))
-        record.model = body["model"]
+        model = body["model"]
+        record.model = model
         record.stream = bool(body.get("stream"))
         request = self._request(body, call)
-        named = body.get("request_id") if "x-request-id" not in call.http.headers else None
-        output = ResponsesOutput("resp_" + (named or record.request_id), body["model"],
-                                 {name: body.get(name, default) for name, default in _ECHOED.items()})
-        stream = self._open(request, body["model"], call.key_id)
+        response_id = "resp_" + answer_name(body.get("request_id"), call.http.headers, record.request_id)
+        echo = {name: body.get(name, default) for name, default in _ECHOED.items()}
         if record.stream:
-            return await self._streamed(request, stream, output, call)
-        output = await self._whole(request, stream, output, call)
-        return Response.json(output.response())
+            return await self.door.streamed(request, model, key=call.key_id, record=record,
+                                            writer=ResponsesOutput(response_id, model, echo))
+        answer = await self.door.whole(request, model, key=call.key_id, record=record,
+                                       answer=lambda: ResponsesOutput(response_id, model, echo))
+        return Response.json(answer)
 
     def _request(self, body: dict, call: Call) -> GenerateRequest:
         items = body["input"]
@@ -91,69 +84,6 @@ class ResponsesHandler:
             body=forward.request_body("responses", forwarded), n=1, priority=priority, session_id=str(session),
             stream_interval_ms=self.config.stream_interval_ms, constrained=_constrained(forwarded),
             hints=RoutingHints(max_tokens=max_tokens, service_class=SERVICE_TIERS[tier]))
-
-    def _open(self, request: GenerateRequest, model: str, key: str | None) -> RoutedStream:
-        loop = asyncio.get_running_loop()
-        return self.router.stream(request, model=model, key=key, deadline=loop.time() + self.config.request_timeout_s)
-
-    async def _whole(self, request: GenerateRequest, stream: RoutedStream, output: ResponsesOutput,
-                     call: Call) -> ResponsesOutput:
-        try:
-            await self._collect(stream, output, call)
-        except MigrationUnsupportedError as exc:
-            # Nothing reached the client yet, so the answer can start over, whole, once.
-            logger.warning("restarting the response from scratch: %s", exc,
-                           extra={"request_id": call.record.request_id})
-            again = dataclasses.replace(request, request_id=f"{request.request_id}-again")
-            output = ResponsesOutput(output.response_id, output.model, output.echo)
-            await self._collect(self.router.stream(again, model=output.model, key=stream.key,
-                                                   deadline=stream.deadline), output, call)
-        output.finish()
-        return output
-
-    async def _collect(self, stream: RoutedStream, output: ResponsesOutput, call: Call) -> None:
-        try:
-            async for chunk in stream:
-                if call.record.ttft_s is None:
-                    call.record.ttft_s = time.perf_counter() - call.record.started
-                output.add(chunk)
-        finally:
-            await stream.aclose()
-            self._settle(stream, output, call)
-
-    async def _streamed(self, request: GenerateRequest, stream: RoutedStream, output: ResponsesOutput,
-                        call: Call) -> StreamResponse:
-        iterator = aiter(stream)
-        first = await first_chunk(stream, iterator, lambda: self._settle(stream, output, call))
-        return StreamResponse(self._events(stream, iterator, first, output, call))
-
-    async def _events(self, stream: RoutedStream, iterator, first, output: ResponsesOutput, call: Call):
-        try:
-            for event in output.start():
-                yield _sse(event)
-            if first is not None:
-                call.record.ttft_s = time.perf_counter() - call.record.started
-                for event in output.add(first):
-                    yield _sse(event)
-                async for chunk in iterator:
-                    for event in output.add(chunk):
-                        yield _sse(event)
-            for event in output.finish():
-                yield _sse(event)
-        except Exception as exc:  # after the 200 went out, errors travel in the stream
-            error = from_exception(exc)
-            call.record.error = f"{error.status} {error.message}"
-            logger.warning("response stream failed after its start: %s", exc,
-                           extra={"request_id": call.record.request_id})
-            yield _sse({"type": "error", "sequence_number": output.next_sequence_number, "code": error.code or error.type,
-                        "message": error.message, "param": error.param})
-        finally:
-            await stream.aclose()
-            self._settle(stream, output, call)
-
-    def _settle(self, stream: RoutedStream, output: ResponsesOutput, call: Call) -> None:
-        self.metrics.settle(output.model, stream, call.record, prompt_tokens=output.prompt_tokens,
-                            completion_tokens=output.completion_tokens)
 
 
 def _parse(raw: bytes) -> dict:
@@ -190,6 +120,3 @@ def _constrained(forwarded: dict) -> bool:
     return is_constrained({"response_format": text_format, "structured_outputs": forwarded.get("structured_outputs"),
                            "tool_choice": choice if forwarded.get("tools") else None})
 
-
-def _sse(event: dict) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"

@@ -14,7 +14,8 @@ events vLLM 0.32's server streams for them (its SimpleStreamingEventProcessor):
     answer hit its length; vLLM sends response.completed then too)
 
 each with an increasing `sequence_number`. A whole answer is the final object the same events
-would have ended with.
+would have ended with. ResponsesOutput is both of the front door's forms (front_door.py): a
+StreamWriter (`start`, `event`, `end`, `error`: SSE bytes) and a WholeAnswer (`add`, `body`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from __future__ import annotations
 import secrets
 import time
 
+import orjson
+
+from vllm_fleet.gateway.api_error import ApiError
 from vllm_fleet.protocol.types import Chunk, ToolCallDelta
 
 
@@ -29,8 +33,37 @@ def _item_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
+def _sse(event: dict) -> bytes:
+    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def _joined(events: list[dict]) -> bytes:
+    if len(events) == 1:  # most chunks: one text delta
+        return _sse(events[0])
+    return b"".join([_sse(event) for event in events])
+
+
+class ResponsesUsage:
+    """The response's tokens: the worker's last usage report, else the tokens seen so far (n is 1)."""
+
+    __slots__ = ("prompt", "completion", "cached")
+
+    def __init__(self) -> None:
+        self.prompt = 0
+        self.completion = 0
+        self.cached = 0
+
+    def add(self, chunk: Chunk) -> None:
+        if chunk.usage is not None:
+            self.prompt = chunk.usage.prompt_tokens
+            self.completion = chunk.usage.completion_tokens
+            self.cached = chunk.usage.cached_tokens
+        else:
+            self.completion += len(chunk.token_ids)
+
+
 class ResponsesOutput:
-    """The output of one response; `add` a chunk, `finish`, then read `response()`."""
+    """The output of one response: streamed (`start`, `event`..., `end`) or whole (`add`..., `body`)."""
 
     def __init__(self, response_id: str, model: str, echo: dict) -> None:
         self.response_id = response_id
@@ -41,9 +74,7 @@ class ResponsesOutput:
         self._open: dict | None = None        # the item being streamed
         self._sequence = 0
         self.finish_reason: str | None = None
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.cached_tokens = 0
+        self.usage = ResponsesUsage()
 
     # -- events ----------------------------------------------------------------------------
 
@@ -52,15 +83,30 @@ class ResponsesOutput:
         self._sequence += 1
         return event
 
-    @property
-    def next_sequence_number(self) -> int:
-        return self._sequence
-
-    def start(self) -> list[dict]:
+    def start(self) -> bytes:
         body = self.response(status="in_progress")
-        return [self._event("response.created", response=body), self._event("response.in_progress", response=body)]
+        return _joined([self._event("response.created", response=body),
+                        self._event("response.in_progress", response=body)])
 
-    def add(self, chunk: Chunk) -> list[dict]:
+    def event(self, chunk: Chunk) -> bytes:
+        return _joined(self._add(chunk))
+
+    def end(self) -> bytes:
+        return _joined(self._finish())
+
+    def error(self, error: ApiError) -> bytes:
+        return _sse({"type": "error", "sequence_number": self._sequence, "code": error.code or error.type,
+                     "message": error.message, "param": error.param})
+
+    def add(self, chunk: Chunk) -> None:
+        self._add(chunk)
+
+    def body(self) -> dict:
+        """The final response object (the one response.completed carries)."""
+        self._finish()
+        return self.response()
+
+    def _add(self, chunk: Chunk) -> list[dict]:
         events: list[dict] = []
         if chunk.reasoning:
             events += self._text_delta("reasoning", chunk.reasoning)
@@ -68,17 +114,12 @@ class ResponsesOutput:
             events += self._text_delta("message", chunk.text)
         for call in chunk.tool_calls or []:
             events += self._tool_call_delta(call)
-        if chunk.usage is not None:
-            self.prompt_tokens = chunk.usage.prompt_tokens
-            self.completion_tokens = chunk.usage.completion_tokens
-            self.cached_tokens = chunk.usage.cached_tokens
-        else:
-            self.completion_tokens += len(chunk.token_ids)
+        self.usage.add(chunk)
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason
         return events
 
-    def finish(self) -> list[dict]:
+    def _finish(self) -> list[dict]:
         events = self._close()
         return events + [self._event("response.completed", response=self.response())]
 
@@ -164,11 +205,12 @@ class ResponsesOutput:
             status = "incomplete" if self.finish_reason == "length" else "completed"
         usage = None
         if status != "in_progress":
-            usage = {"input_tokens": self.prompt_tokens,
-                     "input_tokens_details": {"cached_tokens": self.cached_tokens},
-                     "output_tokens": self.completion_tokens,
+            tokens = self.usage
+            usage = {"input_tokens": tokens.prompt,
+                     "input_tokens_details": {"cached_tokens": tokens.cached},
+                     "output_tokens": tokens.completion,
                      "output_tokens_details": {"reasoning_tokens": 0},
-                     "total_tokens": self.prompt_tokens + self.completion_tokens}
+                     "total_tokens": tokens.prompt + tokens.completion}
         return {
             "id": self.response_id, "object": "response", "created_at": self.created_at, "model": self.model,
             "status": status, "error": None,

@@ -24,7 +24,7 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 class StreamEncoder:
-    """Turns the chunks of one request into SSE bytes. One instance per request."""
+    """Turns the chunks of one request into SSE bytes (front_door.StreamWriter). One instance per request."""
 
     def __init__(self, plan: Plan, response_id: str, created: int) -> None:
         self.plan = plan
@@ -103,6 +103,11 @@ class StreamEncoder:
             body["logprobs"] = tracker.body(logprobs or [], prompt, self.plan.logprobs)
         return body
 
+    @staticmethod
+    def start() -> bytes:
+        """OpenAI's stream has nothing before its first chunk's event."""
+        return b""
+
     def end(self) -> bytes:
         """The usage event (if asked for) and [DONE]."""
         if not self.plan.include_usage:
@@ -114,16 +119,3 @@ class StreamEncoder:
     def error(error: ApiError) -> bytes:
         return b"data: " + error.body_bytes() + b"\n\n" + DONE
 
-
-async def first_chunk(stream, iterator, settle) -> object | None:
-    """`iterator`'s first chunk (None if the stream ended at once), read before the 200 goes out so
-    that admission and routing failures keep their HTTP status (429, 503, 404) rather than becoming
-    an error event. On a failure the stream is closed, `settle()` records it, and the error is raised."""
-    try:
-        return await anext(iterator)
-    except StopAsyncIteration:
-        return None
-    except BaseException:
-        await stream.aclose()
-        settle()
-        raise

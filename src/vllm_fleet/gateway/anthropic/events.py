@@ -34,7 +34,7 @@ def sse(event: str, data: dict) -> bytes:
 
 
 class MessageEvents:
-    """Turns the chunks of one Messages request into SSE bytes. One instance per request."""
+    """Turns the chunks of one Messages request into SSE bytes (front_door.StreamWriter). One instance per request."""
 
     def __init__(self, response_id: str, model: str, stop_sequences: tuple[str, ...]) -> None:
         self.response_id = response_id
