@@ -69,7 +69,7 @@ from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.cache.block_keys import block_keys
-from vllm_fleet.router.prompt_tokens import PromptTokenizer
+from vllm_fleet.router.prompt.tokenizers import PromptTokenizer
 
 WORDS = ("river mountain city forest ocean desert island volcano glacier lake valley canyon harbor bridge "
          "market castle garden library museum station tower village meadow orchard vineyard quarry mill "

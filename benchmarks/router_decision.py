@@ -12,7 +12,7 @@ blocks would send (`--fill-entries` entries of other prompts, then every routed 
 the worker picked, untimed, as its engine would). Render+tokenize, block keys and the index
 lookup are timed by wrapping the functions the decision calls (~1 us added to the whole).
 
-Three request shapes, each with the piece cache (router/segment_tokens.py) on and off:
+Three request shapes, each with the piece cache (router/prompt/segments.py) on and off:
   fresh      every prompt new text: a short system prompt and a ~1,950-token document of
              random words (new to the tokenizer's own word cache too: its worst case)
   shared     8 tenants' ~1,950-token system prompts (documents), each seen before, and a new
@@ -47,14 +47,14 @@ from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.tokenizer_files import FileAssembler
-from vllm_fleet.router.cache import routing
+from vllm_fleet.router.cache import routing as cache_routing
 from vllm_fleet.router.cache.block_keys import block_keys
 from vllm_fleet.router.cache.routing import CacheRouting
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.policies import make_policy
-from vllm_fleet.router.prompt_tokens import TokenizerCache
-from vllm_fleet.router.segment_tokens import MAX_CHARS
+from vllm_fleet.router.prompt.tokenizers import TokenizerCache
+from vllm_fleet.router.prompt.segments import MAX_CHARS
 from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 from vllm_fleet.worker.tokenizer_files import read_tokenizer_files
 

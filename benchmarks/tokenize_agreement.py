@@ -8,7 +8,7 @@ arguments, completions as text and ids) and renders each twice:
   request model and validators) then `VllmRenderer.render` (worker/openai/render.py) over vLLM's
   HfRenderer built from the model's config (`renderer_from_config`), exactly what
   `AsyncLLM.renderer` is in a running worker;
-- router: `PromptTokenizer.request_ids` (router/prompt_tokens.py) loaded from the files the
+- router: `PromptTokenizer.request_ids` (router/prompt/tokenizers.py) loaded from the files the
   worker's TokenizerFiles would send (`read_tokenizer_files`).
 
 Two templates: the default model's (SmolLM2: plain ChatML, "string" content) and a tool-use
@@ -38,8 +38,8 @@ from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol.tokenizer_files import FileAssembler
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RequestBody
-from vllm_fleet.router.chat_render import Unrenderable
-from vllm_fleet.router.prompt_tokens import PromptTokenizer
+from vllm_fleet.router.prompt.chat_render import Unrenderable
+from vllm_fleet.router.prompt.tokenizers import PromptTokenizer
 
 TOOLS_TEMPLATE = """{%- if tools %}<|im_start|>system
 {% if messages[0].role == 'system' %}{% for part in messages[0].content %}{{ part.text }}{% endfor %}{% else %}You are a helpful assistant.{% endif %}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_fleet.router import chat_render
+from vllm_fleet.router.prompt import chat_render
 
 
 @pytest.mark.parametrize("fmt", ["string", "openai"])

@@ -1,4 +1,4 @@
-"""Head-first tokenization of long new text (router/head_cut.py, SegmentTokenizer.encode's
+"""Head-first tokenization of long new text (router/prompt/head_cut.py, SegmentTokenizer.encode's
 `head_chars`, CacheRouting.with_cache): the cut is exact on the packaged model's tokenizer, a
 fresh long prompt's decision tokenizes only a head and routes as full tokenization does, a held
 prefix gets the whole text tokenized, and a tokenizer whose cuts are not known exact is never cut."""
@@ -19,14 +19,14 @@ from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.router.cache.routing import CacheRouting
-from vllm_fleet.router.chat_render import Unrenderable
+from vllm_fleet.router.prompt.chat_render import Unrenderable
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
-from vllm_fleet.router.head_cut import all_cuts, cut_before, exact_cuts
+from vllm_fleet.router.prompt.head_cut import all_cuts, cut_before, exact_cuts
 from vllm_fleet.router.policies import make_policy
-from vllm_fleet.router.prompt_tokens import PromptTokenizer
-from vllm_fleet.router.segment_tokens import PartialIds, SegmentTokenizer
+from vllm_fleet.router.prompt.tokenizers import PromptTokenizer
+from vllm_fleet.router.prompt.segments import PartialIds, SegmentTokenizer
 from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 
 MODEL, BS = "m", 16

@@ -16,7 +16,7 @@ from model_files import CHAT_TEMPLATE_FILE, copy_tokenizer_files, default_model_
 from vllm_fleet.errors import TokenizerFilesError
 from vllm_fleet.protocol.tokenizer_files import FileAssembler, is_allowed
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RequestBody
-from vllm_fleet.router.prompt_tokens import PromptTokenizer, TokenizerCache
+from vllm_fleet.router.prompt.tokenizers import PromptTokenizer, TokenizerCache
 from vllm_fleet.worker.tokenizer_files import read_tokenizer_files
 
 # A tool-use ChatML template that loops over content parts ("openai" content format) and prints

@@ -1,4 +1,4 @@
-"""The router's piece cache (router/segment_tokens.py): ids from cached pieces equal the
+"""The router's piece cache (router/prompt/segments.py): ids from cached pieces equal the
 tokenizer's ids of the whole text, on the packaged model and on the tokenize_agreement corpus;
 a repeated system prompt or earlier turn is not tokenized again; the bound holds; a tokenizer
 whose pieces would tokenize otherwise is never split."""
@@ -14,10 +14,10 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from vllm_fleet.models import resolve_model
-from vllm_fleet.router import segment_tokens
-from vllm_fleet.router.chat_render import Unrenderable
-from vllm_fleet.router.prompt_tokens import PromptTokenizer
-from vllm_fleet.router.segment_tokens import SegmentCache, SegmentTokenizer
+from vllm_fleet.router.prompt import segments
+from vllm_fleet.router.prompt.chat_render import Unrenderable
+from vllm_fleet.router.prompt.tokenizers import PromptTokenizer
+from vllm_fleet.router.prompt.segments import SegmentCache, SegmentTokenizer
 
 AGREEMENT = Path(__file__).resolve().parents[2] / "benchmarks" / "tokenize_agreement.py"
 
@@ -176,7 +176,7 @@ def test_metaspace_prepending_to_the_first_piece_only_is_never_split():
 
 def test_the_probes_catch_what_the_structure_check_misses(monkeypatch):
     """A probe puts "user" after a token, as a chat template does: alone it would get its "▁"."""
-    monkeypatch.setattr(segment_tokens, "_first_piece_only", lambda component: False)
+    monkeypatch.setattr(segments, "_first_piece_only", lambda component: False)
     assert SegmentTokenizer.build(_tokenizer(METASPACE_FIRST, SEP)) is None
 
 

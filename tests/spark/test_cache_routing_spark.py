@@ -52,7 +52,7 @@ async def test_rows_sharing_documents_pay_each_prefill_about_once_per_worker(spa
     assert len(answered) == len(rows) and all(r.error is None for r in answered)
     paid = await misses(addresses) - before
 
-    from vllm_fleet.router.prompt_tokens import PromptTokenizer  # noqa: PLC0415 - only to size the bound
+    from vllm_fleet.router.prompt.tokenizers import PromptTokenizer  # noqa: PLC0415 - only to size the bound
     tokens = PromptTokenizer.load(tokenizer)
     count = lambda text: len(tokens.completion_ids(text, add_special_tokens=False))  # noqa: E731
     doc_tokens = sum(count(document(d)) for d in range(DOCUMENTS))

@@ -16,7 +16,7 @@ from vllm_fleet.config import EngineConfig, WorkerConfig
 from vllm_fleet.errors import TokenizerFilesError
 from vllm_fleet.protocol import worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.tokenizer_files import CHUNK_BYTES
-from vllm_fleet.router.prompt_tokens import PromptTokenizer
+from vllm_fleet.router.prompt.tokenizers import PromptTokenizer
 from vllm_fleet.worker.engines.base import build_engine
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.service import WorkerService

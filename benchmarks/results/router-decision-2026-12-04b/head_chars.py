@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # benchmarks/
 import router_decision as rd
 from pathlib import Path
 from vllm_fleet.models import resolve_model
-from vllm_fleet.router.cache import routing
-from vllm_fleet.router.segment_tokens import MAX_CHARS
+from vllm_fleet.router.cache import routing as cache_routing
+from vllm_fleet.router.prompt.segments import MAX_CHARS
 folder = Path(resolve_model(None, None).path)
 requests, fill = int(sys.argv[1]), int(sys.argv[2])
 keys_fn = cache_routing.block_keys = rd.Timed(rd.block_keys)

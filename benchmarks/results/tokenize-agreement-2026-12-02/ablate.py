@@ -1,9 +1,9 @@
-"""Ablation probe: each mirrored vLLM decision in router/chat_render.py switched off in turn; the
+"""Ablation probe: each mirrored vLLM decision in router/prompt/chat_render.py switched off in turn; the
 corpus of benchmarks/tokenize_agreement.py must then show mismatches. Run from the repository root:
     PYTHONPATH=src python benchmarks/results/tokenize-agreement-2026-12-02/ablate.py {format|order|tools|dev|args}
 """
 import sys, io, contextlib, runpy
-from vllm_fleet.router import chat_render as cr
+from vllm_fleet.router.prompt import chat_render as cr
 which = sys.argv[1]
 if which == "format": cr.content_format = lambda t: "string"
 if which == "order": cr._validated_call = lambda c: dict(c)

@@ -33,7 +33,7 @@ from vllm_fleet.router.config import KeyLimits, RouterConfig
 from vllm_fleet.router.context import Connect, StreamContext
 from vllm_fleet.router.cache.routing import CacheRouting
 from vllm_fleet.router.classes import SERVICE_CLASSES
-from vllm_fleet.router.prompt_tokens import TokenizerCache
+from vllm_fleet.router.prompt.tokenizers import TokenizerCache
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import CacheCosts, make_policy

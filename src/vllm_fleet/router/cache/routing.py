@@ -3,7 +3,7 @@
 A router whose policy is `cache_aware` keeps one CacheRouting. It follows the KV-cache events
 of every worker that streams them (router/cache/follower.py) into its own bounded index
 (router/cache/index.py), and for each request works out the prompt's token ids (the input's
-own ids, or the router's rendering with the served model's tokenizer files: router/prompt_tokens.py),
+own ids, or the router's rendering with the served model's tokenizer files: router/prompt/tokenizers.py),
 their block keys, and how many leading tokens each worker holds. Every router (each gateway
 process, each gateway of a fleet, each Spark executor) keeps its own from the same event
 streams, so they agree on where a prefix lives; a routing decision is noted in the index while
@@ -31,7 +31,7 @@ from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.cache.follower import KvFollower
 from vllm_fleet.router.pool.worker import WorkerState
 from vllm_fleet.router.cache.prefix_reuse import PrefixReuse
-from vllm_fleet.router.segment_tokens import PartialIds
+from vllm_fleet.router.prompt.segments import PartialIds
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class CacheRouting:
                  on_change: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.index = CacheIndex(max_entries=config.cache_index_max_entries, clock=clock)
-        self.tokenizers = tokenizers     # PromptTokenizers (router/prompt_tokens.py) or None: ids only from inputs
+        self.tokenizers = tokenizers     # PromptTokenizers (router/prompt/tokenizers.py) or None: ids only from inputs
         self._connect = connect
         self._metrics = metrics
         self._on_change = on_change
@@ -218,7 +218,7 @@ class CacheRouting:
         """`features` with the prompt's token count and block keys and each worker's cached
         tokens of it; unchanged when the ids are not known (routed by load alone).
 
-        A long new text is tokenized head first (`head_chars`, router/segment_tokens.py): when
+        A long new text is tokenized head first (`head_chars`, router/prompt/segments.py): when
         some block of the head is held by no worker, the lookup has already stopped there and the
         keys past it cannot change who holds what nor the frontier, so the rest is never
         tokenized for the decision. Then `block_keys` cover the head only, `prompt_tokens` is an

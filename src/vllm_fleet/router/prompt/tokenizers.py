@@ -3,7 +3,7 @@
 `PromptTokenizer` renders and tokenizes a request as the worker's vLLM 0.32 would, from the
 tokenizer files a worker sends (TokenizerFiles; local files only, never the Hub):
 
-- chat: the conversation and template arguments vLLM builds (chat_render.py), the model's own
+- chat: the conversation and template arguments vLLM builds (prompt/chat_render.py), the model's own
   template (`tokenizer.get_chat_template`, the tool-use one when tools are given), rendered to
   text, then tokenized with `add_special_tokens` False unless the request sets it (vLLM's chat
   default: the template writes its own BOS);
@@ -18,7 +18,7 @@ folder, in the background: until they are loaded, `ids_for` answers None at once
 routes without cache knowledge. Routing never waits on a fetch.
 
 Tokenizing a rendered prompt goes piece by piece between its special tokens, through a
-bounded cache of each piece's ids (router/segment_tokens.py: exact, checked per tokenizer at
+bounded cache of each piece's ids (router/prompt/segments.py: exact, checked per tokenizer at
 load): a shared system prompt or document, or a conversation's earlier turns, is tokenized once
 (a fresh 2,000-token text costs the tokenizer ~1.2 ms on this project's 2-core VM; from the cache
 ~0.1 ms). A tokenizer whose pieces would tokenize otherwise tokenizes whole texts, as before.
@@ -47,13 +47,13 @@ from typing import Any, Protocol
 
 from vllm_fleet.errors import FleetError
 from vllm_fleet.protocol.tokenizer_files import folder_digest
-from vllm_fleet.router import chat_render
-from vllm_fleet.router.chat_render import Unrenderable
-from vllm_fleet.router.segment_tokens import MAX_CHARS, PartialIds, SegmentTokenizer
+from vllm_fleet.router.prompt import chat_render
+from vllm_fleet.router.prompt.chat_render import Unrenderable
+from vllm_fleet.router.prompt.segments import MAX_CHARS, PartialIds, SegmentTokenizer
 
 logger = logging.getLogger(__name__)
 
-# The vLLM release whose chat rendering chat_render.py repeats (major.minor). Other releases
+# The vLLM release whose chat rendering prompt/chat_render.py repeats (major.minor). Other releases
 # decide differently in places (the developer role, malformed tool-call arguments, content-part
 # fields), so chat requests to a worker running another one get no router-side ids; completions
 # do (text through the tokenizer with vLLM's add_special_tokens default, or ids as given: the

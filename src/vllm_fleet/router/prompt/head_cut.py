@@ -4,7 +4,7 @@ Why: the router's cache lookup walks a prompt's chained block keys from the star
 the first block no worker holds; the keys past it cannot change the decision. For a long piece
 of new text (a fresh document) most of the tokenizer's time goes on ids past that block. If the
 piece can be cut exactly, the router tokenizes a head of it first and the rest only when every
-block of the head is held somewhere (router/segment_tokens.py, `SegmentTokenizer.encode`).
+block of the head is held somewhere (router/prompt/segments.py, `SegmentTokenizer.encode`).
 
 The cut: right after an ASCII letter followed by a space ("word| next"). For a byte-level BPE
 tokenizer (GPT-2's pre-tokenizer regex and its descendants: SmolLM2, Qwen2, Llama 3) this is

@@ -46,7 +46,7 @@ from array import array
 from collections import OrderedDict
 from typing import Any, Callable
 
-from vllm_fleet.router import head_cut
+from vllm_fleet.router.prompt import head_cut
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class SegmentTokenizer:
         when `add_special_tokens` adds ids this class cannot place (tokenize the whole text).
 
         `head_chars` > 0: the first piece not cached that is over twice as long is tokenized only
-        up to an exact cut near `head_chars` characters (router/head_cut.py), and the answer is a
+        up to an exact cut near `head_chars` characters (router/prompt/head_cut.py), and the answer is a
         PartialIds whose `head` is the whole text's leading ids; the rest waits for `complete()`.
         Tokenizers whose cuts are not exact answer the whole list, as with 0."""
         wrap = self._wrap if add_special_tokens else ((), ())
