@@ -46,7 +46,7 @@ from vllm_fleet.protocol.sampling import SamplingParams, build_request
 from vllm_fleet.protocol.types import GenerateInput
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.classes import ServiceClassConfig
+from vllm_fleet.router.classes.service_class import ServiceClassConfig
 
 WORDS = ("river mountain city forest ocean desert island harbor bridge market castle garden library museum "
          "station tower village meadow orchard engine signal ledger contract policy schedule payment").split()

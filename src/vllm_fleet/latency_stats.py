@@ -26,7 +26,7 @@ gets a baseline, later.
 
 **A miss beyond noise.**
 
-The batch controller (router/batch_gate.py) cuts batch on a worker when interactive latency there
+The batch controller (router/classes/batch_gate.py) cuts batch on a worker when interactive latency there
 misses a target, and a relative target is 1.1x a P90: by definition about one sample in ten is
 over the P90, so "one slow sample" or "a window's P90 over target" fires on noise alone. On the
 H200 (2026-12-03) that held a Batch API job to 33% of the idle capacity while online latency

@@ -17,7 +17,7 @@ from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.server import GatewayServer
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import RouterConfig
-from vllm_fleet.router.classes import ServiceClassConfig
+from vllm_fleet.router.classes.service_class import ServiceClassConfig
 
 from gateway_support import MODEL_A
 
@@ -274,7 +274,7 @@ def test_one_runner_holds_a_batch_until_its_lease_ends(tmp_path):
 
 async def test_batch_lines_run_as_the_batch_class_and_online_requests_as_interactive(batch_gateway, monkeypatch):
     """Every line reaches the router as service class "batch" (slack-only, withdrawable, a later
-    vLLM priority: router/classes.py); an online request stays interactive."""
+    vLLM priority: router/classes/service_class.py); an online request stays interactive."""
     seen = []
     real = batch_gateway.router.stream
 

@@ -1,4 +1,4 @@
-"""Why batch waits (router/batch_wait.py): the account of batch requests waiting for slack, the
+"""Why batch waits (router/classes/batch_wait.py): the account of batch requests waiting for slack, the
 reason per worker a person can act on, the gauge and the log line. Reasons first (pure), then a
 Router over a real mock worker process whose only batch slot an interactive request holds."""
 
@@ -15,9 +15,9 @@ from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import WorkerLoad
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.batch_gate import BatchGate
-from vllm_fleet.router.batch_wait import why_no_slack
-from vllm_fleet.router.classes import ServiceClassConfig
+from vllm_fleet.router.classes.batch_gate import BatchGate
+from vllm_fleet.router.classes.batch_wait import why_no_slack
+from vllm_fleet.router.classes.service_class import ServiceClassConfig
 from vllm_fleet.router.pool.snapshot import DOWN, PoolSnapshot, WorkerView
 
 CONFIG = ServiceClassConfig(interactive_reserve=0.2, batch_max_kv_usage=0.9, batch_min_share=0.0,
@@ -76,7 +76,7 @@ async def answer(router: Router, rid: str, service_class: str, max_tokens: int) 
 
 async def test_a_batch_request_without_slack_waits_says_why_and_completes_when_slack_returns(
         mock_worker_factory, caplog):
-    caplog.set_level(logging.INFO, logger="vllm_fleet.router.batch_wait")
+    caplog.set_level(logging.INFO, logger="vllm_fleet.router.classes.batch_wait")
     # Four slots, three kept for interactive: batch may hold one.
     worker = await mock_worker_factory.start(max_num_seqs=4, mock_tokens_per_s=50, mock_ttft_ms=1)
     metrics = CollectorRegistry()

@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from vllm_fleet.router.batch_gate import BatchGate
-from vllm_fleet.router.classes import ServiceClassConfig
+from vllm_fleet.router.classes.batch_gate import BatchGate
+from vllm_fleet.router.classes.service_class import ServiceClassConfig
 from vllm_fleet.worker.generate_rpcs import _next_event
 
 

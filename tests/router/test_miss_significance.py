@@ -8,8 +8,8 @@ import random
 
 from fakes import FakeClock
 from vllm_fleet.latency_stats import confident_p90, significant_over
-from vllm_fleet.router.batch_gate import BatchGate
-from vllm_fleet.router.classes import ServiceClassConfig
+from vllm_fleet.router.classes.batch_gate import BatchGate
+from vllm_fleet.router.classes.service_class import ServiceClassConfig
 
 SHARE = lambda: 32  # noqa: E731
 GAPS_PER_S, TTFTS_PER_S = 120, 4

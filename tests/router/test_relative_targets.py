@@ -9,8 +9,8 @@ from fakes import started_router
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.router import RouterConfig
-from vllm_fleet.router.batch_gate import BatchGate
-from vllm_fleet.router.classes import ServiceClassConfig
+from vllm_fleet.router.classes.batch_gate import BatchGate
+from vllm_fleet.router.classes.service_class import ServiceClassConfig
 from vllm_fleet.latency_stats import LatencyBaseline, p90
 
 SHARE = lambda: 8  # noqa: E731

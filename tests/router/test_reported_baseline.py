@@ -13,8 +13,8 @@ from vllm_fleet.client import WorkerClient
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.batch_gate import BatchGate
-from vllm_fleet.router.classes import ServiceClassConfig
+from vllm_fleet.router.classes.batch_gate import BatchGate
+from vllm_fleet.router.classes.service_class import ServiceClassConfig
 
 SHARE = lambda: 8  # noqa: E731
 

@@ -16,8 +16,8 @@ from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import WorkerLoad
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.batch_gate import BatchGate
-from vllm_fleet.router.classes import ServiceClassConfig, guaranteed_batch, has_room, has_slack
+from vllm_fleet.router.classes.batch_gate import BatchGate
+from vllm_fleet.router.classes.service_class import ServiceClassConfig, guaranteed_batch, has_room, has_slack
 from vllm_fleet.router.pool.snapshot import WorkerView
 
 CONFIG = ServiceClassConfig(interactive_reserve=0.25, batch_max_kv_usage=0.8, batch_min_share=0.1)

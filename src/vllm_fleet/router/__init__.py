@@ -62,7 +62,7 @@ from vllm_fleet.router.config import (
     add_router_options,
     router_config_from_args,
 )
-from vllm_fleet.router.batch_wait import BatchWaitStatus
+from vllm_fleet.router.classes.batch_wait import BatchWaitStatus
 from vllm_fleet.router.router import Router
 from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 from vllm_fleet.errors import DeadlineExceededError  # re-exported: the stream raises it

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from vllm_fleet.config import FleetModel, add_options, from_args, validated
 from vllm_fleet.errors import ConfigError
-from vllm_fleet.router.classes import ServiceClassConfig
+from vllm_fleet.router.classes.service_class import ServiceClassConfig
 
 PolicyName = Literal[
     "least_outstanding", "power_of_two", "session_affinity", "prefix_affinity", "round_robin", "cache_aware",

@@ -43,7 +43,7 @@ class RequestFeatures:
     pool: str | None = None        # restrict to workers of this pool (class pools)
     pool_fallback: bool = False    # when `pool` has no routable worker, take any pool's
     ticket: int = 0
-    service_class: str = "interactive"  # or "batch" (router/classes.py)
+    service_class: str = "interactive"  # or "batch" (router/classes/service_class.py)
     cached_tokens: Mapping[str, int] = field(default_factory=dict, hash=False)
     block_keys: tuple[int, ...] = field(default=(), hash=False)  # the prompt's blocks (cache-aware routing)
     prompt_ids_len: int = 0        # the router's token count of input 0 (cache_aware); 0 = not (all) tokenized

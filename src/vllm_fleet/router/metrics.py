@@ -32,7 +32,7 @@ class RouterMetrics:
         self.pauses = Counter("batch_pauses", "Running batch requests paused for interactive work (their tokens "
                               "kept) and requeued to resume where they stopped", **common)
         self.batch_cuts = Counter("batch_cap_cuts", "Interactive latency misses that halved a worker's batch cap "
-                                  "(router/batch_gate.py), by worker, by the signal that missed (ttft, itl, both) "
+                                  "(router/classes/batch_gate.py), by worker, by the signal that missed (ttft, itl, both) "
                                   "and by whose samples showed it (router: this router's own; worker: the "
                                   "worker's latency report)", ["worker", "signal", "source"], **common)
         self._cut_labels: set[tuple[str, str, str]] = set()  # the children of batch_cuts, to forget a worker's

@@ -7,7 +7,7 @@ through is leased, the ones this stream tried already last. Two cases wait inste
 * a request whose every routable worker refused only because a half-open breaker's one probe
   is in flight waits for that probe (`pick_or_await_probe`);
 * a batch request waits for a worker with slack, on the pool's account of waiting batch
-  (`pick_batch`; router/classes.py, batch_wait.py).
+  (`pick_batch`; router/classes/service_class.py, classes/batch_wait.py).
 
 When every worker that is up is out of rotation (open breakers, ejection), the request goes to
 one of them anyway (panic mode, `PoolSnapshot.in_panic`): NoWorkerError means no worker is up.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from vllm_fleet.errors import NoWorkerError
 from vllm_fleet.protocol.types import GenerateRequest
-from vllm_fleet.router.classes import INTERACTIVE, batch_share, guaranteed_batch, has_slack
+from vllm_fleet.router.classes.service_class import INTERACTIVE, batch_share, guaranteed_batch, has_slack
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pool.snapshot import HALF_OPEN, PoolSnapshot
@@ -69,7 +69,7 @@ def pick(ctx: StreamContext, request: GenerateRequest, features: RequestFeatures
             if features.service_class == INTERACTIVE:
                 view = snapshot.get(address)
                 if view is not None:
-                    ctx.batch.interactive_arrives(view)  # batch makes room if it must (classes.py)
+                    ctx.batch.interactive_arrives(view)  # batch makes room if it must (classes/service_class.py)
             return address, lease
     panicked = snapshot.in_panic(features.model, features.pool)
     if panicked is not None:
@@ -97,8 +97,8 @@ def _pick_in_panic(ctx: StreamContext, features: RequestFeatures, panicked: Pool
 async def pick_batch(ctx: StreamContext, request: GenerateRequest, features: RequestFeatures, tried: set[str],
                      cost: Callable[[str], int], waited: Callable[[float], None]) -> tuple[str, Lease]:
     """A worker with slack for a batch request, waiting for one as long as the deadline allows
-    (router/classes.py); the starvation guard lets a few through regardless. While it waits it
-    is on the pool's account of waiting batch (batch_wait.py), which says why. `waited(seconds)`
+    (router/classes/service_class.py); the starvation guard lets a few through regardless. While it waits it
+    is on the pool's account of waiting batch (classes/batch_wait.py), which says why. `waited(seconds)`
     hears of each wait, which the stream adds to its deadline."""
     config = ctx.config.classes
     waits = ctx.batch_waits

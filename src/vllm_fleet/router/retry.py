@@ -1,6 +1,6 @@
 """Trying again after an attempt that did not finish the answer (RoutedStream, stream.py).
 
-* A batch attempt that stepped aside for interactive work (router/classes.py) is neither a
+* A batch attempt that stepped aside for interactive work (router/classes/service_class.py) is neither a
   failure nor a retry: withdrawn before its first token, or paused after it, it waits for slack
   again and resumes after what the caller has (`stepped_aside`).
 * A failed attempt tells the worker's breaker that the worker failed, unless the failure is

@@ -26,13 +26,13 @@ from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.registry import Registry
 from vllm_fleet.router.adapters import AdapterPlacement
 from vllm_fleet.router.admission import Admission
-from vllm_fleet.router.batch_gate import BatchGate
-from vllm_fleet.router.batch_wait import BatchWaits, BatchWaitStatus, why_no_slack
+from vllm_fleet.router.classes.batch_gate import BatchGate
+from vllm_fleet.router.classes.batch_wait import BatchWaits, BatchWaitStatus, why_no_slack
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.config import KeyLimits, RouterConfig
 from vllm_fleet.router.context import Connect, StreamContext
 from vllm_fleet.router.cache.routing import CacheRouting
-from vllm_fleet.router.classes import SERVICE_CLASSES
+from vllm_fleet.router.classes.service_class import SERVICE_CLASSES
 from vllm_fleet.router.prompt.tokenizers import TokenizerCache
 from vllm_fleet.router.features import features_of
 from vllm_fleet.router.metrics import RouterMetrics
@@ -206,7 +206,7 @@ class Router:
     def batch_wait_status(self, *, model: str | None = None,
                           request_ids: Collection[str] | None = None) -> BatchWaitStatus:
         """Batch requests waiting for a worker with slack now (of `model`; with ids in
-        `request_ids`): how many, since when, and why, per worker (router/batch_wait.py). Cheap:
+        `request_ids`): how many, since when, and why, per worker (router/classes/batch_wait.py). Cheap:
         the reason is built on this call."""
         return self._batch_waits.status(model=model, request_ids=request_ids)
 

@@ -48,7 +48,7 @@ from vllm_fleet.errors import (
 )
 from vllm_fleet.protocol.types import Chunk, GenerateRequest
 from vllm_fleet.router.admission import Ticket
-from vllm_fleet.router.classes import BATCH, batch_share
+from vllm_fleet.router.classes.service_class import BATCH, batch_share
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.delivered import Delivered
 from vllm_fleet.router.features import RequestFeatures
@@ -64,7 +64,7 @@ DEADLINE_SLACK_S = 0.05
 
 
 class _Withdrawn(Exception):
-    """A batch attempt stepped aside for interactive work (router/classes.py): withdrawn before its
+    """A batch attempt stepped aside for interactive work (router/classes/service_class.py): withdrawn before its
     first token, or paused after it (the next attempt resumes after the delivered tokens)."""
 
 
@@ -252,7 +252,7 @@ class RoutedStream:
         return batch_share(view, self._context.config.classes) if view is not None else 0
 
     def _step_aside(self) -> None:
-        """Called by the batch gate (batch_gate.py) for interactive work: end this batch attempt. A
+        """Called by the batch gate (classes/batch_gate.py) for interactive work: end this batch attempt. A
         read in progress is cancelled (the cancellation lands in `_next_chunk`); otherwise the
         caller holds a chunk, and the next read ends the attempt without waiting."""
         if not self._step_aside_requested:
@@ -278,7 +278,7 @@ class RoutedStream:
         watchdog = StallWatchdog(lambda limit: ctx.pool.progressing(address, limit))
         first = True
         gate = ctx.batch
-        steer = not self._batch and gate.listening  # interactive latency steers batch (batch_gate.py)
+        steer = not self._batch and gate.listening  # interactive latency steers batch (classes/batch_gate.py)
         loop = asyncio.get_running_loop()
         last_at = loop.time()
         try:

@@ -55,7 +55,7 @@ class SparkGenerateConfig(FleetModel):
         "with slack does not count)")
     service_class: Literal["batch", "interactive"] = Field(
         "batch", description="batch: rows run in the capacity interactive traffic leaves idle and step aside for it "
-        "(router/classes.py); interactive: rows compete with chat users as equals")
+        "(router/classes/service_class.py); interactive: rows compete with chat users as equals")
     stream_interval_ms: int = Field(
         250, ge=0, description="Workers send a row's tokens at most this often (its first token at once): the "
         "row's answer is written whole, so one chunk per engine step only spends the workers' and executors' CPU, "

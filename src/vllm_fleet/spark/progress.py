@@ -9,7 +9,7 @@ partition, so a retried task replaces its failed attempt's count rather than add
 sums them. A lost datagram is repaired by the next one; the figures are for a person to read,
 and the job's summary still counts its output.
 
-Rows that wait for batch capacity (no worker has slack: router/batch_wait.py) finish no rows,
+Rows that wait for batch capacity (no worker has slack: router/classes/batch_wait.py) finish no rows,
 so a task also reports from a heartbeat on its router's event loop, every `SEND_EVERY_S`, with
 its router's account of the batch requests waiting and why. The driver shows "waiting for batch
 capacity: <reason>" once requests have waited `SHOW_WAIT_AFTER_S` (a moment's wait for a freed
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vllm_fleet.router.batch_wait import BatchWaitStatus
+from vllm_fleet.router.classes.batch_wait import BatchWaitStatus
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from vllm_fleet.gateway.access_log import RequestRecord
-from vllm_fleet.router.classes import BATCH
+from vllm_fleet.router.classes.service_class import BATCH
 from vllm_fleet.gateway.api_error import bad_request, from_exception
 from vllm_fleet.gateway.batch import lines as batch_lines
 from vllm_fleet.gateway.batch.lines import ENDPOINTS, FileProblem

@@ -1,6 +1,6 @@
 """Why batch waits: the batch requests waiting for a worker with slack, and the reason per worker.
 
-A batch request waits in the router until some worker has slack (classes.py; pick.py
+A batch request waits in the router until some worker has slack (classes/service_class.py; pick.py
 `pick_batch`), and it is never failed for it. So a Spark job or a Batch API batch on a fleet
 with no batch capacity simply stops moving; this module says why, in words a person can act
 on: "no worker of model m has batch slack: w1 has 3 requests waiting in its engine; w2 KV-cache
@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from vllm_fleet.router.batch_gate import BatchGate
-from vllm_fleet.router.classes import DEFAULT_SLOTS, ServiceClassConfig, batch_share, busy, guaranteed_batch
+from vllm_fleet.router.classes.batch_gate import BatchGate
+from vllm_fleet.router.classes.service_class import DEFAULT_SLOTS, ServiceClassConfig, batch_share, busy, guaranteed_batch
 from vllm_fleet.router.pool.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot, WorkerView
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 This module holds the classes' settings and the rules on them (which worker has slack for
 batch, the reserve, the starvation guard, when interactive work finds no room); the batch
 gate that counts batch per worker, makes it step aside and runs the latency controller that
-caps it is in batch_gate.py.
+caps it is in classes/batch_gate.py.
 
 Every request is of one class. Interactive is the gateway's default; batch is Spark's and the
 Batch API's, and any request may ask for it (the gateway: `service_tier: "flex"`, or a key whose
@@ -27,7 +27,7 @@ class is batch). The classes differ in three places:
   (the resumed request prefills its prompt and tokens again, less what the prefix cache still
   holds), so nothing pauses for a request the engine would schedule first anyway. A
   grammar-constrained batch request is never paused (it cannot resume, as it cannot migrate).
-  Neither costs retry budget or a breaker verdict. The latency controller (batch_gate.py) uses
+  Neither costs retry budget or a breaker verdict. The latency controller (classes/batch_gate.py) uses
   the same two steps to bring a worker's batch down to its cap at once, and only down to it.
 * **In the engine.** On a worker that schedules by priority (vLLM's `--scheduling-policy
   priority`, the worker's default), a batch request runs with `batch_priority` added to its
@@ -58,7 +58,7 @@ DEFAULT_SLOTS = 256
 
 
 class ServiceClassConfig(FleetModel):
-    """How batch shares the workers with interactive traffic (see router/classes.py and router/batch_gate.py)."""
+    """How batch shares the workers with interactive traffic (see router/classes/service_class.py and router/classes/batch_gate.py)."""
 
     interactive_reserve: float = Field(
         0.25, ge=0, lt=1, description="Share of each worker's sequence slots (max_num_seqs) batch leaves free for "

@@ -1,8 +1,8 @@
 """The batch gate: this router's batch attempts per worker, and the latency controller that caps them.
 
-Which worker may take batch at all, and the service classes' other rules, are in classes.py;
+Which worker may take batch at all, and the service classes' other rules, are in classes/service_class.py;
 this module keeps the count of batch attempts per worker, makes them step aside (withdraw or
-pause, the two steps classes.py describes) for interactive work, wakes batch waiting for slack,
+pause, the two steps classes/service_class.py describes) for interactive work, wakes batch waiting for slack,
 and holds the latency controller.
 
 The latency controller: each worker has a cap on this router's batch requests there.
@@ -71,7 +71,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from vllm_fleet.latency_stats import LatencyBaseline, significant_over
-from vllm_fleet.router.classes import ServiceClassConfig, batch_share, busy, has_room, slots
+from vllm_fleet.router.classes.service_class import ServiceClassConfig, batch_share, busy, has_room, slots
 from vllm_fleet.router.pool.snapshot import WorkerView
 from vllm_fleet.router.pool.worker import WorkerState
 
