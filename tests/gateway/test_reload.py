@@ -27,7 +27,7 @@ from vllm_fleet.gateway.reload import LimitsSource, Reloader
 from vllm_fleet.processes import GatewayProcess
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import AdmissionConfig, KeyLimits, Router, RouterConfig
-from vllm_fleet.router.admission import Admission
+from vllm_fleet.router.quota.admission import Admission
 from vllm_fleet.router.features import SHORT
 
 pytestmark = pytest.mark.timeout(120)

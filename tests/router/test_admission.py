@@ -8,7 +8,8 @@ import pytest
 
 from fakes import FakeClock
 from vllm_fleet.errors import RateLimitedError
-from vllm_fleet.router.admission import Admission, ClassQueue, KeyLimiter, TokenBucket
+from vllm_fleet.router.quota.admission import Admission, ClassQueue
+from vllm_fleet.router.quota.key_limiter import KeyLimiter, TokenBucket
 from vllm_fleet.router.config import AdmissionConfig, KeyLimits
 
 
@@ -62,17 +63,24 @@ def test_per_key_override_beats_the_default():
 
 
 def test_a_request_larger_than_the_whole_bucket_fits_when_the_bucket_is_full():
-    """A request reserving more than a minute's tokens is never refused forever: it runs when the
-    bucket is full, and the key's debt then holds back what follows until it is paid."""
+    """A request reserving more than a minute's tokens is never refused forever: it waits only
+    until the bucket is full (not for its own size), runs then, and the key's debt then holds
+    back what follows until it is paid."""
     clock = FakeClock()
     keys = KeyLimiter(AdmissionConfig(default=KeyLimits(tokens_per_min=100)), clock)
-    keys.reserve("k", 5000)  # a full bucket: admitted, 4,900 tokens in debt
+    keys.reserve("k", 10)  # 90 of 100 left: the bucket is not full
+    with pytest.raises(RateLimitedError) as info:
+        keys.reserve("k", 5000)
+    assert info.value.reason == "tokens_per_min"
+    assert info.value.retry_after == pytest.approx(10 * 60 / 100)  # until full again, not 5,000 tokens' worth
+    clock.advance(10 * 60 / 100)
+    keys.reserve("k", 5000)  # the bucket is full: admitted (reserve raises when it refuses), 4,900 in debt
     with pytest.raises(RateLimitedError) as info:
         keys.reserve("k", 1)
     assert info.value.retry_after == pytest.approx(4901 * 60 / 100)  # the debt, then one token, at 100/min
     clock.advance(4901 * 60 / 100)
-    keys.reserve("k", 1)
-    keys.reserve("other", 5000)  # other keys have their own bucket
+    keys.reserve("k", 1)  # the debt is paid: admitted
+    keys.reserve("other", 5000)  # other keys have their own bucket, full: admitted
 
 
 def test_secret_keys_are_not_echoed_in_errors():

@@ -11,7 +11,7 @@ import pytest
 
 from fakes import FakeClock
 from vllm_fleet.errors import RateLimitedError
-from vllm_fleet.router.admission import KeyLimiter
+from vllm_fleet.router.quota.key_limiter import KeyLimiter
 from vllm_fleet.router.config import AdmissionConfig, KeyLimits
 from vllm_fleet.router.quota.shared_buckets import SharedBucketFile
 

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from support import wait_until
 from vllm_fleet.errors import ConfigError, RateLimitedError
-from vllm_fleet.router.admission import Admission
+from vllm_fleet.router.quota.admission import Admission
 from vllm_fleet.router.config import AdmissionConfig, KeyLimits
 from vllm_fleet.router.features import SHORT
 from vllm_fleet.router.quota.fleet import FleetQuota

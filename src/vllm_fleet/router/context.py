@@ -14,7 +14,7 @@ from typing import Protocol
 
 from vllm_fleet.protocol.types import Chunk, GenerateRequest
 from vllm_fleet.router.adapters import AdapterPlacement
-from vllm_fleet.router.admission import Admission
+from vllm_fleet.router.quota.admission import Admission
 from vllm_fleet.router.classes.batch_gate import BatchGate
 from vllm_fleet.router.classes.batch_wait import BatchWaits
 from vllm_fleet.router.budget import RetryBudget

@@ -25,7 +25,7 @@ from vllm_fleet.errors import InvalidRequestError, NoWorkerError, UnknownModelEr
 from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.registry import Registry
 from vllm_fleet.router.adapters import AdapterPlacement
-from vllm_fleet.router.admission import Admission
+from vllm_fleet.router.quota.admission import Admission
 from vllm_fleet.router.classes.batch_gate import BatchGate
 from vllm_fleet.router.classes.batch_wait import BatchWaits, BatchWaitStatus, why_no_slack
 from vllm_fleet.router.budget import RetryBudget

@@ -47,7 +47,7 @@ from vllm_fleet.errors import (
     WorkerTimeoutError,
 )
 from vllm_fleet.protocol.types import Chunk, GenerateRequest
-from vllm_fleet.router.admission import Ticket
+from vllm_fleet.router.quota.admission import Ticket
 from vllm_fleet.router.classes.service_class import BATCH, batch_share
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.delivered import Delivered

@@ -1,7 +1,7 @@
 """The fleet-wide bucket of one key, as pure functions over the state stored in the coordinator.
 
 The state is `{"requests": level, "tokens": level, "at": wall-clock seconds, "limits": {...}}`: the same token
-bucket a single gateway keeps (router/admission.py), holding one minute's worth and refilling
+bucket a single gateway keeps (router/quota/admission.py), holding one minute's worth and refilling
 at limit/60 per second, only shared. No state (a new key) is a full bucket. Gateways never
 spend from it directly: they take *leases* (`lease`) that they spend locally, and hand back
 what they did not use (`give_back`). The store applies these functions under compare-and-set,

@@ -51,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vllm_fleet.errors import RateLimitedError
-from vllm_fleet.router.admission import KeyLimiter, key_label
+from vllm_fleet.router.quota.key_limiter import KeyLimiter, key_label
 from vllm_fleet.router.config import AdmissionConfig, KeyLimits
 from vllm_fleet.router.quota.bucket import DIMENSIONS, Amount, Lease, give_back, lease
 from vllm_fleet.router.quota.metrics import QuotaMetrics

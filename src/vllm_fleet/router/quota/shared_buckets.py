@@ -106,7 +106,7 @@ class SharedBucketFile:
 
 
 class SharedTokenBucket:
-    """A TokenBucket (router/admission.py) whose level lives in a SharedBucketFile slot.
+    """A TokenBucket (router/quota/admission.py) whose level lives in a SharedBucketFile slot.
 
     Same methods and rules; the caller holds the file's lock around each use.
     """
