@@ -35,21 +35,39 @@ Admission applies to every request's workload class (short/long, bounded queues 
 request and token buckets. Session affinity keys on `request.session_id` (the gateway puts the
 OpenAI `user` there when no session is given).
 
-Modules: config (settings + CLI options), snapshot (immutable pool view), features (request
-estimates), policies (pure ranking functions), cache_index (which worker holds which KV blocks, from
-the engines' KV events; bounded), breaker, ejection (outliers), budget (retries),
-admission (buckets, queues), classes (service classes: settings and batch admission rules),
-batch_gate (batch per worker and the latency controller that caps it), batch_wait (why batch
-waits for slack), pool (membership and polling), stream (failover and migration), retry
-(whether another attempt follows a failed one), delivered (what the caller has of each sample;
-the request that resumes after it),
-context (the frozen bundle a stream gets instead of the router), watchdog (stall detection),
-metrics (Prometheus), router (the facade).
+Modules of the room (router/):
+    router     the Router facade: resolves the model, estimates the request, makes streams
+    stream     RoutedStream: one request's attempts, failover before the first token, migration after
+    context    StreamContext: the frozen bundle a stream gets instead of the router
+    pick       which worker the next attempt goes to, and the lease that claims it
+    retry      whether another attempt follows a failed one
+    delivered  what the caller has of each sample; the request that resumes after it
+    watchdog   stall detection for one attempt's stream
+    budget     the retry budget
+    features   what routing and admission need to know about a request, computed once
+    policies   routing policies: pure ranking functions over a pool snapshot
+    config     settings and their CLI options
+    metrics    Prometheus metrics of the routing core
+    pooling    routing one pooling request (embeddings, score, rerank, classify), with failover
+    unary      one short call to any worker of a model, with failover (introspection routes)
+    adapters   LoRA placement: which workers hold an adapter, loading it where needed
+
+Wings (each __init__ lists its modules):
+    pool/      membership (Pool), worker (WorkerState), lease, listener (PoolListener),
+               snapshot (PoolSnapshot, WorkerView), breaker, ejection (outliers)
+    cache/     routing (CacheRouting), index (CacheIndex), routed_holds, entries, follower
+               (KV events), block_keys, key_memo, prefix_reuse
+    prompt/    tokenizers (the prompt's ids at the router), chat_render, segments, head_cut
+    classes/   service_class (settings and rules), batch_gate, batch_wait
+    quota/     admission (buckets, class queues), key_limiter, shared_buckets, fleet, bucket,
+               store, metrics
 
 The request path: router.stream() resolves the model and estimates the request, then hands a
 RoutedStream the router's StreamContext; the stream admits, ranks workers, leases one, streams
 through `connect(address)`, reports the outcome to the pool, and fails over or migrates.
-Imports run one way: router -> stream -> context -> (pool, policies, admission, budget, ...).
+Imports run one way: router -> stream -> context -> (pool, policies, quota, budget, ...), and
+no wing imports the room's facade. The pool knows no other wing: the Router registers the batch
+gate and cache routing on it as PoolListeners (pool/listener.py).
 
 Migration of n>1 requests: each unfinished sample is re-sent as its own input with n=1 and
 its tokens so far as `resume_token_ids`; chunks are mapped back to the original (index, sample).
