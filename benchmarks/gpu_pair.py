@@ -61,7 +61,8 @@ def worker(cores: str, args: argparse.Namespace) -> WorkerProcess:
     env = {"VLLM_FLEET_LOG_LEVEL": "WARNING"}
     if args.workers == "vllm" or args.cuda_devices:
         cache = [*small_vllm_args(max_model_len=args.max_model_len), *(["--model", args.model] if args.model else []),
-                 "--enable-prefix-caching", "--engine-arg", f"num_gpu_blocks_override={args.kv_blocks}"]
+                 "--enable-prefix-caching", "--kv-events",  # cache routing follows the events (off by default)
+                 "--engine-arg", f"num_gpu_blocks_override={args.kv_blocks}"]
         if not args.cuda_devices:
             return WorkerProcess(cache, env, cores=cores, log_path=f"/tmp/cache-routing-worker-{cores}.log")
         env |= {"CUDA_VISIBLE_DEVICES": args.cuda_devices[int(cores)], **dict(item.split("=", 1) for item in args.env)}

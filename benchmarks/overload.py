@@ -207,7 +207,7 @@ def stock_server(cores: str, args: argparse.Namespace) -> ServiceProcess:
 
 def our_worker(cores: str, args: argparse.Namespace) -> WorkerProcess:
     return WorkerProcess([*small_vllm_args(max_model_len=args.max_model_len), "--dtype", "float32",
-                          "--served-model-name", SERVED, "--enable-prefix-caching",
+                          "--served-model-name", SERVED, "--enable-prefix-caching", "--kv-events",  # for cache_aware
                           "--engine-arg", f"num_gpu_blocks_override={args.kv_blocks}"],
                          {**QUIET, "VLLM_FLEET_LOG_LEVEL": "WARNING"}, cores=cores,
                          log_path=f"/tmp/overload-worker-{cores}.log")

@@ -91,7 +91,8 @@ def tokenizer_folder(tmp_path_factory) -> Path:
 
 
 def _start_vllm(cores: str) -> WorkerProcess:
-    args, env = vllm_worker_args(cores)
+    # KV-cache events on (vLLM's default here is off): the cache-routing and KvEvents tests share these engines.
+    args, env = vllm_worker_args(cores, "--kv-events")
     return WorkerProcess(args, env).start()
 
 

@@ -61,3 +61,22 @@ def test_without_a_named_rule_the_convention_decides():
     assert vllm_kv_events.binds_by_convention("tcp://*:5557")
     assert vllm_kv_events.binds_by_convention("ipc:///tmp/kv")
     assert not vllm_kv_events.binds_by_convention("tcp://127.0.0.1:5557")
+
+
+def test_vllm_publishes_kv_events_only_when_the_worker_is_asked():
+    # vLLM builds and publishes the events in its engine process, on the step's path: a worker not
+    # started with --kv-events (the default) must not ask for them; one started with it must.
+    from vllm_fleet.config import EngineConfig
+    from vllm_fleet.worker.engines.vllm_engine import VllmEngine
+
+    default = VllmEngine(EngineConfig(engine="vllm"))
+    kwargs: dict = {}
+    default._ask_for_kv_events(kwargs)
+    assert "kv_events_config" not in kwargs
+
+    asked = VllmEngine(EngineConfig(engine="vllm", kv_events=True))
+    try:
+        asked._ask_for_kv_events(kwargs)
+        assert kwargs["kv_events_config"].enable_kv_cache_events
+    finally:
+        asked._kv_socket.close(linger=0)

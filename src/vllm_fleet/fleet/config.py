@@ -34,6 +34,10 @@ class PlanConfig(FleetModel):
     skip_unfit: bool = Field(
         False, description="Leave out devices the model does not fit on (mixed layouts) instead of refusing the plan"
     )
+    kv_events: bool = Field(
+        False, description="Every worker relays its engine's KV-cache events, for gateways with --policy cache_aware "
+        "(off by default: vLLM builds them on its engine's step)"
+    )
     engine_arg: list[str] = Field(default_factory=list, description="Extra vLLM engine argument key=value for every worker; repeatable")
 
 

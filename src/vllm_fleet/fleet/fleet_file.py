@@ -25,7 +25,7 @@
     cpu:0-3              CPU cores; each replica gets (cores / replicas) of them
 
 Per model also: served_model_name, pool, max_model_len, max_num_seqs, enforce_eager,
-kv_cache_space_gb, engine_arg (vLLM engine arguments), and the worker options max_loras,
+kv_cache_space_gb, kv_events (for cache-aware gateways), engine_arg (vLLM engine arguments), and the worker options max_loras,
 max_lora_rank, tool_call_parser, enable_auto_tool_choice, load_format.
 
 YAML or JSON (a `.json` file is read as JSON; anything else as YAML, which JSON also is).
@@ -116,6 +116,10 @@ class ModelEntry(FleetModel):
     enforce_eager: bool = Field(False, description="No CUDA graphs / compilation: faster start, less memory")
     kv_cache_space_gb: int | None = Field(
         None, ge=1, description="CPU: KV-cache GiB per worker (default: room for 4 full-length sequences)"
+    )
+    kv_events: bool = Field(
+        False, description="Relay each replica's KV-cache events, for gateways with --policy cache_aware (off by "
+        "default: vLLM builds them on its engine's step)"
     )
     engine_arg: list[str] = Field(default_factory=list, description="Extra vLLM engine arguments key=value")
     # Worker options that are not engine arguments: the worker must know them to serve the

@@ -235,7 +235,8 @@ def _add_worker(plan: Plan, fleet: FleetFile, entry: ModelEntry, slot: _Slot, sh
     """Capacity-check one replica and add it to the plan; returns the problem if it does not fit."""
     config = PlanConfig(engine=fleet.engine, model=entry.model, max_model_len=entry.max_model_len,
                         max_num_seqs=entry.max_num_seqs, enforce_eager=entry.enforce_eager, host=fleet.host,
-                        engine_arg=list(entry.engine_arg), kv_cache_space_gb=entry.kv_cache_space_gb)
+                        engine_arg=list(entry.engine_arg), kv_cache_space_gb=entry.kv_cache_space_gb,
+                        kv_events=entry.kv_events)
     fields = {**slot.engine, **entry.worker_options}
     device = slot.device
     if device.kind == "cpu":

@@ -201,6 +201,8 @@ def engine_config(config: PlanConfig, **fields: object) -> EngineConfig:
             values[name] = getattr(config, name)
     if config.enforce_eager:
         values["enforce_eager"] = True
+    if config.kv_events:
+        values["kv_events"] = True
     if config.engine_arg:
         values["engine_arg"] = list(config.engine_arg)
     if config.engine == "mock":  # the mock engine ignores device settings; keep its command line short

@@ -147,8 +147,7 @@ class WorkerService(GenerateRpcs, worker_pb2_grpc.WorkerServicer):
         if relay is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"the {self.engine.name} engine publishes no KV-cache events here: run the worker "
-                                "with prefix caching on and without --no-kv-events (the mock engine needs "
-                                "--mock-kv-blocks)")
+                                "with --kv-events and prefix caching on (the mock engine needs --mock-kv-blocks)")
         batches = relay.subscribe(request.after_sequence, request.epoch)
         try:
             async for batch in batches:

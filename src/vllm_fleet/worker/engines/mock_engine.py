@@ -115,7 +115,7 @@ class MockEngine(Engine):
                 self._script = MockScript.from_file(self.tokenizer, self.config.mock_script)
         if self.config.mock_kv_blocks:
             block_size = self.config.block_size or DEFAULT_BLOCK_SIZE
-            self.kv_relay = KvRelay(block_size, self.config.mock_kv_blocks) if self.config.kv_events else None
+            self.kv_relay = KvRelay(block_size, self.config.mock_kv_blocks) if self.config.kv_events is not False else None
             self._prefix_cache = MockPrefixCache(self.config.mock_kv_blocks, block_size, self.kv_relay)
         if self.config.mock_pooling:  # an embedding model's stand-in (mock_pooling.py)
             self.tasks, self.pooling_endpoints = ("embed",), (EMBEDDINGS,)

@@ -137,8 +137,10 @@ class VllmEngine(Engine):
             raise ModelError(f"vLLM could not load {model_path}: {exc}") from exc
 
     def _ask_for_kv_events(self, kwargs: dict[str, Any]) -> None:
-        """Have vLLM publish KV-cache events to a socket of ours (localhost only), unless events
-        are off, prefix caching is off, or the operator configured vLLM's events (--engine-arg)."""
+        """Have vLLM publish KV-cache events to a socket of ours (localhost only) when asked
+        (--kv-events), unless prefix caching is off or the operator configured vLLM's events
+        (--engine-arg). Not by default: vLLM builds them in its engine process on the step's
+        path, a cost only cache-aware routing repays."""
         if not self.config.kv_events or self.config.enable_prefix_caching is False:
             return
         if kwargs.get("kv_events_config") is not None:
