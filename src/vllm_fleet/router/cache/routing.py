@@ -73,6 +73,7 @@ class CacheRouting:
         self._predicted: dict[str, list[int]] = {}
         self._keying: concurrent.futures.ThreadPoolExecutor | None = None  # the rest of head-keyed prompts
         self._id_takers: dict[str, str] = {}  # address -> tokenizer digest, of workers that take router ids
+        self._told_no_events: set[str] = set()  # workers already named in the log for relaying no events
         self._reuse: dict[str, PrefixReuse] = {}  # model -> what a prompt's home is worth (policies.CacheAware)
 
     # --- following the pool (pool/listener.py) -------------------------------------------------
@@ -113,7 +114,15 @@ class CacheRouting:
         else:
             self._id_takers.pop(address, None)
         if not info.kv_events:
+            if address not in self._told_no_events:
+                # Workers relay no events unless started with --kv-events (vLLM builds them on its
+                # engine's step): say once which worker routes on decisions alone, and the fix.
+                self._told_no_events.add(address)
+                logger.warning("worker %s relays no KV-cache events: cache_aware routes to it by its own recent "
+                               "decisions and load only; start it with --kv-events (vllm-fleet node --kv-events, "
+                               "or kv_events: true in a fleet file) to route by what its engine holds", address)
             return None
+        self._told_no_events.discard(address)
         return self.follow(address, model, info.kv_block_size)
 
     def follow(self, address: str, model: Callable[[], str | None], block_size: int = 0) -> KvFollower | None:
