@@ -14,13 +14,13 @@ the fleet serves several models. An unload waits for the requests running on the
 
 from __future__ import annotations
 
-import json
 import logging
 
 from vllm_fleet.gateway.api_error import bad_request
 from vllm_fleet.gateway.asgi import Response
 from vllm_fleet.gateway.call import Call
 from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.json_body import json_object
 from vllm_fleet.router import Router
 
 logger = logging.getLogger(__name__)
@@ -78,12 +78,7 @@ def adapter_card(name: str, path: str, base: str) -> dict:
 
 def _parse(body: bytes, fields: dict[str, type]) -> dict:
     """The JSON object of an admin body, each field of its type; 400 naming the field otherwise."""
-    try:
-        data = json.loads(body or b"{}")
-    except ValueError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_type")
+    data = json_object(body or b"{}")
     for name, value in data.items():
         kind = fields.get(name)
         if kind is None:

@@ -15,7 +15,6 @@ vLLM's shape, so a field vLLM does not read is refused there by name.
 
 from __future__ import annotations
 
-import json
 import logging
 
 from vllm_fleet import __version__
@@ -23,6 +22,7 @@ from vllm_fleet.gateway.api_error import ApiError, bad_request
 from vllm_fleet.gateway.asgi import Response
 from vllm_fleet.gateway.call import Call, Route
 from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.json_body import json_object
 from vllm_fleet.router import Router
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class IntrospectionRoutes:
 
     def _endpoint(self, endpoint: str):
         async def handle(call: Call) -> Response:
-            body = _json_object(await call.http.read_body(self.config.max_body_bytes))
+            body = json_object((await call.http.read_body(self.config.max_body_bytes)) or b"{}")
             model = body.get("model")
             if model is not None and not isinstance(model, str):
                 raise bad_request("model: must be a string", param="model")
@@ -73,12 +73,3 @@ class IntrospectionRoutes:
         gateway's router has open on its workers."""
         return Response.json({"server_load": sum(w.in_flight for w in self.router.snapshot())})
 
-
-def _json_object(body: bytes) -> dict:
-    try:
-        data = json.loads(body or b"{}")
-    except ValueError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_type")
-    return data

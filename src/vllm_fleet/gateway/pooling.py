@@ -17,12 +17,12 @@ meaning of every field is vLLM's, read once, on the worker (worker/pooling.py).
 from __future__ import annotations
 
 import asyncio
-import json
 
 from vllm_fleet.gateway.api_error import bad_request
 from vllm_fleet.gateway.asgi import JSON_TYPE, Response
 from vllm_fleet.gateway.call import Call, Route
 from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.json_body import json_object
 from vllm_fleet.protocol.pooling import CLASSIFY, EMBEDDINGS, POOLING, RERANK, SCORE, PoolRequest
 from vllm_fleet.router import Router
 
@@ -72,12 +72,7 @@ class PoolingHandler:
 def _model_of(body: bytes) -> str | None:
     """The body's `model` (None when absent: a pool of one model answers), after checking the
     body is a JSON object; the rest of it is vLLM's to read, on the worker."""
-    try:
-        parsed = json.loads(body or b"null")
-    except ValueError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(parsed, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_type")
+    parsed = json_object(body or b"null")  # an empty body is no object either
     model = parsed.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model: must be a string", param="model", code="invalid_value")

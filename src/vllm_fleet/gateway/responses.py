@@ -15,18 +15,18 @@ exactly: a whole answer starts over once, a stream ends with an error event.
 
 from __future__ import annotations
 
-import json
-
 from vllm_fleet.gateway import forward, responses_fields
 from vllm_fleet.gateway.api_error import bad_request
 from vllm_fleet.gateway.asgi import Response, StreamResponse
 from vllm_fleet.gateway.call import Call
 from vllm_fleet.gateway.front_door import FrontDoor, answer_name
+from vllm_fleet.gateway.json_body import json_object
 from vllm_fleet.gateway.responses_output import ResponsesOutput
+from vllm_fleet.gateway.translate import check_lengths
 from vllm_fleet.protocol.sampling import is_constrained
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RoutingHints
 from vllm_fleet.router import Router
-from vllm_fleet.router.classes.service_class import SERVICE_TIERS
+from vllm_fleet.router.classes import SERVICE_TIERS
 
 # Request fields the response object repeats, with OpenAI's defaults.
 _ECHOED = {"instructions": None, "max_output_tokens": None, "temperature": None, "top_p": None, "tools": [],
@@ -74,10 +74,10 @@ class ResponsesHandler:
         if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
                                        or not 1 <= max_tokens < 2**31):
             raise bad_request("max_output_tokens must be a positive integer", param="max_output_tokens")
-        limits = [x for x in (self.config.max_tokens_limit, _context(self.router, body["model"])) if x is not None]
-        if max_tokens is not None and limits and max_tokens > min(limits):
-            raise bad_request(f"max_output_tokens={max_tokens} is above the limit of {min(limits)} for this model",
-                              param="max_output_tokens")
+        # No prompt estimate: input items carry ids and reasoning a template may drop, so their bytes
+        # bound nothing; 0 is the one sure lower bound, and the limits on max_output_tokens apply.
+        check_lengths(0, max_tokens, self.config, _context(self.router, body["model"]), "input",
+                      max_tokens_param="max_output_tokens")
         session = call.http.headers.get("x-session-id", "") or body.get("session_id") or body.get("user") or ""
         return GenerateRequest(
             request_id=call.worker_request_id, inputs=[GenerateInput(messages=messages)],
@@ -87,12 +87,7 @@ class ResponsesHandler:
 
 
 def _parse(raw: bytes) -> dict:
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_type")
+    body = json_object(raw)
     responses_fields.check(body)
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise bad_request("model: a model name is required", param="model")

@@ -22,11 +22,12 @@ from pydantic import BaseModel, ValidationError
 from vllm_fleet.gateway import fields, forward
 from vllm_fleet.gateway.api_error import ApiError, bad_request
 from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.json_body import whole_body_error
 from vllm_fleet.gateway.messages import bytes_estimate, chat_messages, echo_prefix
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from vllm_fleet.protocol.sampling import is_constrained, requested_max_tokens
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RoutingHints
-from vllm_fleet.router.classes.service_class import SERVICE_TIERS
+from vllm_fleet.router.classes import SERVICE_TIERS
 
 
 @dataclass(slots=True)
@@ -65,10 +66,8 @@ def _schema_error(exc: ValidationError) -> ApiError:
     errors = exc.errors(include_url=False)
     # Our own validators' words (e.g. an image part) beat a union's "not a string" on another branch.
     first = next((e for e in errors if e["type"] in ("value_error", "extra_forbidden")), errors[0])
-    if first["type"] == "json_invalid":
-        return bad_request(f"request body is not valid JSON: {first['msg']}", code="invalid_json")
-    if first["type"] in ("model_type", "dict_type") and not first["loc"]:
-        return bad_request("request body must be a JSON object", code="invalid_type")
+    if (whole := whole_body_error(first)) is not None:
+        return whole
     param = ".".join(str(p) for p in first["loc"] if not _is_union_tag(p)) or None
     if first["type"] == "extra_forbidden":
         return bad_request(f"unknown field '{param}'", param=param, code="unknown_field")
@@ -136,7 +135,7 @@ def _plan(body, kind: str, inputs: list[GenerateInput], estimate: int, max_token
     options = body.stream_options
     if options is not None and not body.stream:
         raise bad_request("stream_options can only be given with stream: true", param="stream_options")
-    _check_lengths(estimate, max_tokens, config, max_model_len, "messages" if kind == "chat" else "prompt")
+    check_lengths(estimate, max_tokens, config, max_model_len, "messages" if kind == "chat" else "prompt")
     prompt_logprobs = (body.model_extra or {}).get("prompt_logprobs")
     if body.stream and isinstance(prompt_logprobs, int) and (prompt_logprobs > 0 or prompt_logprobs == -1):
         # vLLM's rule, which its validator on the worker cannot apply: the worker always streams,
@@ -156,13 +155,15 @@ def _plan(body, kind: str, inputs: list[GenerateInput], estimate: int, max_token
                 response_id=body.request_id)
 
 
-def _check_lengths(estimate: int, max_tokens: int | None, config: GatewayConfig, max_model_len: int | None,
-                   prompt_param: str) -> None:
-    """--max-tokens-limit (capped by the context), then the context guard on the prompt estimate."""
+def check_lengths(estimate: int, max_tokens: int | None, config: GatewayConfig, max_model_len: int | None,
+                  prompt_param: str, max_tokens_param: str = "max_tokens") -> None:
+    """--max-tokens-limit (capped by the context), then the context guard on the prompt estimate
+    (a lower bound of the prompt's tokens). The same limits for every generating door; the
+    messages name the door's own fields (`prompt_param`, `max_tokens_param`)."""
     limits = [x for x in (config.max_tokens_limit, max_model_len) if x is not None]
     if max_tokens is not None and limits and max_tokens > min(limits):
-        raise bad_request(f"max_tokens={max_tokens} is above the limit of {min(limits)} for this model",
-                          param="max_tokens")
+        raise bad_request(f"{max_tokens_param}={max_tokens} is above the limit of {min(limits)} for this model",
+                          param=max_tokens_param)
     if max_model_len is None:
         return
     # `estimate` is a lower bound: what passes here may still be refused by the worker, which
@@ -173,11 +174,9 @@ def _check_lengths(estimate: int, max_tokens: int | None, config: GatewayConfig,
             "tokens; shorten the prompt", param=prompt_param, code="context_length_exceeded")
     if max_tokens is not None and estimate + max_tokens > max_model_len:
         raise bad_request(
-            f"prompt (at least ~{estimate} tokens) plus max_tokens={max_tokens} exceeds the model's context of "
-            f"{max_model_len} tokens; lower max_tokens", param="max_tokens", code="context_length_exceeded")
+            f"prompt (at least ~{estimate} tokens) plus {max_tokens_param}={max_tokens} exceeds the model's context "
+            f"of {max_model_len} tokens; lower {max_tokens_param}", param=max_tokens_param,
+            code="context_length_exceeded")
 
 
-__all__ = ["Plan", "chat_plan", "completion_plan", "parse_body"]
-
-# The same limits for every generation endpoint (anthropic/request.py reads them too).
-check_lengths = _check_lengths
+__all__ = ["Plan", "chat_plan", "check_lengths", "completion_plan", "parse_body"]

@@ -21,6 +21,7 @@ from vllm_fleet.gateway import fields as openai_fields
 from vllm_fleet.gateway import forward
 from vllm_fleet.gateway.api_error import ApiError, bad_request
 from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.json_body import whole_body_error
 from vllm_fleet.gateway.translate import check_lengths
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RoutingHints
 
@@ -178,10 +179,8 @@ def parse(body: bytes, schema: type[BaseModel] = MessagesRequest,
 def _schema_error(exc: ValidationError) -> ApiError:
     errors = exc.errors(include_url=False)
     first = next((e for e in errors if e["type"] in ("value_error", "extra_forbidden", "missing")), errors[0])
-    if first["type"] == "json_invalid":
-        return bad_request(f"request body is not valid JSON: {first['msg']}", code="invalid_json")
-    if first["type"] in ("model_type", "dict_type") and not first["loc"]:
-        return bad_request("request body must be a JSON object", code="invalid_type")
+    if (whole := whole_body_error(first)) is not None:
+        return whole
     param = ".".join(str(p) for p in first["loc"] if not (isinstance(p, str) and "[" in p)) or None
     if first["type"] == "extra_forbidden":
         return bad_request(f"unknown field '{param}'", param=param, code="unknown_field")

@@ -18,7 +18,6 @@ the batches it holds), so a gateway that never serves a batch writes nothing.
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from vllm_fleet.gateway.batch.store import FileRow, Store
 from vllm_fleet.gateway.call import Call, Route
 from vllm_fleet.gateway.completions import CompletionHandler
 from vllm_fleet.gateway.config import GatewayConfig
+from vllm_fleet.gateway.json_body import json_object
 
 FILE_PREFIX = "/v1/files/"
 BATCH_PREFIX = "/v1/batches/"
@@ -159,7 +159,7 @@ class BatchApi:
     # -- batches ----------------------------------------------------------------------------
 
     async def create(self, call: Call) -> Response:
-        body = _json_object(await call.http.read_body(self.config.max_body_bytes))
+        body = json_object(await call.http.read_body(self.config.max_body_bytes))
         unknown = sorted(set(body) - _BATCH_FIELDS)
         if unknown:
             raise bad_request(f"unknown field '{unknown[0]}'", param=unknown[0], code="unknown_field")
@@ -252,12 +252,3 @@ def _limit(query: dict[str, str], most: int, default: int | None = None) -> int:
         raise bad_request(f"limit must be a whole number from 1 to {most}", param="limit", code="invalid_value")
     return int(raw)
 
-
-def _json_object(body: bytes) -> dict:
-    try:
-        value = json.loads(body)
-    except ValueError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(value, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_type")
-    return value
