@@ -26,7 +26,7 @@ from vllm_fleet.gateway.translate import check_lengths
 from vllm_fleet.protocol.sampling import is_constrained
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RoutingHints
 from vllm_fleet.router import Router
-from vllm_fleet.router.classes import SERVICE_TIERS
+from vllm_fleet.router.classes.service_class import SERVICE_TIERS
 
 # Request fields the response object repeats, with OpenAI's defaults.
 _ECHOED = {"instructions": None, "max_output_tokens": None, "temperature": None, "top_p": None, "tools": [],

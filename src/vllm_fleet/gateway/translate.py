@@ -27,7 +27,7 @@ from vllm_fleet.gateway.messages import bytes_estimate, chat_messages, echo_pref
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from vllm_fleet.protocol.sampling import is_constrained, requested_max_tokens
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RoutingHints
-from vllm_fleet.router.classes import SERVICE_TIERS
+from vllm_fleet.router.classes.service_class import SERVICE_TIERS
 
 
 @dataclass(slots=True)
