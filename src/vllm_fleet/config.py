@@ -109,7 +109,7 @@ class EngineConfig(FleetModel):
     kv_events: bool | None = Field(
         None, description="Relay the engine's KV-cache events to routers, for --policy cache_aware (KvEvents RPC; "
         "needs prefix caching). Default: off for vLLM, whose engine process builds and publishes them each step "
-        "(on one H100 they made a 0.6B engine's TPOT P50 1.09-2.3x at 100 req/s, benchmarks/RESULTS.md), on for the mock engine"
+        "(on one H100 they made a 0.6B engine's TPOT P50 1.08-2.3x at 100 req/s, benchmarks/RESULTS.md), on for the mock engine"
     )
     load_format: str | None = Field(None, description="vLLM load format, e.g. 'dummy' for random weights (throughput tests)")
     kv_cache_space_gb: int | None = Field(
