@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vllm_fleet.gateway.anthropic.answer import WholeMessage, stop_reason
-from vllm_fleet.gateway.anthropic.events import MessageEvents
+from vllm_fleet.gateway.anthropic.events import AnthropicEvents
 from vllm_fleet.gateway.api_error import ApiError
 from vllm_fleet.protocol.types import Chunk, ToolCallDelta, Usage
 
@@ -28,7 +28,7 @@ def parse(raw: bytes) -> list[tuple[str, dict]]:
 
 
 def test_thinking_text_and_a_tool_call_become_blocks_in_order_with_held_text_after_the_call():
-    events = MessageEvents("msg_1", "m", ())
+    events = AnthropicEvents("msg_1", "m", ())
     raw = events.start()
     raw += events.event(chunk(reasoning="hmm"))
     raw += events.event(chunk("Let me look."))
@@ -55,7 +55,7 @@ def test_thinking_text_and_a_tool_call_become_blocks_in_order_with_held_text_aft
 
 
 def test_an_error_is_anthropics_event():
-    (name, data), = parse(MessageEvents.error(ApiError(503, "no worker")))
+    (name, data), = parse(AnthropicEvents.error(ApiError(503, "no worker")))
     assert name == "error" and data == {"type": "error", "error": {"type": "overloaded_error", "message": "no worker"}}
 
 

@@ -40,6 +40,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.gateway import anthropic
+from vllm_fleet.gateway import vllm_surface
 from vllm_fleet.gateway.access_log import RequestRecord, request_id_from
 from vllm_fleet.gateway.adapters import AdapterAdmin, adapter_card, adapter_cards
 from vllm_fleet.gateway.api_error import ApiError, from_exception, unauthorized
@@ -48,7 +49,6 @@ from vllm_fleet.gateway.batch import BatchApi
 from vllm_fleet.gateway.call import AuthNeed, Call, Route, worker_request_id
 from vllm_fleet.gateway.completions import CompletionHandler
 from vllm_fleet.gateway.config import GatewayConfig
-from vllm_fleet.gateway import vllm_surface
 from vllm_fleet.gateway.dashboard import Dashboard
 from vllm_fleet.gateway.front_door import FrontDoor
 from vllm_fleet.gateway.introspect import IntrospectionRoutes
@@ -80,7 +80,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics(router, metrics_registry, siblings)
         door = FrontDoor(router, config, self.metrics)  # the skeleton the generating routes share
         self.completions = CompletionHandler(door)
-        self.messages = anthropic.MessagesHandler(door)
+        self.anthropic = anthropic.AnthropicHandler(door)
         self.dashboard = Dashboard(router, registry, self.metrics.totals, siblings)
         self.adapter_admin = AdapterAdmin(router, config)
         self.responses = ResponsesHandler(door)
@@ -96,8 +96,8 @@ class GatewayApp:
             ("POST", "/v1/chat/completions"): Route("key", self.completions.chat),
             ("POST", "/v1/completions"): Route("key", self.completions.completion),
             ("POST", "/v1/responses"): Route("key", self.responses.create),
-            ("POST", "/v1/messages"): Route("key", self.messages.messages),
-            ("POST", "/v1/messages/count_tokens"): Route("key", self.messages.count_tokens),
+            ("POST", "/v1/messages"): Route("key", self.anthropic.create),
+            ("POST", "/v1/messages/count_tokens"): Route("key", self.anthropic.count_tokens),
             ("GET", "/metrics"): Route("admin", self._metrics),
             ("GET", "/dashboard"): Route("none", self.dashboard.page),
             ("GET", "/dashboard/app.js"): Route("none", self.dashboard.script),

@@ -3,7 +3,7 @@
 A door maps; this module runs. What each door keeps is its own mapping:
 
     request → GenerateRequest   (its parse and checks: 400s in its error shape, app.py)
-    chunk   → its SSE bytes     (a StreamWriter: sse.StreamEncoder, ResponsesOutput, anthropic MessageEvents)
+    chunk   → its SSE bytes     (a StreamWriter: sse.StreamEncoder, ResponsesOutput, anthropic AnthropicEvents)
     chunks  → its whole body    (a WholeAnswer: aggregate.Aggregate, ResponsesOutput, anthropic WholeMessage)
     error   → its error event   (StreamWriter.error; before the 200 an error is app.py's to shape)
 

@@ -60,9 +60,9 @@ class ResponsesHandler:
         return Response.json(answer)
 
     def _request(self, body: dict, call: Call) -> GenerateRequest:
-        items = body["input"]
+        text_or_items = body["input"]
         # A string input is vLLM's one user message; the envelope carries it as that item.
-        messages = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        items = [{"role": "user", "content": text_or_items}] if isinstance(text_or_items, str) else text_or_items
         forwarded = responses_fields.engine_body(body)
         max_tokens = body.get("max_output_tokens")
         tier = body.get("service_tier") or "auto"
@@ -80,7 +80,7 @@ class ResponsesHandler:
                       max_tokens_param="max_output_tokens")
         session = call.http.headers.get("x-session-id", "") or body.get("session_id") or body.get("user") or ""
         return GenerateRequest(
-            request_id=call.worker_request_id, inputs=[GenerateInput(messages=messages)],
+            request_id=call.worker_request_id, inputs=[GenerateInput(messages=items)],
             body=forward.request_body("responses", forwarded), n=1, priority=priority, session_id=str(session),
             stream_interval_ms=self.config.stream_interval_ms, constrained=_constrained(forwarded),
             hints=RoutingHints(max_tokens=max_tokens, service_class=SERVICE_TIERS[tier]))

@@ -21,9 +21,9 @@ from pydantic import BaseModel, ValidationError
 
 from vllm_fleet.gateway import fields, forward
 from vllm_fleet.gateway.api_error import ApiError, bad_request
+from vllm_fleet.gateway.chat_messages import bytes_estimate, chat_messages, echo_prefix
 from vllm_fleet.gateway.config import GatewayConfig
 from vllm_fleet.gateway.json_body import whole_body_error
-from vllm_fleet.gateway.messages import bytes_estimate, chat_messages, echo_prefix
 from vllm_fleet.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from vllm_fleet.protocol.sampling import is_constrained, requested_max_tokens
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, RoutingHints

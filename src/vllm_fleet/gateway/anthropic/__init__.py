@@ -7,9 +7,9 @@ vLLM's own AnthropicMessagesRequest and conversion turn it into a chat request
 """
 
 from vllm_fleet.gateway.anthropic.errors import anthropic_response
-from vllm_fleet.gateway.anthropic.handler import MessagesHandler
+from vllm_fleet.gateway.anthropic.handler import AnthropicHandler
 
 # Routes whose errors are Anthropic's shape (app.py).
 PATHS = frozenset(("/v1/messages", "/v1/messages/count_tokens"))
 
-__all__ = ["PATHS", "MessagesHandler", "anthropic_response"]
+__all__ = ["PATHS", "AnthropicHandler", "anthropic_response"]

@@ -33,7 +33,7 @@ def sse(event: str, data: dict) -> bytes:
     return f"event: {event}\ndata: {_dumps(data)}\n\n".encode()
 
 
-class MessageEvents:
+class AnthropicEvents:
     """Turns the chunks of one Messages request into SSE bytes (front_door.StreamWriter). One instance per request."""
 
     def __init__(self, response_id: str, model: str, stop_sequences: tuple[str, ...]) -> None:

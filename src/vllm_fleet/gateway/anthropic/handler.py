@@ -12,16 +12,16 @@ starts over once, a streamed one ends with an error event.
 
 from __future__ import annotations
 
-from vllm_fleet.gateway.anthropic import request as messages_request
+from vllm_fleet.gateway.anthropic import request as anthropic_request
 from vllm_fleet.gateway.anthropic.answer import WholeMessage, message_id
-from vllm_fleet.gateway.anthropic.events import MessageEvents
+from vllm_fleet.gateway.anthropic.events import AnthropicEvents
 from vllm_fleet.gateway.asgi import Response, StreamResponse
 from vllm_fleet.gateway.call import Call
 from vllm_fleet.gateway.formats import UsageTally
 from vllm_fleet.gateway.front_door import FrontDoor
 
 
-class MessagesHandler:
+class AnthropicHandler:
     """The Messages door's mapping: request.py (body → plan), events.py (chunk → events) and
     answer.py (chunks → message); the front door (front_door.py) opens, streams and settles."""
 
@@ -30,20 +30,21 @@ class MessagesHandler:
         self.router = door.router
         self.config = door.config
 
-    async def messages(self, call: Call) -> Response | StreamResponse:
+    async def create(self, call: Call) -> Response | StreamResponse:
+        """POST /v1/messages."""
         record = call.record
         body = await call.http.read_body(self.config.max_body_bytes)
-        parsed, raw = messages_request.parse(body)
+        parsed, raw = anthropic_request.parse(body)
         record.model = parsed.model
         record.stream = bool(parsed.stream)
         info = self.router.model_info(parsed.model)
-        plan = messages_request.plan(parsed, raw, request_id=call.worker_request_id,
-                                     session_id=call.http.headers.get("x-session-id", ""), config=self.config,
-                                     max_model_len=info.max_model_len if info is not None else None)
+        plan = anthropic_request.plan(parsed, raw, request_id=call.worker_request_id,
+                                      session_id=call.http.headers.get("x-session-id", ""), config=self.config,
+                                      max_model_len=info.max_model_len if info is not None else None)
         response_id = message_id(record.request_id)
         if plan.stream:
             return await self.door.streamed(plan.request, plan.model, key=call.key_id, record=record,
-                                            writer=MessageEvents(response_id, plan.model, plan.stop_sequences))
+                                            writer=AnthropicEvents(response_id, plan.model, plan.stop_sequences))
         message = await self.door.whole(plan.request, plan.model, key=call.key_id, record=record,
                                         answer=lambda: WholeMessage(response_id, plan.model, plan.stop_sequences))
         return Response.json(message)
@@ -54,10 +55,11 @@ class MessagesHandler:
         also leaves the prompt in that worker's prefix cache for the request that usually follows."""
         record = call.record
         body = await call.http.read_body(self.config.max_body_bytes)
-        parsed, raw = messages_request.parse(body, messages_request.CountTokensRequest, messages_request.COUNT_FIELDS)
+        parsed, raw = anthropic_request.parse(body, anthropic_request.CountTokensRequest,
+                                              anthropic_request.COUNT_FIELDS)
         record.model = parsed.model
         info = self.router.model_info(parsed.model)
-        request = messages_request.count_request(
+        request = anthropic_request.count_request(
             parsed, raw, request_id=call.worker_request_id, session_id=call.http.headers.get("x-session-id", ""),
             config=self.config, max_model_len=info.max_model_len if info is not None else None)
         usage = UsageTally()

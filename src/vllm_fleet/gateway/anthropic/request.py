@@ -147,7 +147,7 @@ def _check_block(block: Any) -> None:
 
 
 @dataclass(slots=True)
-class MessagesPlan:
+class AnthropicPlan:
     """What the gateway needs to shape the answer, besides the worker request itself."""
 
     request: GenerateRequest
@@ -191,7 +191,7 @@ def _schema_error(exc: ValidationError) -> ApiError:
 
 
 def plan(parsed: MessagesRequest, raw: dict[str, Any], *, request_id: str, session_id: str, config: GatewayConfig,
-         max_model_len: int | None) -> MessagesPlan:
+         max_model_len: int | None) -> AnthropicPlan:
     messages = raw["messages"]
     estimate = int(len(json.dumps([raw.get("system"), messages]).encode()) / config.prompt_bytes_per_token)
     check_lengths(estimate, parsed.max_tokens, config, max_model_len, "messages")
@@ -204,8 +204,8 @@ def plan(parsed: MessagesRequest, raw: dict[str, Any], *, request_id: str, sessi
         stream_interval_ms=config.stream_interval_ms, constrained=_is_constrained(engine),
         hints=RoutingHints(max_tokens=parsed.max_tokens))
     stops = engine.get("stop_sequences") or ()
-    return MessagesPlan(request=request, model=parsed.model, stream=bool(parsed.stream),
-                        stop_sequences=tuple(s for s in stops if isinstance(s, str)))
+    return AnthropicPlan(request=request, model=parsed.model, stream=bool(parsed.stream),
+                         stop_sequences=tuple(s for s in stops if isinstance(s, str)))
 
 
 def count_request(parsed: CountTokensRequest, raw: dict[str, Any], *, request_id: str, session_id: str,

@@ -1,4 +1,5 @@
-"""Chat messages from the request body to the OpenAI message dicts the worker gets.
+"""Chat completions' `messages` (the conversation) from the request body to the OpenAI message dicts
+the worker gets. (Anthropic's Messages API is another door: gateway/anthropic/.)
 
 They travel as the client sent them, validated by the schema, with two readings of vLLM's: text
 parts are joined with newlines (as vLLM's chat renderer joins them; the router reads the text), and
