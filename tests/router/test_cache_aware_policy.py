@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from fakes import addresses, snapshot, view
-from vllm_fleet.router import add_router_options, router_config_from_args
+from vllm_fleet.router import RouterConfig, add_router_options, router_config_from_args
+from vllm_fleet.router.cache.tuning import CacheTuning
 from vllm_fleet.router.cache.index import CacheIndex
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy, ring_order
@@ -168,17 +169,15 @@ def test_a_prompt_that_is_mostly_new_goes_to_its_home_though_another_holds_its_s
     assert make_policy("cache_aware").rank(features({other: 256}, frontier_key="101"), busy_home)[0] == other
 
 
-def test_weights_and_bound_are_router_options():
+def test_the_three_knobs_are_router_options():
     parser = argparse.ArgumentParser()
     add_router_options(parser)
     config = router_config_from_args(parser.parse_args([
-        "--policy", "cache_aware", "--cache-prefill-weight", "2", "--cache-load-weight", "0.5",
-        "--cache-queued-tokens", "64", "--cache-load-bound", "1.5", "--cache-index-max-entries", "1000",
-        "--cache-speculative-ttl-s", "1", "--cache-home-tokens", "128"]))
+        "--policy", "cache_aware", "--cache-load-weight", "0.5", "--cache-index-max-entries", "1000",
+        "--cache-home-tokens", "128"]))
     assert config.policy == "cache_aware"
-    assert (config.cache_prefill_weight, config.cache_load_weight, config.cache_queued_tokens) == (2.0, 0.5, 64)
-    assert config.cache_load_bound == 1.5 and config.cache_index_max_entries == 1000
-    assert config.cache_speculative_ttl_s == 1.0 and config.cache_home_tokens == 128
+    assert (config.cache_load_weight, config.cache_index_max_entries, config.cache_home_tokens) == (0.5, 1000, 128)
+    assert config.cache_tuning == CacheTuning()  # the internal constants keep their measured defaults
 
 
 def ring_home_and_other() -> tuple[str, str, RequestFeatures]:
@@ -230,8 +229,6 @@ def test_tenants_arriving_one_after_another_split_evenly_over_two_caches():
     assert abs(balanced[A] - balanced[B]) <= 2, balanced
 
 
-def test_home_balance_is_a_router_option():
-    parser = argparse.ArgumentParser()
-    add_router_options(parser)
-    assert router_config_from_args(parser.parse_args(["--cache-home-balance", "1.5"])).cache_home_balance == 1.5
-    assert router_config_from_args(parser.parse_args([])).cache_home_balance == 1.1
+def test_home_balance_is_an_internal_constant():
+    assert RouterConfig().cache_tuning.home_balance == 1.1
+    assert RouterConfig(cache_tuning=CacheTuning(home_balance=None)).cache_tuning.home_balance is None

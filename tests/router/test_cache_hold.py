@@ -22,6 +22,7 @@ from vllm_fleet.protocol.types import REQUEST_FORM, Chunk, GenerateRequest, Usag
 from vllm_fleet.registry import StaticRegistry
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.cache.block_keys import block_keys
+from vllm_fleet.router.cache.tuning import CacheTuning
 
 BS = 16
 TTL_S = 2.0
@@ -91,7 +92,8 @@ class Workers:
 async def routed(workers: Workers, clock: FakeClock):
     # A light load weight: a prefix held on a busy worker beats an idle one that would prefill it
     # all, as it does on a fleet whose every worker is busy.
-    config = RouterConfig(policy="cache_aware", cache_load_weight=0.1, cache_speculative_ttl_s=TTL_S,
+    config = RouterConfig(policy="cache_aware", cache_load_weight=0.1,
+                          cache_tuning=CacheTuning(speculative_ttl_s=TTL_S),
                           load_poll_interval_s=0.02, health_poll_interval_s=0.02,
                           first_chunk_timeout_s=60.0, stall_timeout_s=60.0)
     router = Router(StaticRegistry.from_spec(",".join(workers.by_address)), config, workers, clock=clock,

@@ -7,8 +7,14 @@ import json
 
 import pytest
 
+from fakes import addresses, snapshot, view
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.router import KeyLimits, RouterConfig, add_router_options, router_config_from_args
+from vllm_fleet.router.cache.tuning import CacheTuning
+from vllm_fleet.router.features import RequestFeatures
+from vllm_fleet.router.policies import CacheAware, CacheCosts
+
+A, B = addresses(2)
 
 
 def parse(*argv: str) -> RouterConfig:
@@ -53,15 +59,37 @@ def test_unknown_policy_is_refused_by_the_parser(capsys):
 
 
 def test_none_turns_off_a_bound_or_target_that_defaults_on():
-    # A config file's null, on the command line: no load bound, the ring alone for a new prefix's
-    # home, no absolute ITL target.
-    config = parse("--cache-load-bound", "none", "--cache-home-balance", "null", "--interactive-itl-target-ms", "None",
-                   "--affinity-load-bound", "2")
-    assert config.cache_load_bound is None and config.cache_home_balance is None
-    assert config.classes.interactive_itl_target_ms is None and config.affinity_load_bound == 2.0
+    # A config file's null, on the command line: no affinity bound, no absolute ITL target.
+    config = parse("--affinity-load-bound", "none", "--interactive-itl-target-ms", "None")
+    assert config.affinity_load_bound is None and config.classes.interactive_itl_target_ms is None
+    config = parse("--affinity-load-bound", "null", "--interactive-itl-target-ms", "300")
+    assert config.affinity_load_bound is None and config.classes.interactive_itl_target_ms == 300.0
 
 
 def test_a_bound_that_is_neither_a_number_nor_none_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit):
-        parse("--cache-load-bound", "high")
-    assert "--cache-load-bound" in capsys.readouterr().err
+        parse("--affinity-load-bound", "high")
+    assert "--affinity-load-bound" in capsys.readouterr().err
+
+
+def test_the_gateway_offers_three_cache_options_and_keeps_the_tuning_internal():
+    from vllm_fleet.cli import gateway
+
+    subparsers = argparse.ArgumentParser().add_subparsers()
+    gateway.register(subparsers)
+    flags = {flag for action in subparsers.choices["gateway"]._actions for flag in action.option_strings}
+    assert {flag for flag in flags if flag.startswith("--cache-")} == {
+        "--cache-load-weight", "--cache-index-max-entries", "--cache-home-tokens"}
+    assert not any("tuning" in flag for flag in flags)
+
+
+def test_the_cache_tuning_reaches_the_policy():
+    # A holds 2,000 of the prompt's 2,100 tokens and has 2,200 tokens more load than B: the copy
+    # term keeps the hit on A; a tuning without it sends the hit to B (test_cache_aware_policy).
+    pool = snapshot(view(A, kv_events_fresh=True, outstanding=2200), view(B, kv_events_fresh=True))
+    hit = RequestFeatures(model="m", prompt_tokens=2100, max_tokens=100, cached_tokens={A: 2000})
+    with_copy = RouterConfig(policy="cache_aware", cache_load_weight=1.0, cache_tuning=CacheTuning(load_bound=None))
+    no_copy = with_copy.model_copy(update={"cache_tuning": CacheTuning(load_bound=None, copy_weight=0)})
+    assert CacheAware(CacheCosts.of(with_copy)).rank(hit, pool) == [A, B]
+    assert CacheAware(CacheCosts.of(no_copy)).rank(hit, pool) == [B, A]
+    assert CacheCosts.of(RouterConfig()) == CacheCosts()  # the defaults route as before the move

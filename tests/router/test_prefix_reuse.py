@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import random
 
 from fakes import addresses, snapshot, view
-from vllm_fleet.router import add_router_options, router_config_from_args
+from vllm_fleet.router import RouterConfig
+from vllm_fleet.router.cache.tuning import CacheTuning
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy, ring_order
 from vllm_fleet.router.cache.prefix_reuse import WINDOW, PrefixReuse
@@ -89,11 +89,9 @@ def test_where_nothing_comes_back_a_miss_goes_to_the_least_loaded_not_its_home()
         assert make_policy("cache_aware").rank(RequestFeatures(**miss, prefix_reuse=0.05, ticket=ticket), even)[0] == home
 
 
-def test_the_full_home_is_a_router_option():
-    parser = argparse.ArgumentParser()
-    add_router_options(parser)
-    assert router_config_from_args(parser.parse_args([])).cache_home_by_reuse is True
-    assert router_config_from_args(parser.parse_args(["--no-cache-home-by-reuse"])).cache_home_by_reuse is False
+def test_the_full_home_is_an_internal_constant():
+    assert RouterConfig().cache_tuning.home_by_reuse is True
+    assert RouterConfig(cache_tuning=CacheTuning(home_by_reuse=False)).cache_tuning.home_by_reuse is False
     home = ring_order("101", [A, B])[0]
     other = B if home == A else A
     near = snapshot(fresh(home, outstanding=1200), fresh(other))

@@ -19,6 +19,7 @@ from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import WorkerInfo
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.cache.routing import CacheRouting
+from vllm_fleet.router.cache.tuning import CacheTuning
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.worker.engines.base import build_engine
@@ -120,7 +121,7 @@ def test_ids_go_per_attempt_only_where_the_digests_agree():
 
 
 def test_a_router_told_not_to_send_ids_sends_none():
-    cache = CacheRouting(RouterConfig(policy="cache_aware", cache_send_prompt_ids=False), lambda address: None,
+    cache = CacheRouting(RouterConfig(policy="cache_aware", cache_tuning=CacheTuning(send_prompt_ids=False)), lambda address: None,
                          RouterMetrics.for_registry(CollectorRegistry()), tokenizers=_Tokenizers())
     cache.on_info("same", WorkerInfo(model="m", max_model_len=4096, engine="vllm", engine_version="0.32.0",
                                      tokenizer_digest="sha256:router-files", takes_router_ids=True), lambda: "m")

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from vllm_fleet.config import FleetModel, add_options, from_args, validated
 from vllm_fleet.errors import ConfigError
+from vllm_fleet.router.cache.tuning import CacheTuning
 from vllm_fleet.router.classes.service_class import ServiceClassConfig
 
 PolicyName = Literal[
@@ -130,65 +131,28 @@ class RouterConfig(FleetModel):
         "(of this router's requests); null: no bound, a key leaves its worker only when that worker stops serving"
     )
     prefix_chars: int = Field(256, ge=1, description="Prefix affinity: characters (or tokens) of the prompt hashed")
-    cache_prefill_weight: float = Field(
-        1.0, ge=0, description="Cache-aware routing: cost of one prompt token a worker would still have to prefill "
-        "(the prompt less the leading tokens its KV cache holds)"
-    )
     cache_load_weight: float = Field(
-        0.25, ge=0, description="Cache-aware routing: cost of one token of load on a worker (outstanding tokens of "
-        "this router's requests, plus --cache-queued-tokens per other sequence it runs or queues); raise it to "
-        "spread load over saving prefill"
-    )
-    cache_queued_tokens: int = Field(
-        256, ge=0, description="Cache-aware routing: tokens of load counted for each sequence a worker reports "
-        "running or waiting beyond this router's own (other gateways' work, whose size is unknown here)"
-    )
-    cache_load_bound: float | None = Field(
-        1.25, ge=1, description="Cache-aware routing: a worker whose load is above this times the mean load "
-        "(this request included) goes after all others, whatever it holds, so a hot prefix cannot pile onto "
-        "one worker; null: no bound"
+        0.25, ge=0, description="Cache-aware routing: cost of one token of load on a worker (its outstanding "
+        "tokens of this router's requests, plus a fixed guess per other sequence it runs or queues) against one "
+        "prompt token it would prefill; raise it to spread load over saving prefill"
     )
     cache_home_tokens: int = Field(
         512, ge=0, description="Cache-aware routing: tokens of cost added on every worker but a prompt's home "
         "(the worker its first block held nowhere hashes to), so a prefix no worker holds goes to one place "
-        "and the workers' caches split the prefixes instead of copying them; 0: the least loaded takes a miss"
-    )
-    cache_home_balance: float | None = Field(
-        1.1, ge=1, description="Cache-aware routing: a prompt's home is the first worker on its hash ring whose KV "
-        "cache fill (the blocks the index holds for it, as a share of the engine's blocks when every worker "
-        "reports them) is at most this times the workers' mean, so new prefixes fill the emptier caches and no "
-        "worker is given more prefixes than it can hold; null: the ring alone picks the home"
-    )
-    cache_home_by_reuse: bool = Field(
-        True, description="Cache-aware routing: weigh a prompt's home by the share of recent new prompts whose "
-        "new part a later prompt reused, so where nothing comes back a miss goes to the least loaded; false: "
-        "the home always counts its full --cache-home-tokens"
-    )
-    cache_copy_weight: float = Field(
-        1.0, ge=0, description="Cache-aware routing: extra cost of one prompt token a worker would prefill that "
-        "another worker's KV cache already holds (a copy takes cache room and evicts another prefix); 0: a "
-        "copied token costs its prefill only"
+        "and the workers' caches split the prefixes instead of copying them; 0: for a fleet whose prompts "
+        "share nothing, the least loaded takes a miss"
     )
     cache_index_max_entries: int = Field(
         10_000_000, ge=1, description="Cache-aware routing: most (worker, KV block) entries the router's cache "
         "index keeps (about 210 bytes each); past it, it forgets the blocks least recently stored or routed "
         "of the worker holding most"
     )
-    cache_speculative_ttl_s: float = Field(
-        2.0, gt=0, description="Cache-aware routing: a prompt routed to a worker counts as cached there while "
-        "it prefills, and for this long after its first token, until the worker's KV events confirm it"
-    )
-    cache_head_chars: int = Field(
-        250, ge=0, description="Cache-aware routing: a new text piece over twice this many characters is tokenized "
-        "head first for the decision (the rest after the pick); its ids then do not go to the worker. 0: whole"
-    )
-    cache_send_prompt_ids: bool = Field(
-        True, description="Cache-aware routing: send the prompt's token ids to workers that take them "
-        "(worker --accept-router-ids, same tokenizer files), so they skip rendering it"
-    )
     default_max_tokens: int = Field(
         256, ge=1, description="Output tokens assumed for load and budgets when a request sets no max_tokens"
     )
+    cache_tuning: CacheTuning = Field(
+        default_factory=CacheTuning, description="Cache-aware routing's internal constants (router/cache/tuning.py; "
+        "not on the command line: their measured defaults are in benchmarks/RESULTS.md)")
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig, description="Key budgets and workload classes")
     classes: ServiceClassConfig = Field(
         default_factory=ServiceClassConfig, description="How batch-class requests share workers with interactive ones")
@@ -197,7 +161,7 @@ class RouterConfig(FleetModel):
 def add_router_options(parser: argparse.ArgumentParser) -> None:
     """Add the routing options (one group) and the admission options (another)."""
     routing = parser.add_argument_group("routing")
-    add_options(routing, RouterConfig, skip=("admission", "classes"))
+    add_options(routing, RouterConfig, skip=("admission", "classes", "cache_tuning"))
     add_options(parser.add_argument_group("service classes (interactive, batch)"), ServiceClassConfig)
     admission = parser.add_argument_group("admission")
     add_options(admission, KeyLimits, prefix="key_")

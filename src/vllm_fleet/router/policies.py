@@ -26,11 +26,14 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
+
+if TYPE_CHECKING:
+    from vllm_fleet.router.config import RouterConfig
 
 # Points per worker on the hash ring: enough that keys spread evenly over a few workers.
 RING_POINTS_PER_WORKER = 64
@@ -164,7 +167,8 @@ class PrefixAffinity(SessionAffinity):
 
 @dataclass(frozen=True, slots=True)
 class CacheCosts:
-    """The weights of cache-aware routing (RouterConfig's cache_* fields say what each means)."""
+    """The weights of cache-aware routing (RouterConfig's cache_load_weight and cache_home_tokens, and
+    router/cache/tuning.py's CacheTuning, say what each means)."""
 
     prefill_weight: float = 1.0
     load_weight: float = 0.25
@@ -175,77 +179,38 @@ class CacheCosts:
     home_balance: float | None = 1.1
     home_by_reuse: bool = True
 
+    @classmethod
+    def of(cls, config: RouterConfig) -> CacheCosts:
+        """The weights a RouterConfig sets: its two cache knobs, the rest from its CacheTuning."""
+        tuning = config.cache_tuning
+        return cls(prefill_weight=tuning.prefill_weight, load_weight=config.cache_load_weight,
+                   queued_tokens=tuning.queued_tokens, load_bound=tuning.load_bound,
+                   home_tokens=config.cache_home_tokens, copy_weight=tuning.copy_weight,
+                   home_balance=tuning.home_balance, home_by_reuse=tuning.home_by_reuse)
+
 
 class CacheAware(Policy):
-    """Lowest cost first, where a worker's cost for this request is
+    """Lowest cost first, where a worker's cost for this request, in prompt tokens, is
 
-        prefill_weight * (prompt_tokens - cached_tokens[worker])  the prefill it would still do
-      + load_weight * load(worker)                                what it has to get through first
-      + copy_weight * (most cached anywhere - cached[worker])     what it would copy from another's cache
+        prefill_weight * (prompt_tokens - cached[worker])     the prefill it would still do
+      + load_weight * load(worker)                          what it has to get through first
+      + copy_weight * (most cached anywhere - cached[worker]) a copy of another worker's blocks
+      + home_worth, on every worker but the prompt's home     where a prefix nobody holds goes
 
-    and load(worker) = its outstanding tokens of this router's requests + `queued_tokens` for each
-    sequence it reports running or waiting beyond those (other routers' work). A worker whose
-    events are not fresh (`WorkerView.kv_events_fresh` False) counts as holding nothing: its
-    cost is its load alone, since a stale index may promise blocks it freed long ago.
-
-    Bounded load: a worker whose load is above `load_bound` times the mean load, counting this
-    request's tokens in the total, goes after every worker within the bound, however much of the
-    prompt it holds (least loaded first), so one hot prefix cannot pile onto one worker while the
-    others idle; within the bound the cheapest worker wins. `load_bound=None` drops the guard.
-    Ties keep the ticket's rotation (sorting is stable), as least_outstanding does.
-
-    A home for what nobody holds: the worker met first on the hash ring from the prompt's frontier
-    (the first block no worker holds) is the prompt's home, and every worker holding no more of
-    the prompt than the home pays what the home is worth, the tokens the prompt would leave cached
-    there, at most `home_tokens` (a short prompt's home is worth little against load). The ring
-    only proposes: the home is the first worker in the frontier's ring order whose cache holds no
-    more than `home_balance` (1.1) times the workers' mean fill (see `home`). A hash gives each
-    worker a share of the prefixes that varies by chance: 24 tenants on two workers' rings split
-    15/9 or worse in a third of draws (simulated), and a worker given more prefixes than it holds
-    evicts them in turn while the other has room; SMG sends a prefix it has not seen to the worker
-    with the smallest tree for this reason. Once every cache is full, the fills are equal and the
-    ring decides alone, so routers that see the same events keep agreeing. Without a home, a
-    prefix held nowhere went to whichever worker was least loaded at that instant, and the next
-    miss of a sibling prefix to the other: on the H200 run of workload (a) (24 prefixes, each
-    worker's cache holding about half) both workers ended up holding copies of the same prefixes
-    and the engines cached 56% of the prompts, below prefix affinity's 70% (its ring gives each
-    prefix one home). The frontier, not the first block, names the home, so prompts that share a
-    long common start (one system text for every tenant) still spread by what follows it. A
-    worker holding more of the prompt than the home pays nothing when what it holds beyond the
-    home is more than the prompt's new part (what no worker holds): the prompt is then mostly
-    its prefix, and follows it. When the new part is the larger, as for a tenant's first document
-    after a system text every worker has seen one copy of, where that new part is cached is what
-    counts: the home is charged no copy of the common start and the holder still pays for being
-    away, or every new document would pile onto whichever worker served the first request (a
-    CPU run of workload (b), 2026-12-05: all 48 requests on one of two engines, P90 TTFT 1.07x
-    round robin's). A load difference above the home's worth still wins, so the home decides
-    only between workers otherwise about equal. The home is worth its tokens only as far as
-    new prompts come back: `features.prefix_reuse` (router/cache/prefix_reuse.py: of the new parts of
-    the model's recent mostly-new prompts, the share later prompts reused) scales it (`home_by_reuse` False:
-    it does not), so where nothing comes back (workload c) a miss goes to the least loaded instead
-    of waiting behind up to `home_tokens` of load for a reuse that never comes (2 CPU engines,
-    2026-12-05/06: P90 TTFT 1.31x least outstanding's on average with the full home, 1.06x scaled
-    over seven 32-request runs and 1.00-1.03x over two of 64; single short runs still vary up to
-    1.36x).
-
-    A copy costs twice: the tokens a worker would prefill again that another worker already
-    holds cost their prefill now, and later the cache room they take (another prefix evicted,
-    the running requests' KV squeezed until vLLM preempts and recomputes). On the H200 run of
-    workload (a) at 2,000 blocks per worker, without the copy term one miss prefilling on a
-    prefix's holder (~2,200 tokens of load) outweighed the 2,048 tokens a hit saves, so hits
-    went to the other worker and copied the prefix there: both held copies, the engines recomputed
-    10-37% more tokens than were sent, and P90 TTFT was 9.5x prefix affinity's. With it, a hit
-    leaves its holder only for a load difference worth two prefills of the shared part.
-    Prompts nobody holds (workload c) pay no copy, so it does not touch pure load balancing.
-
-    Load counts a quarter of prefill by default (`load_weight` 0.25), not the same: a queued
-    token delays the request once, a prefix prefilled again where it is not held costs its
-    prefill now and evicts another prefix. At 1.0, when both H200 workers queued (workload a at
-    64/s), a holder a few requests behind lost its hits to the other worker: P90 TTFT 2.16x
-    prefix affinity's, tok/s 0.80x; at 0.25 in the same setup 0.79x and 1.06x. Below saturation
-    (24/s) 0.25 kept P90 at 0.95x prefix affinity's (1.0: 0.83x), and with nothing shared
-    (workload c) at 1.00x least outstanding's (1.0: 1.03x); on 2 saturated CPU engines 0.65x the
-    P90 of 1.0. A weight switched to 0.25 only while every worker queued routed as 1.0 did."""
+    load(worker) is its outstanding tokens of this router's requests plus `queued_tokens` per
+    sequence it reports beyond them (other routers' work). Load weighs a quarter of prefill: a
+    queued token delays one request once, a prefix prefilled again costs that prefill now and
+    evicts another prefix later. The copy term exists because that eviction is a second cost: a
+    hit leaves its holder only for a load difference worth two prefills of the shared part. The
+    home (first worker on the hash ring of the prompt's frontier, the first block no worker holds,
+    whose cache fill is within `home_balance` of the mean) makes routers that do not see each
+    other's load put a new prefix in one place, so the caches split prefixes instead of copying
+    them; it is worth what the prompt would leave cached there, at most `home_tokens`, scaled by
+    how often new prompts came back (`features.prefix_reuse`, unless `home_by_reuse` is off). A
+    worker whose events are not fresh counts as holding nothing. Above `load_bound` times the mean
+    load a worker goes after every other, so a hot prefix cannot pile onto one. Ties keep the
+    ticket's rotation. The runs that set each weight: benchmarks/RESULTS.md, "Cache-aware
+    routing's internal constants"."""
 
     name = "cache_aware"
 

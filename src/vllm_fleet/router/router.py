@@ -70,13 +70,8 @@ class Router:
         self._owns_clients = pool is None
         self._owns_registry = own_registry
         self._metrics = RouterMetrics.for_registry(metrics_registry)
-        cache_costs = CacheCosts(
-            prefill_weight=self.config.cache_prefill_weight, load_weight=self.config.cache_load_weight,
-            queued_tokens=self.config.cache_queued_tokens, load_bound=self.config.cache_load_bound,
-            home_tokens=self.config.cache_home_tokens, copy_weight=self.config.cache_copy_weight,
-            home_balance=self.config.cache_home_balance, home_by_reuse=self.config.cache_home_by_reuse)
         self._policy = make_policy(self.config.policy, load_bound=self.config.affinity_load_bound,
-                                   cache_costs=cache_costs)
+                                   cache_costs=CacheCosts.of(self.config))
         self._budget = RetryBudget(ratio=self.config.retry_budget_ratio, min_per_s=self.config.retry_budget_min_per_s,
                                    window_s=self.config.retry_budget_window_s, clock=clock)
         self._admission = Admission(self.config.admission, clock=clock, quota=quota, shared_keys=shared_key_buckets)

@@ -10,6 +10,7 @@ Modules:
     block_keys     our chained hash of a prompt's token ids per block (LoRA and cache salt in it)
     key_memo       KeyMemo: remembers the keys of prompts seen lately (a hit costs a hash)
     prefix_reuse   PrefixReuse: how often a model's new prompts come back (what a home is worth)
+    tuning         CacheTuning: the internal constants (RouterConfig.cache_tuning, not on the CLI)
 
 Imports run one way: routing -> (follower -> index -> (routed_holds, entries, block_keys)),
 prefix_reuse; block_keys -> key_memo. The wing imports the pool's WorkerState and nothing of the

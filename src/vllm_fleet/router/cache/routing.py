@@ -53,7 +53,7 @@ def cache_salt(request: GenerateRequest) -> str:
 # (benchmarks/results/router-decision-2026-12-04b/head_chars.txt).
 # Only the decision waits for the head: the rest of a head-keyed prompt is keyed after the pick
 # (`routed`), so the speculative entries still cover the whole prompt. The value is
-# RouterConfig.cache_head_chars (default 250).
+# CacheTuning.head_chars (router/cache/tuning.py, default 250).
 
 
 class CacheRouting:
@@ -67,7 +67,7 @@ class CacheRouting:
         self._on_change = on_change
         self.followers: dict[str, KvFollower] = {}
         self.unknown_ids = 0              # requests routed without token ids (tokenizer not ready)
-        self.head_chars = config.cache_head_chars  # 0: tokenize every prompt whole (with_cache)
+        self.head_chars = config.cache_tuning.head_chars  # 0: tokenize every prompt whole (with_cache)
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
         # address -> [predicted cached tokens, prompt tokens routed, of those held more elsewhere]
         self._predicted: dict[str, list[int]] = {}
@@ -109,7 +109,7 @@ class CacheRouting:
             # The router repeats vLLM 0.32's rendering; the mock renders with its tokenizer's template.
             version = info.engine_version if info.engine == "vllm" else None
             self.tokenizers.ensure(info.model, self._connect(address), engine_version=version)
-        if info.takes_router_ids and info.tokenizer_digest and self.config.cache_send_prompt_ids:
+        if info.takes_router_ids and info.tokenizer_digest and self.config.cache_tuning.send_prompt_ids:
             self._id_takers[address] = info.tokenizer_digest
         else:
             self._id_takers.pop(address, None)
@@ -352,7 +352,7 @@ class CacheRouting:
             return None
         model = features.model or ""
         hold = self.index.note_routed(address, model, list(features.block_keys),
-                                      ttl_s=self.config.cache_speculative_ttl_s)
+                                      ttl_s=self.config.cache_tuning.speculative_ttl_s)
         if features.rest_keys is not None:
             self._key_rest(hold, address, model, features.rest_keys, len(features.block_keys))
         predicted = features.cached_tokens.get(address, 0) if self.fresh(address) else 0
