@@ -25,7 +25,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from vllm_fleet.router.classes.batch_gate import BatchGate
-from vllm_fleet.router.classes.service_class import DEFAULT_SLOTS, ServiceClassConfig, batch_share, busy, guaranteed_batch
+from vllm_fleet.router.classes.service_class import (DEFAULT_SLOTS, ServiceClassConfig, batch_share, busy,
+                                                     guaranteed_batch)
 from vllm_fleet.router.pool.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot, WorkerView
 
 logger = logging.getLogger(__name__)
