@@ -15,7 +15,8 @@ While each bench runs, the CPU time of every process on the host is read from /p
 after; processes that used at least half a CPU-second are listed (100% = one core), so the table
 says which process (front end, EngineCore, gateway, worker) did the work. With --py-spy, each
 `--profile NAME=PID` process is sampled for a few seconds during the first round's first rate of
-the system NAME (speedscope files in --results, read with benchmarks/speedscope_top.py).
+the system NAME, from a second after it gets busy (speedscope files in --results, read with
+benchmarks/speedscope_top.py).
 """
 
 from __future__ import annotations
@@ -60,9 +61,28 @@ def cpu_table(before: dict, after: dict, seconds: float) -> list[str]:
     return [line for _, line in sorted(rows, reverse=True)]
 
 
-def profile(py_spy: str, pid: int, out: Path, delay: float, seconds: int) -> threading.Thread:
+def process_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def wait_until_busy(pid: int, share: float = 0.2, timeout: float = 120.0) -> None:
+    """Until `pid` uses at least `share` of a core over half a second: the traffic has started
+    (the client spends its first ~15 s building the dataset, which a fixed delay misjudged)."""
+    deadline = time.monotonic() + timeout
+    last = process_cpu(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = process_cpu(pid)
+        if now - last >= share * 0.5:
+            return
+        last = now
+
+
+def profile(py_spy: str, pid: int, out: Path, seconds: int) -> threading.Thread:
     def run() -> None:
-        time.sleep(delay)  # past the client's start: profile the steady state
+        wait_until_busy(pid)
+        time.sleep(1.0)  # past the first requests' prefill: the steady state
         subprocess.run([py_spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200",
                         "--format", "speedscope", "--output", str(out), "--nonblocking"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=False)
@@ -80,7 +100,7 @@ def bench(url: str, name: str, rate: str, args: argparse.Namespace, profiles: li
                "--num-prompts", str(args.num_prompts), "--request-rate", rate, "--seed", "0",
                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
                "--save-result", "--result-dir", str(out), "--result-filename", f"{name}.json"]
-    threads = [profile(args.py_spy, pid, out / f"{name}-{label}.speedscope.json", 8.0, 5) for label, pid in profiles]
+    threads = [profile(args.py_spy, pid, out / f"{name}-{label}.speedscope.json", 5) for label, pid in profiles]
     before, started = cpu_by_process(), time.monotonic()
     subprocess.run(command, check=True)
     seconds = time.monotonic() - started
