@@ -46,7 +46,7 @@ class CompletionHandler:
         created = int(time.time())
         if plan.stream:
             return await self.door.streamed(plan.request, plan.model, key=call.key_id, record=record,
-                                            writer=StreamEncoder(plan, response_id, created))
+                                            writer=StreamEncoder(plan, response_id, created), observe_itl=True)
         return Response.json(await self._whole(plan, call.key_id, record, response_id, created))
 
     def plan(self, kind: str, body: bytes, *, record: RequestRecord, worker_request_id: str,
