@@ -207,7 +207,7 @@ async def test_a_stream_call_that_fails_before_answering_leaves_each_request_ser
 
 async def test_the_call_brings_the_workers_load_and_health_so_routers_need_not_poll(mock):
     """Routers skip their Load poll and health check when a stream call or a Load answer already
-    said it (see router/pool.py); both must carry the worker's real state."""
+    said it (see router/pool/membership.py); both must carry the worker's real state."""
     _, client = mock
     assert (await client.load()).health == "SERVING"
     client.take_streamed_load()  # drop one a previous test's stream left

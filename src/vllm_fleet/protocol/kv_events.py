@@ -2,7 +2,7 @@
 
 A worker relays vLLM's events (BlockStored / BlockRemoved / AllBlocksCleared) in batches that
 carry an `epoch` (new at each engine start) and a `sequence` (one more per batch within that
-epoch). A router applies them in order to its cache index (router/cache_index.py); a gap in
+epoch). A router applies them in order to its cache index (router/cache/index.py); a gap in
 the sequence, or a new epoch, means it asks again and gets a snapshot.
 
 Engine block hashes are opaque bytes here (vLLM's int hashes become 8 bytes, big-endian): a

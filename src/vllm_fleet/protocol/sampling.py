@@ -150,7 +150,7 @@ def build_request(request_id: str, inputs: list[GenerateInput], params: Sampling
     `extra_body`: further fields of vLLM's request model the typed parameters do not name (e.g.
     `chat_template_kwargs`, `response_format`), with vLLM's meaning. `constrained` marks a stream
     that must not migrate after its first token even with no grammar in the body (one the body
-    asks for marks it anyway). `service_class`: "interactive" or "batch" (router/classes.py).
+    asks for marks it anyway). `service_class`: "interactive" or "batch" (router/classes/service_class.py).
     ValueError for a bad shape.
     """
     params = params or SamplingParams()

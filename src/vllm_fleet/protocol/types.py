@@ -75,7 +75,7 @@ class RoutingHints:
 
     max_tokens: int | None = None
     # "interactive" (the default) or "batch": batch runs in the capacity interactive work leaves
-    # idle and steps aside for it (router/classes.py).
+    # idle and steps aside for it (router/classes/service_class.py).
     service_class: str = "interactive"
 
 

@@ -1,6 +1,6 @@
 """The interactive latency this worker sees, as every router's batch controller needs it.
 
-The latency controller (router/batch_gate.py) halves a worker's batch cap when interactive work
+The latency controller (router/classes/batch_gate.py) halves a worker's batch cap when interactive work
 there misses its TTFT or ITL target. A router sees only its own streams, and a Spark executor's
 router carries no interactive traffic at all, so it would never back off for the gateway's chat
 users. The worker sees every stream: it keeps the recent first-token times and per-token gaps

@@ -1,7 +1,7 @@
 """A router's prompt token ids on the worker: trusted, and verified.
 
 A cache-aware router renders and tokenizes each prompt before it picks a worker
-(router/prompt_tokens.py), with the tokenizer files this worker sends (TokenizerFiles). With
+(router/prompt/tokenizers.py), with the tokenizer files this worker sends (TokenizerFiles). With
 `--accept-router-ids` the worker may run those ids instead of rendering the prompt again: a
 ~2,000-token chat prompt's chat template and tokenizer are CPU the GPU host no longer spends
 (benchmarks/RESULTS.md, "The router's ids on the worker").

@@ -1,6 +1,6 @@
 """TokenizerFiles: the files of the tokenizer this worker's engine renders prompts with.
 
-A router renders and tokenizes prompts for routing only (router/prompt_tokens.py); what the
+A router renders and tokenizes prompts for routing only (router/prompt/tokenizers.py); what the
 engine runs is still this worker's rendering. So the files sent are those the engine loaded
 its tokenizer from, as the engine names them (`Engine.tokenizer_source`):
 

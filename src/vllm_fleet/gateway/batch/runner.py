@@ -10,12 +10,12 @@ One batch: validating (check every line; a malformed one gets its error line) �
 finalizing (output and error files from the committed rows) → completed; or cancelling →
 cancelled, or expired past its window, each with the lines finished so far.
 
-Each line runs as the *batch* service class (router/classes.py): only on workers with slack,
+Each line runs as the *batch* service class (router/classes/service_class.py): only on workers with slack,
 withdrawn before its first token when interactive work needs the slot, at a later vLLM priority
 where workers schedule by priority; and it spends the key's own limits. `admit(batch_id)` is
 awaited before each line starts (a hook for tests); by default it admits at once.
 
-While lines wait for slack (the router's account: router/batch_wait.py), the batch object says
+While lines wait for slack (the router's account: router/classes/batch_wait.py), the batch object says
 so in `vllm_fleet_waiting`: {"lines": 3, "since": <epoch s>, "reason": "no worker of model 'm'
 has batch slack: ..."}, null otherwise; and a log line says it when the wait starts. Why an
 extra field on OpenAI's Batch object, which has none for this: the person waiting on a batch

@@ -45,7 +45,7 @@ def engine_kwargs(config: EngineConfig, model_path: str, served_name: str) -> di
             value = raw
         kwargs[key.strip().replace("-", "_")] = value
     # Priority scheduling by default: a router gives batch requests a higher (later) priority, so
-    # under KV pressure vLLM preempts batch first (router/classes.py). Within one priority vLLM
+    # under KV pressure vLLM preempts batch first (router/classes/service_class.py). Within one priority vLLM
     # still serves first come, first served. --engine-arg scheduling_policy=fcfs turns it off.
     kwargs.setdefault("scheduling_policy", "priority")
     if config.adapter_slots:  # LoRA costs memory and a slower step: on only when asked for
