@@ -10,6 +10,7 @@ import openai
 import pytest
 from support import wait_until
 
+from vllm_fleet.gateway.batch import api as api_module
 from vllm_fleet.gateway.batch import runner as runner_module
 from vllm_fleet.gateway.batch.runner import BatchRunner
 from vllm_fleet.gateway.batch.store import FileRow, LineRow, Store
@@ -150,6 +151,23 @@ async def test_cancel_stops_new_lines_and_keeps_the_finished_ones(batch_gateway)
     assert batch.cancelled_at and batch.request_counts.completed == 2
     assert len(await lines_of(client, batch.output_file_id)) == 2
     assert (await client.batches.cancel(batch.id)).status == "cancelled"  # a cancelled batch stays cancelled
+
+
+async def test_a_batch_expires_at_the_end_of_its_window_with_the_lines_finished_by_then(batch_gateway,
+                                                                                       monkeypatch):
+    """Lines still waiting for slack when the completion window ends do not hold the batch open:
+    it becomes `expired`, its output keeps the lines answered before, and no line runs after."""
+    monkeypatch.setattr(api_module, "WINDOW_S", 3.0)  # "24h", shortened for the test
+    batch_gateway.app.batches.admit, let_through = gate(after=2)
+    client = client_of(batch_gateway)
+    uploaded = await client.files.create(file=("in.jsonl", jsonl([chat_line(f"e{i}") for i in range(5)])),
+                                         purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
+    assert batch.expires_at - batch.created_at == 3
+    batch = await wait_status(client, batch.id, ("expired",), timeout=30)
+    assert batch.expired_at and batch.request_counts.completed == 2 and batch.request_counts.total == 5
+    assert sorted(line["custom_id"] for line in await lines_of(client, batch.output_file_id)) == ["e0", "e1"]
+    assert let_through["n"] == 2  # nothing was admitted after the window
 
 
 async def _completed(client, batch_id: str, count: int) -> bool:

@@ -191,7 +191,7 @@ class BatchRunner:
             for line in queue:  # shared iterator: each line goes to one lane
                 if stop.is_set() or time.time() > (batch["expires_at"] or float("inf")):
                     return
-                if not await self._admitted(batch_id, stop):
+                if not await self._admitted(batch_id, stop, batch["expires_at"]):
                     return
                 raw = data[line.start:line.start + line.length]
                 await self._line(batch_id, owner, kind, line, raw, progress, running)
@@ -225,12 +225,14 @@ class BatchRunner:
                 return  # no longer in progress, or no longer this runner's
             shown = now
 
-    async def _admitted(self, batch_id: str, stop: asyncio.Event) -> bool:
-        """Wait for `admit`; False when the batch is cancelled first (a cancel ends any wait for slack)."""
+    async def _admitted(self, batch_id: str, stop: asyncio.Event, expires_at: float | None) -> bool:
+        """Wait for `admit`; False when the batch is cancelled or its window ends first (a line
+        waiting for slack must not hold a batch past its completion window: it expires then)."""
         admit = asyncio.ensure_future(self.admit(batch_id))
         stopped = asyncio.ensure_future(stop.wait())
+        left = None if expires_at is None else max(0.0, expires_at - time.time())
         try:
-            await asyncio.wait((admit, stopped), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((admit, stopped), timeout=left, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (admit, stopped):
                 task.cancel()
