@@ -2,7 +2,8 @@
 
 `add_router_options(parser)` adds every setting as a CLI option (the gateway and the bench
 call it), and `router_config_from_args(args)` builds the `RouterConfig` back, so each option
-is written once, here.
+is written once, here. Cache-aware routing's internal constants (`cache_tuning`,
+router/cache/tuning.py) are the exception: set in code, never on the command line.
 """
 
 from __future__ import annotations

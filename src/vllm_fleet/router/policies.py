@@ -192,10 +192,10 @@ class CacheCosts:
 class CacheAware(Policy):
     """Lowest cost first, where a worker's cost for this request, in prompt tokens, is
 
-        prefill_weight * (prompt_tokens - cached[worker])     the prefill it would still do
-      + load_weight * load(worker)                          what it has to get through first
-      + copy_weight * (most cached anywhere - cached[worker]) a copy of another worker's blocks
-      + home_worth, on every worker but the prompt's home     where a prefix nobody holds goes
+        prefill_weight * (prompt_tokens - cached[worker])        the prefill it would still do
+      + load_weight * load(worker)                               what it has to get through first
+      + copy_weight * (most cached anywhere - cached[worker])    a copy of another worker's blocks
+      + home_worth, on every worker but the prompt's home        where a prefix nobody holds goes
 
     load(worker) is its outstanding tokens of this router's requests plus `queued_tokens` per
     sequence it reports beyond them (other routers' work). Load weighs a quarter of prefill: a
@@ -206,8 +206,10 @@ class CacheAware(Policy):
     whose cache fill is within `home_balance` of the mean) makes routers that do not see each
     other's load put a new prefix in one place, so the caches split prefixes instead of copying
     them; it is worth what the prompt would leave cached there, at most `home_tokens`, scaled by
-    how often new prompts came back (`features.prefix_reuse`, unless `home_by_reuse` is off). A
-    worker whose events are not fresh counts as holding nothing. Above `load_bound` times the mean
+    how often new prompts came back (`features.prefix_reuse`, unless `home_by_reuse` is off). What
+    the prompt is mostly made of picks between the two: a worker holding more than the home pays no
+    home while its lead outweighs the prompt's new part, and the home pays no copy while the new
+    part is the larger (`order`). A worker whose events are not fresh counts as holding nothing. Above `load_bound` times the mean
     load a worker goes after every other, so a hot prefix cannot pile onto one. Ties keep the
     ticket's rotation. The runs that set each weight: benchmarks/RESULTS.md, "Cache-aware
     routing's internal constants"."""
