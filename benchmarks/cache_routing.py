@@ -281,9 +281,8 @@ async def main(args: argparse.Namespace) -> None:
     policies = args.policies.split(",")
     ours = [p for p in policies if p not in SMG_SYSTEMS]
     smg = [p for p in policies if p in SMG_SYSTEMS]
-    internal = [p for p in ours if our_policy(p)[2] is None]
-    if args.through_gateway and internal:
-        raise SystemExit(f"{', '.join(internal)}: change an internal constant of cache_aware (router/cache/tuning.py), "
+    if args.through_gateway and (internal := [p for p in ours if our_policy(p)[2] is None]):
+        raise SystemExit(f"{', '.join(internal)}: change cache_aware's internal constants (router/cache/tuning.py), "
                          "which a gateway process does not take; run them without --through-gateway")
     results: dict[float, list[dict]] = {rate: [] for rate in rates(args)}
     block_size = 16 if args.cuda_devices else 128  # vLLM's block on a GPU and on CPU, until a worker says
