@@ -410,10 +410,11 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
         FLEET_EXTRA="$FLEET_EXTRA $GRID_VARIANT" fleet_worker worker-variant 0 $((BASE + 44))
         profiles+=(--profile "variant=${PIDS[-1]}")
         wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 44)) || return 1
-        gateway $((BASE + 45)) 127.0.0.1:$((BASE + 44)) ${GRID_GATEWAY_ARGS:-}
+        # GRID_VARIANT_GATEWAY: options for the variant's gateway only (e.g. --policy cache_aware, #49 goal 2)
+        gateway $((BASE + 45)) 127.0.0.1:$((BASE + 44)) ${GRID_GATEWAY_ARGS:-} ${GRID_VARIANT_GATEWAY:-}
         wait_http http://127.0.0.1:$((BASE + 45)) 60 || return 1
         extra+=(--system "variant=http://127.0.0.1:$((BASE + 45))")
-        log "grid: variant = our worker with: $GRID_VARIANT"
+        log "grid: variant = our worker with: $GRID_VARIANT; its gateway with: ${GRID_VARIANT_GATEWAY:-nothing more}"
     fi
     [[ -n ${GRID_PY_SPY:-} ]] && extra+=(--py-spy "$GRID_PY_SPY" "${profiles[@]}")
     $VLLM_PY benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:$((BASE + 41)) \
