@@ -3,7 +3,7 @@
 # index, files in parts of at most 64 MiB). 0.26.0 is the newest vLLM that pins torch 2.11, the
 # image's torch; its wheel links CUDA 13 and the stable libtorch ABI, as the image's torch does.
 # Run by benchmarks/gpu/prepare.sh on a machine with PyPI; writes into OUT (default .gpu):
-#   vllm.part00..02           a pruned vLLM package (tar.xz, split into 37 MiB parts)
+#   vllm.part00..03           a pruned vLLM package (tar.xz, split into 28 MiB parts)
 #   deps/                     wheels of what vLLM's engine imports and the image lacks
 #   third_party.tgz           vLLM's small vendored modules (pynvml, flash_linear_attention, ...)
 # benchmarks/gpu/stage.sh installs them there. Verified on an H200 on 2026-11-30 with
@@ -12,7 +12,7 @@
 set -euo pipefail
 OUT=${1:-.gpu}
 VLLM_VERSION=0.26.0
-PART_SIZE=37M   # under the 64 MiB a run carries, with room for the repo (~10 MB) and a wheel folder
+PART_SIZE=28M   # under the 64 MiB a run carries, with room for the repo (~27 MB) and nothing else
 
 # pip download for the GPU image (CPython 3.12, any manylinux x86_64 glibc it runs), not for here.
 download_for_gpu() {

@@ -23,6 +23,9 @@
 #   run 5, carry .gpu/lean.part01:      bash benchmarks/gpu/stage.sh part .gpu/lean.part01 &&
 #       bash benchmarks/gpu/stage.sh unbundle lean && STAGE_FROM=/tmp/stage bash benchmarks/gpu/stage.sh install
 #   (one call at a time, each within seconds of the last; ~25 s of device time for all five)
+#   Since the repo passed ~27 MB (2026-12-06), 37 MiB parts no longer fit beside it: re-split vLLM
+#   into 28 MiB parts, (cd .gpu && mkdir -p v28 && cat vllm.part0* | split -b 28M -d - v28/vllm.part),
+#   and carry .gpu/v28/vllm.part0N in runs 1-4 (lean parts in runs 5-6); `install` joins vllm.part*.
 #
 # The first sequence, of 2026-12-01 (the repo itself is ~10 MB of each run's 64 MiB, so vLLM travels in
 # three 37 MiB parts; pack_vllm.sh writes them):
