@@ -13,9 +13,15 @@ from support import wait_until
 from vllm_fleet.client import WorkerClient
 
 
+@pytest.fixture(scope="module")
+async def slow_worker(module_mock_workers):
+    """Both cases' worker: each leaves it with nothing running, which it asserts."""
+    return await module_mock_workers.start(served_model_name="slow", mock_tokens_per_s=20, mock_ttft_ms=1)
+
+
 @pytest.fixture
-async def slow(start_gateway, mock_worker_factory):
-    worker = await mock_worker_factory.start(served_model_name="slow", mock_tokens_per_s=20, mock_ttft_ms=1)
+async def slow(start_gateway, slow_worker):
+    worker = slow_worker
     server = await start_gateway([worker.address])
     client = WorkerClient(worker.address)
     yield server, client

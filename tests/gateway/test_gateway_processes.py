@@ -98,25 +98,32 @@ async def each_child_answers(port: int, pids: list[int], max_tokens: int, *, tim
     return seen
 
 
+@pytest.fixture(scope="module")
+async def fast_worker(module_mock_workers):
+    """The mock worker behind this module's gateways, but the one that needs slow streams (a
+    worker start is ~9 s of vLLM imports; these tests count the gateway's own numbers)."""
+    return await module_mock_workers.start(served_model_name=MODEL, mock_tokens_per_s=2000, mock_ttft_ms=1)
+
+
 @contextlib.asynccontextmanager
-async def two_process_gateway(mock_worker_factory, *extra: str, tokens_per_s: int = 2000):
-    """A `--processes 2` gateway in front of one mock worker, both children up: (gateway, their pids)."""
-    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=tokens_per_s, mock_ttft_ms=1)
+async def two_process_gateway(worker, *extra: str):
+    """A `--processes 2` gateway in front of `worker`, both children up: (gateway, their pids)."""
     async with GatewayProcess(["--workers", worker.address, "--processes", "2", *extra], worker_env()) as gateway:
         await gateway.wait_ready(timeout=60)
         await wait_until(lambda: len(children(gateway.pid)) == 2, timeout=30, message="two gateway processes")
         yield gateway, children(gateway.pid)
 
 
-async def test_two_processes_share_one_port_and_both_answer(mock_worker_factory):
-    async with two_process_gateway(mock_worker_factory) as (gateway, pids):
+async def test_two_processes_share_one_port_and_both_answer(fast_worker):
+    async with two_process_gateway(fast_worker) as (gateway, pids):
         # The kernel picks a child per connection by its address hash.
         assert await each_child_answers(gateway.port, pids, 4) >= set(pids)
 
 
 async def test_sigterm_drains_the_streams_of_both_processes(mock_worker_factory):
     # 40 tokens at 20/s: each stream runs ~2 s, so SIGTERM arrives while both are mid-stream.
-    async with two_process_gateway(mock_worker_factory, tokens_per_s=20) as (gateway, pids):
+    worker = await mock_worker_factory.start(served_model_name=MODEL, mock_tokens_per_s=20, mock_ttft_ms=1)
+    async with two_process_gateway(worker) as (gateway, pids):
         await each_child_answers(gateway.port, pids, 1)  # both children listen
         streams: dict[int, asyncio.Task] = {}
 
@@ -139,8 +146,8 @@ async def test_sigterm_drains_the_streams_of_both_processes(mock_worker_factory)
             httpx.get(f"{gateway.url}/health", timeout=5)
 
 
-async def test_a_child_that_dies_is_started_again_and_the_port_keeps_serving(mock_worker_factory):
-    async with two_process_gateway(mock_worker_factory) as (gateway, first):
+async def test_a_child_that_dies_is_started_again_and_the_port_keeps_serving(fast_worker):
+    async with two_process_gateway(fast_worker) as (gateway, first):
         # Both listen first: a child killed while still starting is a failed start, which stops
         # the gateway instead (the parent's rule); this test is about one that was serving.
         await each_child_answers(gateway.port, first, 1)
@@ -170,8 +177,8 @@ def counter(text: str, name: str, **labels: str) -> float:
                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-async def test_metrics_and_the_dashboard_answer_for_every_process(mock_worker_factory):
-    async with two_process_gateway(mock_worker_factory) as (gateway, pids):
+async def test_metrics_and_the_dashboard_answer_for_every_process(fast_worker):
+    async with two_process_gateway(fast_worker) as (gateway, pids):
         served: dict[int, int] = {}
 
         async def one_more() -> bool:  # new connections until each child has served at least two
@@ -212,9 +219,9 @@ async def status_on_new_connection(port: int, pids: list[int], key: str) -> tupl
         writer.close()
 
 
-async def test_a_key_limit_holds_for_all_processes_together(mock_worker_factory, keys_file):
+async def test_a_key_limit_holds_for_all_processes_together(fast_worker, keys_file):
     path, keys = keys_file  # 'abusive' may start 5 requests a minute
-    async with two_process_gateway(mock_worker_factory, "--api-key-file", str(path)) as (gateway, pids):
+    async with two_process_gateway(fast_worker, "--api-key-file", str(path)) as (gateway, pids):
         asked: dict[int, int] = {}
         answers: list[bytes] = []
 
