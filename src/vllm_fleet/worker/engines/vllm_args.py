@@ -13,6 +13,7 @@ from vllm_fleet.config import EngineConfig
 from vllm_fleet.errors import ConfigError
 
 DEFAULT_CPU_KV_CACHE_GB = 2
+CLASS_SCHEDULER = "vllm_fleet.worker.engines.class_scheduler.ClassScheduler"
 
 _PASSTHROUGH = (
     "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
@@ -48,6 +49,14 @@ def engine_kwargs(config: EngineConfig, model_path: str, served_name: str) -> di
     # under KV pressure vLLM preempts batch first (router/classes/service_class.py). Within one priority vLLM
     # still serves first come, first served. --engine-arg scheduling_policy=fcfs turns it off.
     kwargs.setdefault("scheduling_policy", "priority")
+    # Our scheduler (class_scheduler.py) on top: it lets interactive requests take a step from batch
+    # where vLLM's priority policy would make them wait (a full max_num_seqs, a step's tokens taken by
+    # batch prefills). A dotted path, since vLLM builds it in its EngineCore process.
+    # --engine-arg scheduler_cls= (empty) runs vLLM's own scheduler.
+    if kwargs["scheduling_policy"] == "priority":
+        kwargs.setdefault("scheduler_cls", CLASS_SCHEDULER)
+    if not kwargs.get("scheduler_cls"):
+        kwargs.pop("scheduler_cls", None)
     if config.adapter_slots:  # LoRA costs memory and a slower step: on only when asked for
         kwargs.update(enable_lora=True, max_loras=config.adapter_slots, max_lora_rank=config.max_lora_rank)
     return kwargs

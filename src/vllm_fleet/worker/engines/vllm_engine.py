@@ -213,6 +213,7 @@ class VllmEngine(Engine):
             "dtype_reason": self._dtype_choice.reason if self._dtype_choice else "",
             "max_num_seqs": str(cfg.scheduler_config.max_num_seqs),
             "scheduling_policy": str(cfg.scheduler_config.policy),
+            "scheduler_cls": str(cfg.scheduler_config.scheduler_cls or "vllm"),   # vllm_args: ours by default
             "block_size": str(cfg.cache_config.block_size),
             "num_kv_blocks": str(cfg.cache_config.num_gpu_blocks or 0),
             "enable_prefix_caching": str(cfg.cache_config.enable_prefix_caching),

@@ -1,0 +1,138 @@
+"""vLLM's v1 scheduler with room kept for interactive requests (#52). The worker passes it to
+vLLM as `scheduler_cls` (a dotted path: vLLM's EngineCore builds it in its own process), beside
+`scheduling_policy=priority`; no fork, no patch.
+
+Why vLLM's priority policy alone is not enough:
+- with `max_num_seqs` requests running, a waiting request is not admitted whatever its priority,
+  and vLLM preempts only when KV blocks run out (vLLM issue #40004), so an interactive request
+  waits behind a full batch until a batch request ends;
+- running requests take the step's tokens in list order, so batch prefills ahead of an
+  interactive request can take the budget its decode or prefill needed.
+
+So before each of vLLM's own steps this scheduler (1) preempts running batch requests for waiting
+interactive ones (class_policy.py decides which) through vLLM's own `_preempt_request`: each goes
+back to the waiting queue with its tokens, keeps its place by (priority, arrival), and resumes
+where it stopped, its computed blocks found again in the prefix cache where they survive;
+(2) puts interactive requests first in the running list, so their tokens are taken before
+batch's; (3) while only batch waits, admits it only while `interactive_slots` slots stay free.
+Interactive requests are never preempted by it.
+
+Settings come from vLLM's `additional_config` (it travels to the EngineCore process with the
+config): `{"vllm_fleet_classes": {"batch_priority": 100, "interactive_slots": 8}}`.
+
+vLLM 0.26 and 0.32 differ where this touches them, and both are handled: 0.32 admits up to
+`max_num_active_reqs` and 0.26 up to `max_num_running_reqs`; 0.32's `_preempt_request` takes
+`drop_stale_output` (given as 0.32's own KV-pressure path gives it) and 0.26's does not; 0.32
+frees some blocks late (`_request_blocks_can_be_freed`), 0.26 has no such check. With async
+scheduling on (vLLM's default on GPU) vLLM uses its AsyncScheduler, so this class builds its
+async twin then, as vLLM's DiffusionAsyncScheduler does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from vllm_fleet.worker.engines.class_policy import (
+    BATCH_PRIORITY,
+    Running,
+    Step,
+    batch_admission_cap,
+    batch_to_preempt,
+    is_batch,
+)
+
+logger = logging.getLogger(__name__)
+
+SETTINGS_KEY = "vllm_fleet_classes"
+_READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+class ClassScheduler(Scheduler):
+    def __new__(cls, *args: Any, **kwargs: Any) -> ClassScheduler:
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        if cls is ClassScheduler and vllm_config.scheduler_config.async_scheduling:
+            cls = AsyncClassScheduler  # Python then runs its __init__ with the same arguments
+        return super().__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = (self.vllm_config.additional_config or {}).get(SETTINGS_KEY, {})
+        self.batch_priority = int(settings.get("batch_priority", BATCH_PRIORITY))
+        # One slot in 16 by default: none below 16 sequences, 64 of vLLM's 1,024 on a GPU.
+        self.interactive_slots = int(settings.get("interactive_slots", self.max_num_running_reqs // 16))
+        self._admission_limit = (
+            "max_num_active_reqs" if hasattr(self, "max_num_active_reqs") else "max_num_running_reqs")  # 0.32 | 0.26
+        self._by_class = self.policy == SchedulingPolicy.PRIORITY
+        if not self._by_class:
+            logger.warning("class scheduler: scheduling policy is %s, not priority: it schedules as vLLM does",
+                           self.policy.value)
+        logger.info("class scheduler (%s): batch is priority >= %d, %d interactive slot(s) of %d",
+                    type(self).__name__, self.batch_priority, self.interactive_slots, self.max_num_running_reqs)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._by_class:
+            return super().schedule(*args, **kwargs)
+        self._give_way_to_interactive()
+        self.running.sort(key=lambda r: is_batch(r.priority, self.batch_priority))  # stable: interactive first
+        limit = getattr(self, self._admission_limit)
+        setattr(self, self._admission_limit, self._admission_cap(limit))
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            setattr(self, self._admission_limit, limit)
+
+    def _waiting_interactive(self) -> list[Request]:
+        """The ready interactive requests vLLM will admit first (the priority queue yields them in
+        order, before any batch), as many as there are slots."""
+        head = itertools.takewhile(lambda r: not is_batch(r.priority, self.batch_priority), self.waiting)
+        return [r for r in itertools.islice(head, self.max_num_running_reqs) if r.status in _READY]
+
+    def _give_way_to_interactive(self) -> None:
+        if not self.waiting or is_batch(self.waiting.peek_request().priority, self.batch_priority):
+            return   # the common case costs one look at the queue's head
+        waiting = self._waiting_interactive()
+        if not waiting:
+            return
+        occupied = len(self.running) + self.num_waiting_for_streaming_input
+        step = Step(
+            running=tuple(Running(r.request_id, r.priority, r.arrival_time, _tokens_due(r)) for r in self.running),
+            waiting_interactive_tokens=tuple(r.num_tokens - r.num_computed_tokens for r in waiting),
+            free_slots=max(0, getattr(self, self._admission_limit) - occupied),
+            token_budget=self.max_num_scheduled_tokens)
+        victims = set(batch_to_preempt(step, self.batch_priority))
+        if not victims:
+            return
+        now = time.monotonic()
+        # As vLLM's own KV-pressure path preempts (0.32 passes whether stale output is dropped).
+        extra = {"drop_stale_output": self.requires_kv_delivery} if hasattr(self, "requires_kv_delivery") else {}
+        for request in [r for r in self.running if r.request_id in victims]:
+            can_free = getattr(self, "_request_blocks_can_be_freed", None)
+            if can_free is not None and not can_free(request):
+                continue
+            self.running.remove(request)
+            self._preempt_request(request, now, **extra)
+            logger.debug("class scheduler: batch %s preempted for %d waiting interactive request(s)",
+                         request.request_id, len(waiting))
+
+    def _admission_cap(self, limit: int) -> int:
+        if self.waiting and not is_batch(self.waiting.peek_request().priority, self.batch_priority):
+            return limit   # interactive is next in the queue: every slot is open to it
+        occupied = len(self.running) + self.num_waiting_for_streaming_input
+        return batch_admission_cap(limit, self.interactive_slots, occupied)
+
+
+class AsyncClassScheduler(ClassScheduler, AsyncScheduler):
+    """The same, for async scheduling (vLLM's default on GPU)."""
+
+
+def _tokens_due(request: Request) -> int:
+    """The tokens vLLM's running loop would give the request this step, before its caps."""
+    return max(1, request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens)

@@ -1,0 +1,95 @@
+"""The engine's class scheduler (#52, worker/engines/class_scheduler.py) against a real vLLM engine:
+with every sequence slot (max_num_seqs=2) held by a long batch request, an interactive request
+takes a step from batch at once, and the preempted batch streams go on to their last token with
+none lost or repeated. With vLLM's own priority scheduler (`--engine-arg scheduler_cls=`) the
+interactive request waits for a batch request to end (vLLM issue #40004); that case is run too, so
+a vLLM that fixes it shows up here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from support import WorkerProcess, vllm_worker_args, wait_until
+from vllm_fleet.client import WorkerClient
+from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+
+BATCH_PRIORITY = 100      # the router's default (router/classes/service_class.py)
+BATCH_TOKENS = 400        # long enough that neither batch request ends before the interactive one starts
+PROMPTS = ("Write a long story about a lighthouse keeper.", "List every country you know, with its capital.")
+
+
+class Stream:
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.text = ""
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.finish_reason: str | None = None
+        self.completion_tokens: int | None = None
+
+
+async def _run(client: WorkerClient, request_id: str, prompt: str, tokens: int, priority: int, stream: Stream) -> None:
+    request = build_request(request_id, [GenerateInput(text=prompt)],
+                            SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True), priority=priority)
+    async for chunk in client.generate(request, timeout=300):
+        if chunk.token_ids and stream.first_token_at is None:
+            stream.first_token_at = time.monotonic()
+        stream.ids += chunk.token_ids
+        stream.text += chunk.text
+        if chunk.finish_reason:
+            stream.finish_reason = chunk.finish_reason
+            stream.completion_tokens = chunk.usage.completion_tokens if chunk.usage else None
+    stream.finished_at = time.monotonic()
+
+
+async def _interactive_beside_a_full_batch(*worker_options: str) -> tuple[Stream, list[Stream]]:
+    args, env = vllm_worker_args("0", "--max-num-seqs", "2", *worker_options)
+    worker = WorkerProcess(args, env).start()
+    try:
+        await worker.wait_serving(600)
+        async with WorkerClient(worker.address) as client:
+            batch = [Stream() for _ in PROMPTS]
+            tasks = [asyncio.create_task(_run(client, f"batch-{i}", prompt, BATCH_TOKENS, BATCH_PRIORITY, stream))
+                     for i, (prompt, stream) in enumerate(zip(PROMPTS, batch))]
+            # Both slots held by batch, both decoding.
+            await wait_until(lambda: all(len(s.ids) >= 5 for s in batch), timeout=120, message="both batch streams")
+            interactive = Stream()
+            await _run(client, "interactive", "What is the capital of France?", 8, 0, interactive)
+            await asyncio.gather(*tasks)
+        return interactive, batch
+    finally:
+        worker.stop()
+
+
+def _assert_whole(stream: Stream) -> None:
+    """Every token once: as many ids as asked for, as vLLM counted them, text for them."""
+    assert stream.finish_reason == "length"
+    assert len(stream.ids) == BATCH_TOKENS == stream.completion_tokens
+    assert stream.text.strip()
+
+
+async def test_an_interactive_request_takes_a_step_from_a_full_batch_and_batch_resumes_whole():
+    interactive, batch = await _interactive_beside_a_full_batch()   # the worker's default: our scheduler
+    assert interactive.finish_reason == "length" and len(interactive.ids) == 8
+    # It ran while both batch requests were still running: neither had ended at its first token,
+    # nor at its last.
+    assert all(interactive.finished_at < s.finished_at for s in batch), (
+        interactive.finished_at, [s.finished_at for s in batch])
+    assert len(interactive.ids) == 8
+    for stream in batch:   # each preempted and resumed, or run on beside it: whole either way
+        _assert_whole(stream)
+
+
+async def test_vllms_own_priority_scheduler_makes_it_wait_for_a_batch_request_to_end():
+    # vLLM issue #40004: with max_num_seqs running, a waiting request of better priority is not
+    # admitted. If this starts failing, vLLM fixed it; see whether our scheduler is still needed.
+    interactive, batch = await _interactive_beside_a_full_batch("--engine-arg", "scheduler_cls=")
+    assert interactive.first_token_at > min(s.finished_at for s in batch)
+    for stream in batch:
+        _assert_whole(stream)
