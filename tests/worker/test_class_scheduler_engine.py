@@ -16,6 +16,7 @@ import pytest
 from support import WorkerProcess, vllm_worker_args, wait_until
 from vllm_fleet.client import WorkerClient
 from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request
+from vllm_fleet.worker.engines.vllm_args import CLASS_SCHEDULER
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -48,12 +49,14 @@ async def _run(client: WorkerClient, request_id: str, prompt: str, tokens: int, 
     stream.finished_at = time.monotonic()
 
 
-async def _interactive_beside_a_full_batch(*worker_options: str) -> tuple[Stream, list[Stream]]:
+async def _interactive_beside_a_full_batch(*worker_options: str) -> tuple[Stream, list[Stream], str]:
+    """The interactive stream, the batch streams, and the scheduler the worker's Info names."""
     args, env = vllm_worker_args("0", "--max-num-seqs", "2", *worker_options)
     worker = WorkerProcess(args, env).start()
     try:
         await worker.wait_serving(600)
         async with WorkerClient(worker.address) as client:
+            scheduler = (await client.info()).settings["scheduler_cls"]
             batch = [Stream() for _ in PROMPTS]
             tasks = [asyncio.create_task(_run(client, f"batch-{i}", prompt, BATCH_TOKENS, BATCH_PRIORITY, stream))
                      for i, (prompt, stream) in enumerate(zip(PROMPTS, batch))]
@@ -62,7 +65,7 @@ async def _interactive_beside_a_full_batch(*worker_options: str) -> tuple[Stream
             interactive = Stream()
             await _run(client, "interactive", "What is the capital of France?", 8, 0, interactive)
             await asyncio.gather(*tasks)
-        return interactive, batch
+        return interactive, batch, scheduler
     finally:
         worker.stop()
 
@@ -75,13 +78,13 @@ def _assert_whole(stream: Stream) -> None:
 
 
 async def test_an_interactive_request_takes_a_step_from_a_full_batch_and_batch_resumes_whole():
-    interactive, batch = await _interactive_beside_a_full_batch()   # the worker's default: our scheduler
+    interactive, batch, scheduler = await _interactive_beside_a_full_batch()   # the worker's default
+    assert scheduler == CLASS_SCHEDULER
     assert interactive.finish_reason == "length" and len(interactive.ids) == 8
-    # It ran while both batch requests were still running: neither had ended at its first token,
-    # nor at its last.
+    # It ran to its end while both batch requests were still running; with two slots, one of them
+    # was out of the running set meanwhile: preempted, and resumed after.
     assert all(interactive.finished_at < s.finished_at for s in batch), (
         interactive.finished_at, [s.finished_at for s in batch])
-    assert len(interactive.ids) == 8
     for stream in batch:   # each preempted and resumed, or run on beside it: whole either way
         _assert_whole(stream)
 
@@ -89,7 +92,8 @@ async def test_an_interactive_request_takes_a_step_from_a_full_batch_and_batch_r
 async def test_vllms_own_priority_scheduler_makes_it_wait_for_a_batch_request_to_end():
     # vLLM issue #40004: with max_num_seqs running, a waiting request of better priority is not
     # admitted. If this starts failing, vLLM fixed it; see whether our scheduler is still needed.
-    interactive, batch = await _interactive_beside_a_full_batch("--engine-arg", "scheduler_cls=")
+    interactive, batch, scheduler = await _interactive_beside_a_full_batch("--engine-arg", "scheduler_cls=")
+    assert scheduler == "vllm"
     assert interactive.first_token_at > min(s.finished_at for s in batch)
     for stream in batch:
         _assert_whole(stream)
