@@ -1,0 +1,114 @@
+"""The class scheduler's step preparation (worker/engines/class_scheduler.py) on the installed vLLM's
+own Request, priority queue and `_preempt_request`, with no engine: the scheduler is made without
+vLLM's __init__ (which needs a model's KV-cache config) and given the state a step reads, KV
+blocks stood in by a recorder. The same file runs against vLLM 0.26's sources
+(PYTHONPATH=<an unpacked 0.26 wheel>), where these privates differ from 0.32's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm import SamplingParams  # noqa: E402
+from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+
+from vllm_fleet.worker.engines.class_scheduler import ClassScheduler  # noqa: E402
+
+
+class FreedBlocks:
+    def __init__(self) -> None:
+        self.freed: list[str] = []
+
+    def free(self, request: Request) -> None:
+        self.freed.append(request.request_id)
+
+
+def _scheduler(max_seqs: int, budget: int = 2048, interactive_slots: int = 0) -> ClassScheduler:
+    scheduler = object.__new__(ClassScheduler)
+    scheduler.__dict__.update(
+        policy=SchedulingPolicy.PRIORITY, waiting=create_request_queue(SchedulingPolicy.PRIORITY), running=[],
+        max_num_running_reqs=max_seqs, max_num_scheduled_tokens=budget, num_waiting_for_streaming_input=0,
+        batch_priority=100, interactive_slots=interactive_slots, _by_class=True,
+        _admission_limit="max_num_active_reqs" if _is_032() else "max_num_running_reqs",
+        kv_cache_manager=FreedBlocks(), encoder_cache_manager=SimpleNamespace(free=lambda request: None),
+        defer_block_free=False, _inflight_prefills=set(), log_stats=False, reset_preempted_req_ids=set(),
+        aux_output_connector=None, requires_kv_delivery=False)
+    if _is_032():
+        scheduler.max_num_active_reqs = max_seqs
+        scheduler.requires_kv_delivery = False
+    else:
+        del scheduler.requires_kv_delivery
+    return scheduler
+
+
+def _is_032() -> bool:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return hasattr(Scheduler, "_request_blocks_can_be_freed")
+
+
+def _request(request_id: str, priority: int, arrival: float, prompt: int = 20, outputs: int = 0) -> Request:
+    request = Request(request_id, list(range(prompt)), SamplingParams(max_tokens=100), None,
+                      arrival_time=arrival, priority=priority)
+    for token in range(outputs):
+        request.append_output_token_ids(1000 + token)
+    return request
+
+
+def _running(scheduler: ClassScheduler, request: Request) -> Request:
+    request.status = RequestStatus.RUNNING
+    request.num_computed_tokens = request.num_tokens - 1 if request.num_output_tokens else 0
+    scheduler.running.append(request)
+    return request
+
+
+def test_a_full_batch_gives_a_slot_to_a_waiting_interactive_request_and_keeps_its_tokens():
+    scheduler = _scheduler(max_seqs=2)
+    early = _running(scheduler, _request("batch-early", 100, 1.0, outputs=30))
+    late = _running(scheduler, _request("batch-late", 100, 2.0, outputs=30))
+    scheduler.waiting.add_request(_request("chat", 0, 3.0))
+
+    scheduler._give_way_to_interactive()
+
+    assert scheduler.running == [early]                 # the latest batch gives way, as vLLM picks its victims
+    assert late.status == RequestStatus.PREEMPTED and late.num_computed_tokens == 0
+    assert list(late.output_token_ids) == [1000 + t for t in range(30)]   # resumes after its 30 tokens, none lost
+    assert late.num_preemptions == 1 and "batch-late" in scheduler.reset_preempted_req_ids
+    assert scheduler.kv_cache_manager.freed == ["batch-late"]
+    assert [r.request_id for r in scheduler.waiting] == ["chat", "batch-late"]   # before later batch, after chat
+    assert scheduler._admission_cap(2) == 2             # the interactive request may take the slot
+
+
+def test_interactive_is_never_preempted_and_nothing_happens_while_only_batch_waits():
+    scheduler = _scheduler(max_seqs=2)
+    chat = _running(scheduler, _request("chat-1", 0, 1.0, outputs=3))
+    batch = _running(scheduler, _request("batch", 100, 2.0, outputs=3))
+    scheduler.waiting.add_request(_request("batch-2", 100, 3.0))
+    scheduler._give_way_to_interactive()
+    assert scheduler.running == [chat, batch]
+    scheduler.waiting.add_request(_request("chat-2", 0, 4.0))
+    scheduler.waiting.add_request(_request("chat-3", 0, 5.0))
+    scheduler._give_way_to_interactive()
+    assert scheduler.running == [chat]                  # batch went; chat-1 stays though chat-3 waits too
+
+
+def test_running_interactive_requests_take_the_steps_tokens_first():
+    scheduler = _scheduler(max_seqs=4)
+    batch = _running(scheduler, _request("batch", 100, 1.0, prompt=1500))   # a long prefill
+    chat = _running(scheduler, _request("chat", 0, 2.0, outputs=2))
+    scheduler.running.sort(key=lambda r: r.priority >= scheduler.batch_priority)   # as schedule() does
+    assert scheduler.running == [chat, batch]
+
+
+def test_batch_is_admitted_only_while_the_interactive_slots_stay_free():
+    scheduler = _scheduler(max_seqs=16, interactive_slots=2)
+    for number in range(10):
+        _running(scheduler, _request(f"batch-{number}", 100, float(number), outputs=1))
+    scheduler.waiting.add_request(_request("batch-next", 100, 20.0))
+    assert scheduler._admission_cap(16) == 14
+    scheduler.waiting.add_request(_request("chat", 0, 21.0))
+    assert scheduler._admission_cap(16) == 16
