@@ -1,5 +1,5 @@
 """Head-first tokenization of long new text (router/prompt/head_cut.py, SegmentTokenizer.encode's
-`head_chars`, CacheRouting.with_cache): the cut is exact on the packaged model's tokenizer, a
+`head_chars`, CacheRouting.match): the cut is exact on the packaged model's tokenizer, a
 fresh long prompt's decision tokenizes only a head and routes as full tokenization does, a held
 prefix gets the whole text tokenized, and a tokenizer whose cuts are not known exact is never cut."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import random
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -18,10 +19,10 @@ from vllm_fleet.models import resolve_model
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
 from vllm_fleet.protocol.sampling import build_request
-from vllm_fleet.router.cache.routing import CacheRouting
+from vllm_fleet.router.cache.routing import CachePrompt, CacheRouting
 from vllm_fleet.router.prompt.chat_render import Unrenderable
 from vllm_fleet.router.config import RouterConfig
-from vllm_fleet.router.features import features_of
+from vllm_fleet.router.features import RequestFeatures, features_of
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.prompt.head_cut import all_cuts, cut_before, exact_cuts
 from vllm_fleet.router.policies import make_policy
@@ -141,6 +142,13 @@ def _store(routing: CacheRouting, address: str, ids: list[int], sequence: int) -
     routing.index.apply(address, KvEventBatch("e", sequence, 0.0, (event,)), model=MODEL)
 
 
+class Decided(NamedTuple):
+    """What the cache routing made of a request: the features the policy weighs, the prompt as keyed."""
+
+    features: RequestFeatures
+    prompt: CachePrompt
+
+
 def _decide(routing: CacheRouting, messages: list[dict]):
     request = build_request("r", [GenerateInput(messages=messages)], SamplingParams(max_tokens=64))
     config = routing.config
@@ -148,10 +156,10 @@ def _decide(routing: CacheRouting, messages: list[dict]):
                            default_max_tokens=config.default_max_tokens,
                            long_prompt_tokens=config.admission.long_prompt_tokens,
                            long_max_tokens=config.admission.long_max_tokens)
-    features = routing.with_cache(request, features)
+    features, prompt = routing.match(request, features)
     views = PoolSnapshot(tuple(WorkerView(a, model=MODEL, kv_events_fresh=True, outstanding_tokens=100 * n)
                                for n, a in enumerate(WORKERS)))
-    return features, make_policy("cache_aware").rank(features, views)[0], request
+    return Decided(features, prompt), make_policy("cache_aware").rank(features, views)[0], request
 
 
 def _chat(system: str, document: str) -> list[dict]:
@@ -187,8 +195,9 @@ def test_a_fresh_long_prompt_is_keyed_from_a_head_and_routes_as_whole_tokenizati
     features, worker, request = _decide(head, messages)
     assert sum(encoded) < 1200                                     # the head only, of ~8,000 characters
     expected, expected_worker, _ = _decide(whole, messages)
-    assert features.prompt_ids_len == 0 and len(features.block_keys) < len(expected.block_keys) // 3
-    assert features.block_keys == expected.block_keys[:len(features.block_keys)]
+    (features, prompt), (expected, whole_prompt) = features, expected
+    assert prompt.ids_len == 0 and len(prompt.block_keys) < len(whole_prompt.block_keys) // 3
+    assert prompt.block_keys == whole_prompt.block_keys[:len(prompt.block_keys)]
     assert features.cached_tokens == expected.cached_tokens and features.cached_tokens.get("w2", 0) > 0
     assert features.frontier_key == expected.frontier_key
     assert abs(features.prompt_tokens - expected.prompt_tokens) < 0.25 * expected.prompt_tokens
@@ -203,13 +212,13 @@ def test_a_head_keyed_prompt_is_held_whole_where_it_went_soon_after_the_pick(fol
     messages = _chat("Answer from the document.", _document(9))
     features, _, _ = _decide(head, messages)
     expected, _, _ = _decide(whole, messages)
-    assert features.prompt_ids_len == 0 and len(features.block_keys) < len(expected.block_keys) // 3
-    hold = head.routed("w3", features)
+    assert features.prompt.ids_len == 0 and len(features.prompt.block_keys) < len(expected.prompt.block_keys) // 3
+    hold = head.routed("w3", *features)
     head.close(wait=True)  # the rest is keyed on the router's keying thread
-    held = head.index.matched_tokens(MODEL, list(expected.block_keys))
-    assert held == {"w3": len(expected.block_keys) * BS}
+    held = head.index.matched_tokens(MODEL, list(expected.prompt.block_keys))
+    assert held == {"w3": len(expected.prompt.block_keys) * BS}
     hold.release()  # no first token: nothing was stored, every entry goes, the rest's too
-    assert head.index.matched_tokens(MODEL, list(expected.block_keys)) == {}
+    assert head.index.matched_tokens(MODEL, list(expected.prompt.block_keys)) == {}
 
 
 def test_the_rest_of_an_attempt_that_already_ended_is_not_held(folder):
@@ -229,8 +238,9 @@ def test_a_prompt_held_past_the_head_is_tokenized_whole(folder):
     messages = _chat("Answer from the document.", document + " And then, what?")
     features, worker, _ = _decide(head, messages)
     expected, expected_worker, _ = _decide(whole, messages)
-    assert features.prompt_ids_len == expected.prompt_ids_len > 0
-    assert features.block_keys == expected.block_keys
+    (features, prompt), (expected, whole_prompt) = features, expected
+    assert prompt.ids_len == whole_prompt.ids_len > 0
+    assert prompt.block_keys == whole_prompt.block_keys
     assert features.cached_tokens == expected.cached_tokens and features.cached_tokens["w1"] > 1000
     assert features.prompt_tokens == expected.prompt_tokens and worker == expected_worker == "w1"
 

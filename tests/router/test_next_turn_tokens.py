@@ -6,7 +6,6 @@ the whole prompt."""
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
+from vllm_fleet.router.cache.routing import CachePrompt
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_the_next_turn_tokenizes_only_the_new_message_once_the_answer_was_seen(f
         features, _, request = _decide(routing, earlier)
         _store(routing, "w1", routing.prompt_ids(request, "m"), 1)   # what the engine that answered holds
         if routing is seen:
-            routing.answered(request, features, answer).result()
+            routing.answered(request, *features, answer).result()
     next_turn = [*earlier, {"role": "assistant", "content": answer}, {"role": "user", "content": question}]
     encoded = encoding_counted(monkeypatch)
     features, _, _ = _decide(seen, next_turn)
@@ -54,7 +54,7 @@ def test_the_next_turn_tokenizes_only_the_new_message_once_the_answer_was_seen(f
     _decide(unseen, next_turn)
     assert sum(encoded) >= len(answer)                       # without it, the answer is tokenized in the decision
     expected, _, _ = _decide(whole, next_turn)
-    assert features.block_keys == expected.block_keys and features.prompt_ids_len == expected.prompt_ids_len > 0
+    assert features.prompt.block_keys == expected.prompt.block_keys and features.prompt.ids_len == expected.prompt.ids_len > 0
 
 
 def test_an_answer_with_nothing_known_of_its_prompt_is_not_tokenized(folder):
@@ -64,7 +64,7 @@ def test_an_answer_with_nothing_known_of_its_prompt_is_not_tokenized(folder):
     earlier, answer, _ = _conversation(4)
     features, _, request = _decide(routing, earlier)
     assert routing.wants_answer(request)
-    assert routing.answered(request, replace(features, block_keys=(), prompt_ids_len=0), answer) is None
+    assert routing.answered(request, features.features, CachePrompt(), answer) is None
 
 
 async def test_a_streamed_chat_answer_reaches_the_piece_cache(mock_worker_factory, folder, monkeypatch):

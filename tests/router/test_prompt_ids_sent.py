@@ -18,7 +18,7 @@ from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.protocol.types import WorkerInfo
 from vllm_fleet.router import Router, RouterConfig
-from vllm_fleet.router.cache.routing import CacheRouting
+from vllm_fleet.router.cache.routing import CachePrompt, CacheRouting
 from vllm_fleet.router.cache.tuning import CacheTuning
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.metrics import RouterMetrics
@@ -109,15 +109,15 @@ def test_ids_go_per_attempt_only_where_the_digests_agree():
         cache.on_info(address, WorkerInfo(model="m", max_model_len=4096, engine="vllm", engine_version="0.32.0",
                                           tokenizer_digest=digest, takes_router_ids=takes), lambda: "m")
     request = build_request("r", [GenerateInput(text="hello there")], SamplingParams(max_tokens=2))
-    features = RequestFeatures(model="m", prompt_ids=(1, 2, 3))
-    sent = cache.attempt_request("same", request, features)
+    features, prompt = RequestFeatures(model="m"), CachePrompt(ids=(1, 2, 3))
+    sent = cache.attempt_request("same", request, features, prompt)
     assert sent.inputs[0].router_token_ids == [1, 2, 3] and sent.inputs[0].router_ids_digest == "sha256:router-files"
     assert request.inputs[0].router_token_ids is None        # the caller's request is never changed
     for address in ("other-files", "off", "unknown"):        # a retry there goes without them
-        assert cache.attempt_request(address, request, features) is request
-    assert cache.attempt_request("same", request, RequestFeatures(model="m")) is request  # only a head known
+        assert cache.attempt_request(address, request, features, prompt) is request
+    assert cache.attempt_request("same", request, features, CachePrompt()) is request  # only a head known
     cache.forget("same")
-    assert cache.attempt_request("same", request, features) is request
+    assert cache.attempt_request("same", request, features, prompt) is request
 
 
 def test_a_router_told_not_to_send_ids_sends_none():
@@ -126,4 +126,4 @@ def test_a_router_told_not_to_send_ids_sends_none():
     cache.on_info("same", WorkerInfo(model="m", max_model_len=4096, engine="vllm", engine_version="0.32.0",
                                      tokenizer_digest="sha256:router-files", takes_router_ids=True), lambda: "m")
     request = build_request("r", [GenerateInput(text="hello there")], SamplingParams(max_tokens=2))
-    assert cache.attempt_request("same", request, RequestFeatures(model="m", prompt_ids=(1, 2, 3))) is request
+    assert cache.attempt_request("same", request, RequestFeatures(model="m"), CachePrompt(ids=(1, 2, 3))) is request

@@ -39,6 +39,9 @@ Modules of the room (router/):
     router     the Router facade: resolves the model, estimates the request, makes streams
     stream     RoutedStream: one request's attempts, failover before the first token, migration after
     context    StreamContext: the frozen bundle a stream gets instead of the router
+    attempt_hooks  AttemptHooks: the one seam for concerns around an attempt (prepare, picking,
+               routed, first_token, chunk, attempt_ended, ended); cache/hook, classes/batch_hook
+               and adapters.AdapterHook implement it
     pick       which worker the next attempt goes to, and the lease that claims it
     retry      whether another attempt follows a failed one
     delivered  what the caller has of each sample; the request that resumes after it
@@ -50,23 +53,25 @@ Modules of the room (router/):
     metrics    Prometheus metrics of the routing core
     pooling    routing one pooling request (embeddings, score, rerank, classify), with failover
     unary      one short call to any worker of a model, with failover (introspection routes)
-    adapters   LoRA placement: which workers hold an adapter, loading it where needed
+    adapters   LoRA placement: which workers hold an adapter, loading it where needed (AdapterHook)
 
 Wings (each __init__ lists its modules):
     pool/      membership (Pool), worker (WorkerState), lease, listener (PoolListener),
                snapshot (PoolSnapshot, WorkerView), breaker, ejection (outliers)
-    cache/     routing (CacheRouting), index (CacheIndex), routed_holds, entries, follower
-               (KV events), block_keys, key_memo, prefix_reuse
+    cache/     routing (CacheRouting), hook (CacheHook), index (CacheIndex), routed_holds, entries,
+               follower (KV events), block_keys, key_memo, prefix_reuse
     prompt/    tokenizers (the prompt's ids at the router), chat_render, segments, head_cut
-    classes/   service_class (settings and rules), batch_gate, batch_wait
+    classes/   service_class (settings and rules), batch_gate, batch_hook, batch_wait
     quota/     admission (buckets, class queues), key_limiter, shared_buckets, fleet, bucket,
                store, metrics
 
 The request path: router.stream() resolves the model and estimates the request, then hands a
 RoutedStream the router's StreamContext; the stream admits, ranks workers, leases one, streams
-through `connect(address)`, reports the outcome to the pool, and fails over or migrates.
-Imports run one way: router -> stream -> context -> (pool, policies, quota, budget, ...), and
-no wing imports the room's facade. The pool knows no other wing: the Router registers the batch
+through `connect(address)`, reports the outcome to the pool, and fails over or migrates. What
+acts around each attempt (cache holds and ids, the batch gate, adapter placement) is one of the
+context's attempt hooks, called at fixed points; the stream names none of them.
+Imports run one way: router -> stream -> context -> (pool, policies, quota, budget, ...), the
+hooks -> attempt_hooks, and no wing imports the room's facade. The pool knows no other wing: the Router registers the batch
 gate and cache routing on it as PoolListeners (pool/listener.py).
 
 Migration of n>1 requests: each unfinished sample is re-sent as its own input with n=1 and

@@ -30,8 +30,10 @@ from vllm_fleet.errors import (
     NoWorkerError,
     UnknownModelError,
     WorkerError,
+    WorkerOverloadedError,
 )
 from vllm_fleet.protocol.types import Adapter
+from vllm_fleet.router.attempt_hooks import Attempt, AttemptHooks, HookedStream
 from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 
 logger = logging.getLogger(__name__)
@@ -217,6 +219,25 @@ class AdapterPlacement:
             self._note(address, [a.name for a in result[0]])
             left.append(address)
         return left
+
+
+class AdapterHook(AttemptHooks):
+    """Adapter placement around a stream's attempts (router/attempt_hooks.py): before each pick of
+    a LoRA request some worker holds its adapter (`place`); a worker that refused it as overloaded
+    evicted or is unloading it there (`forget`). The pick prefers the holders (router/pick.py)."""
+
+    def __init__(self, placement: AdapterPlacement) -> None:
+        self.placement = placement
+
+    async def prepare(self, stream: HookedStream) -> HookedStream | None:
+        return stream if stream.request.adapter else None
+
+    async def picking(self, stream: HookedStream) -> None:
+        await self.placement.place(stream.request.adapter, stream.features.model or "", stream.features.pool)
+
+    def attempt_ended(self, stream: HookedStream, attempt: Attempt, error: BaseException | None) -> None:
+        if isinstance(error, WorkerOverloadedError):
+            self.placement.forget(attempt.address, stream.request.adapter)
 
 
 def choose_workers(workers: Sequence[WorkerView], held_by: Callable[[WorkerView], frozenset[str]]) -> list[WorkerView]:

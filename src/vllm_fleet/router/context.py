@@ -4,6 +4,9 @@ The Router builds one per router (not per request) and gives it to every stream 
 stream reads only this bundle's public parts and never the Router itself: stream.py does not
 import router.py. `connect(address)` returns the client to send one attempt through; the Router
 defaults it to its ClientPool's `get`, and tests and benchmarks pass a fake one instead.
+`hooks` are the concerns that act around each attempt (attempt_hooks.py): cache routing, the
+batch gate, adapter placement. The stream calls them and knows none of them by name; the pick
+(pick.py) reads the batch gate, its waits and the adapter placement it ranks by.
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ from typing import Protocol
 
 from vllm_fleet.protocol.types import Chunk, GenerateRequest
 from vllm_fleet.router.adapters import AdapterPlacement
+from vllm_fleet.router.attempt_hooks import AttemptHooks
 from vllm_fleet.router.quota.admission import Admission
 from vllm_fleet.router.classes.batch_gate import BatchGate
 from vllm_fleet.router.classes.batch_wait import BatchWaits
 from vllm_fleet.router.budget import RetryBudget
-from vllm_fleet.router.cache.routing import CacheRouting
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.metrics import RouterMetrics
 from vllm_fleet.router.policies import Policy
@@ -45,5 +48,5 @@ class StreamContext:
     metrics: RouterMetrics
     config: RouterConfig
     connect: Connect           # address -> the client one attempt streams from
-    adapters: AdapterPlacement | None = None  # LoRA requests: which workers hold the adapter, loading it
-    cache: CacheRouting | None = None         # cache_aware: notes where each prompt's blocks went
+    adapters: AdapterPlacement | None = None  # LoRA requests: which workers hold the adapter (the pick's preference)
+    hooks: tuple[AttemptHooks, ...] = ()      # around each attempt, in this order (attempt_hooks.py)

@@ -3,14 +3,14 @@
 Prompt sizes here are estimates: about four characters per token for text, the exact count for
 token ids. The worker's tokenizer is what counts for what runs; the router tokenizes only for
 cache_aware, with the served model's own tokenizer files (`PromptTokenizer`), and
-CacheRouting.with_cache then puts that exact count in place of the estimate. It reads only what it
+CacheRouting.match then puts that exact count in place of the estimate. It reads only what it
 needs to route: the envelope (inputs, n, session) and its routing hints (the answer length asked
 for, `GenerateRequest.hints`), never the body, whose meaning is vLLM's on the worker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, content_text
@@ -27,12 +27,14 @@ class RequestFeatures:
     """The inputs of a routing decision. `ticket` is a per-request counter: policies that
     rotate or sample derive it from here, so that they stay pure functions.
 
-    `cached_tokens` is what the router's cache index (router/cache/index.py) matched of this
-    prompt: worker address -> leading prompt tokens that worker holds in its KV cache (absent or
-    empty: none, or unknown). It is read-only by convention, like the rest of the bundle; when it
-    is set, `prompt_tokens` is the exact token count the keys were computed from, unless
-    `prompt_ids_len` is 0: then only a head of a long new text was tokenized (its keys), and
-    `prompt_tokens` estimates the rest from its characters (CacheRouting.with_cache)."""
+    `cached_tokens`, `frontier_key` and `prefix_reuse` are what the router's cache index
+    (router/cache/index.py) answered for this prompt, the cache_aware policy's inputs:
+    `cached_tokens` maps worker address -> leading prompt tokens that worker holds in its KV cache
+    (absent or empty: none, or unknown). It is read-only by convention, like the rest of the
+    bundle; when it is set, `prompt_tokens` is the router's token count of the prompt, or, where
+    only a head of a long new text was tokenized, an estimate of the rest from its characters
+    (CacheRouting.match). The prompt's keys and ids, which live as long as the request, are
+    the cache hook's (router/cache/hook.py), not here."""
 
     model: str | None = None
     session_key: str = ""          # session_id (or the OpenAI `user`): session affinity
@@ -45,22 +47,12 @@ class RequestFeatures:
     ticket: int = 0
     service_class: str = "interactive"  # or "batch" (router/classes/service_class.py)
     cached_tokens: Mapping[str, int] = field(default_factory=dict, hash=False)
-    block_keys: tuple[int, ...] = field(default=(), hash=False)  # the prompt's blocks (cache-aware routing)
-    prompt_ids_len: int = 0        # the router's token count of input 0 (cache_aware); 0 = not (all) tokenized
     # cache_aware: the key of the prompt's first block that no worker holds (its last block when
     # every block is held somewhere); its point on the hash ring is where a miss goes ("" = none)
     frontier_key: str = ""
     # cache_aware: of the new parts of recent mostly-new prompts, the share later prompts reused
     # (router/cache/prefix_reuse.py); a prompt's home is worth that share of what it would keep cached
     prefix_reuse: float = 1.0
-    # When only a head of a long new text was keyed (prompt_ids_len 0): the whole prompt's block
-    # keys, computed on call. CacheRouting.routed() calls it off the decision path, so the
-    # speculative entries cover the whole prompt a few milliseconds after the pick.
-    rest_keys: Callable[[], list[int]] | None = field(default=None, hash=False, compare=False)
-    # cache_aware, while the request is in flight: input 0's whole prompt ids as the router rendered
-    # them, for an attempt on a worker that takes them (CacheRouting.attempt_request); None when only a
-    # head was tokenized, the input had ids already, or no worker takes them
-    prompt_ids: tuple[int, ...] | None = field(default=None, hash=False, compare=False, repr=False)
 
     @property
     def cost_tokens(self) -> int:

@@ -24,13 +24,15 @@ from vllm_fleet.client import ClientPool
 from vllm_fleet.errors import InvalidRequestError, NoWorkerError, UnknownModelError
 from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.registry import Registry
-from vllm_fleet.router.adapters import AdapterPlacement
+from vllm_fleet.router.adapters import AdapterHook, AdapterPlacement
 from vllm_fleet.router.quota.admission import Admission
 from vllm_fleet.router.classes.batch_gate import BatchGate
+from vllm_fleet.router.classes.batch_hook import BatchHook
 from vllm_fleet.router.classes.batch_wait import BatchWaits, BatchWaitStatus, why_no_slack
 from vllm_fleet.router.budget import RetryBudget
 from vllm_fleet.router.config import KeyLimits, RouterConfig
 from vllm_fleet.router.context import Connect, StreamContext
+from vllm_fleet.router.cache.hook import CacheHook
 from vllm_fleet.router.cache.routing import CacheRouting
 from vllm_fleet.router.classes.service_class import SERVICE_CLASSES
 from vllm_fleet.router.prompt.tokenizers import TokenizerCache
@@ -96,10 +98,13 @@ class Router:
         self.adapters = AdapterPlacement(self._pool.snapshot, self.clients.get,
                                          overlay_s=max(1.0, 3 * self.config.load_poll_interval_s), clock=clock)
         self._tickets = itertools.count()
+        # Around each attempt, in this order: cache holds and ids, the batch gate, adapter placement.
+        hooks = (CacheHook(self._cache, self._metrics),) if self._cache is not None else ()
+        hooks += (BatchHook(self._batch, self._pool.snapshot, self.config.classes), AdapterHook(self.adapters))
         self._context = StreamContext(
             policy=self._policy, pool=self._pool, budget=self._budget, admission=self._admission,
             metrics=self._metrics, config=self.config, connect=connect or self.clients.get, adapters=self.adapters,
-            cache=self._cache, batch=self._batch, batch_waits=self._batch_waits,
+            batch=self._batch, batch_waits=self._batch_waits, hooks=hooks,
         )
         for name, queue in self._admission.queues.items():
             self._metrics.watch_queue(name, lambda q=queue: q.depth)

@@ -28,13 +28,14 @@ reports them (it counts the original prompt only), completion tokens = every tok
 
 A stream sees the router only through the StreamContext it is given (context.py): policy,
 pool, budget, admission, metrics, config and `connect(address)`, the client of one attempt.
+Concerns that act around an attempt (cache holds, the batch gate, adapter placement) are the
+context's `hooks` (attempt_hooks.py): the loop calls them at each point and knows none by name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
@@ -47,14 +48,14 @@ from vllm_fleet.errors import (
     WorkerTimeoutError,
 )
 from vllm_fleet.protocol.types import Chunk, GenerateRequest
+from vllm_fleet.router.attempt_hooks import Attempt, AttemptHooks
 from vllm_fleet.router.quota.admission import Ticket
-from vllm_fleet.router.classes.service_class import BATCH, batch_share
+from vllm_fleet.router.classes.service_class import BATCH
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.delivered import Delivered
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pick import pick_batch, pick_or_await_probe
 from vllm_fleet.router.retry import attempt_id, check_retry, failure_verdict, stepped_aside
-from vllm_fleet.router.cache.routed_holds import RoutedHold
 from vllm_fleet.router.watchdog import StallWatchdog
 from vllm_fleet.router.pool.lease import Lease
 
@@ -90,9 +91,10 @@ class RoutedStream:
         self._context = context
         self._ticket: Ticket | None = None
         self._gen: AsyncIterator[Chunk] | None = None
-        # What the caller has of each sample (delivered.py); with the answer's text where the
-        # router tokenizes the next turn's prompt (CacheRouting.answered).
-        self._delivered = Delivered(request, keep_text=context.cache is not None and context.cache.wants_answer(request))
+        # What the caller has of each sample (delivered.py); a hook's `prepare` may ask it to keep
+        # the answer's text (the cache hook, for the next turn's prompt).
+        self.delivered = Delivered(request)
+        self._hooks: list[tuple[AttemptHooks, object]] = []  # each hook with this request's handle
         self._closed = False
         self.withdrawals = 0                      # batch attempts withdrawn or paused for interactive work
         self.pauses = 0                           # of those, the ones paused after tokens were delivered
@@ -152,87 +154,101 @@ class RoutedStream:
 
     async def _run(self) -> AsyncIterator[Chunk]:
         ctx = self._context
-        if ctx.cache is not None:
-            # Where the prompt's blocks are held: rendering and tokenizing a chat prompt takes
-            # milliseconds, so it runs off the event loop; given token ids are read in place.
-            if ctx.cache.needs_tokenizing(self.request):
-                self.features = await asyncio.to_thread(ctx.cache.with_cache, self.request, self.features)
-            else:
-                self.features = ctx.cache.with_cache(self.request, self.features)
+        await self._prepare()
         await self.admit()
-        self._delivered.start()
+        self.delivered.start()
         outcome = "error"
         ctx.budget.record_request()
         tried: set[str] = set()
         try:
             while True:
-                if self.request.adapter and ctx.adapters is not None:  # a LoRA request: some worker holds it
-                    await ctx.adapters.place(self.request.adapter, self.features.model or "", self.features.pool)
-                address, lease = await self._pick(tried)
-                self.attempts += 1
-                self.worker = address
-                if self.routed_at is None:
-                    self.routed_at = asyncio.get_running_loop().time()
-                tried.add(address)
-                # The prompt counts as cached there until the attempt's first token, then for the
-                # event delay; an attempt that ends before it stored nothing (released below).
-                hold = ctx.cache.routed(address, self.features) if ctx.cache is not None else None
+                for hook, handle in self._hooks:
+                    await hook.picking(handle)
+                attempt = await self._start_attempt(tried)
                 verdict: bool | None = None
-                token = id(self)
-                if self._batch:
-                    self._step_aside_requested = False
-                    ctx.batch.started(address, token, self._step_aside)
+                error: BaseException | None = None
                 try:
-                    async with contextlib.aclosing(self._attempt(address, lease, hold)) as chunks:
+                    async with contextlib.aclosing(self._attempt(attempt)) as chunks:
                         async for chunk in chunks:
                             yield chunk
                     verdict = True
                     break
-                except _Withdrawn:
-                    # Interactive work needed the slot. Not a failure, not a retry: wait for slack
-                    # again; the next attempt resumes after what the caller has (if anything).
-                    self.attempts -= 1
-                    self.withdrawals += 1
-                    tried.discard(address)
-                    if stepped_aside(ctx, address, self._delivered, self.request.request_id):
-                        self.pauses += 1
-                except InvalidRequestError:
-                    verdict = True  # the worker did its job: it refused a bad request
+                except _Withdrawn as exc:
+                    error = exc
+                    self._withdrawn(attempt.address, tried)
+                except InvalidRequestError as exc:
+                    error, verdict = exc, True  # the worker did its job: it refused a bad request
                     raise
                 except WorkerError as exc:
-                    if isinstance(exc, WorkerOverloadedError) and self.request.adapter and ctx.adapters is not None:
-                        ctx.adapters.forget(address, self.request.adapter)  # evicted or unloading there
-                    verdict = failure_verdict(exc)
-                    if self._delivered.answered():
-                        # The stream broke after every sample's last chunk: the answer is whole. A
-                        # retry would resume nothing (a request with no inputs, refused as invalid).
-                        logger.info("worker %s failed after the last chunk: %s", address, exc,
-                                    extra={"request_id": self.request.request_id})
+                    error, verdict = exc, failure_verdict(exc)
+                    if self._answered_despite(attempt.address, exc):
                         break
-                    check_retry(ctx, exc, address, attempts=self.attempts, delivered=self._delivered,
-                                request=self.request)
-                    if self._delivered.any:  # the attempt that follows is a migration
-                        self.migrations += 1
                 finally:
-                    lease.release()
-                    if hold is not None:
-                        hold.release()
-                    ctx.pool.report(address, verdict, credited=lease.credited)
-                    if self._batch:
-                        ctx.batch.ended(address, token)
+                    self._end_attempt(attempt, verdict, error)
             outcome = "ok"
-            if self._delivered.keep_text and ctx.cache is not None:
-                ctx.cache.answered(self.request, self.features, self._delivered.answer_text())
         except (asyncio.CancelledError, GeneratorExit):
             outcome = "cancelled"
             raise
         finally:
-            if self.features.prompt_ids is not None:  # the ids are kept only while the request is in flight
-                self.features = dataclasses.replace(self.features, prompt_ids=None)
-            used = self._delivered.used_tokens(self.features.prompt_tokens)
+            for hook, handle in self._hooks:
+                hook.ended(handle, outcome)
+            used = self.delivered.used_tokens(self.features.prompt_tokens)
             if self._ticket is not None:
                 self._ticket.finish(used)
             ctx.metrics.requests.labels(self.features.model or "", outcome).inc()
+
+    async def _prepare(self) -> None:
+        """Each hook's handle for this request (attempt_hooks.py); they may refine the features."""
+        for hook in self._context.hooks:
+            handle = await hook.prepare(self)
+            if handle is not None:
+                self._hooks.append((hook, handle))
+
+    async def _start_attempt(self, tried: set[str]) -> Attempt:
+        """Pick the next attempt's worker and tell the hooks where it goes (they may change the
+        request it is sent)."""
+        address, lease = await self._pick(tried)
+        self.attempts += 1
+        self.worker = address
+        if self.routed_at is None:
+            self.routed_at = asyncio.get_running_loop().time()
+        tried.add(address)
+        self._step_aside_requested = False
+        request, mapping = self._attempt_request()
+        attempt = Attempt(address, lease, request, mapping)
+        for hook, handle in self._hooks:
+            hook.routed(handle, attempt)
+        return attempt
+
+    def _withdrawn(self, address: str, tried: set[str]) -> None:
+        """Interactive work needed the slot. Not a failure, not a retry: wait for slack again; the
+        next attempt resumes after what the caller has (if anything)."""
+        self.attempts -= 1
+        self.withdrawals += 1
+        tried.discard(address)
+        if stepped_aside(self._context, address, self.delivered, self.request.request_id):
+            self.pauses += 1
+
+    def _answered_despite(self, address: str, exc: WorkerError) -> bool:
+        """After a failed attempt: True if the answer is whole anyway; else raises if no retry
+        follows (retry.py), and counts a migration if the next attempt is one."""
+        if self.delivered.answered():
+            # The stream broke after every sample's last chunk: the answer is whole. A retry
+            # would resume nothing (a request with no inputs, refused as invalid).
+            logger.info("worker %s failed after the last chunk: %s", address, exc,
+                        extra={"request_id": self.request.request_id})
+            return True
+        check_retry(self._context, exc, address, attempts=self.attempts, delivered=self.delivered,
+                    request=self.request)
+        if self.delivered.any:  # the attempt that follows is a migration
+            self.migrations += 1
+        return False
+
+    def _end_attempt(self, attempt: Attempt, verdict: bool | None, error: BaseException | None) -> None:
+        attempt.lease.release()
+        self._context.pool.report(attempt.address, verdict, credited=attempt.lease.credited)
+        for hook, handle in self._hooks:
+            hook.attempt_ended(handle, attempt, error)
 
     async def _pick(self, tried: set[str]) -> tuple[str, Lease]:
         """The worker for the next attempt and its lease (pick.py): batch waits for slack, and
@@ -247,12 +263,8 @@ class RoutedStream:
         if self.deadline is not None:
             self.deadline += seconds
 
-    def _batch_share(self, address: str) -> int:
-        view = self._context.pool.snapshot().get(address)
-        return batch_share(view, self._context.config.classes) if view is not None else 0
-
-    def _step_aside(self) -> None:
-        """Called by the batch gate (classes/batch_gate.py) for interactive work: end this batch attempt. A
+    def step_aside(self) -> None:
+        """Called by the batch gate (classes/batch_hook.py) for interactive work: end this batch attempt. A
         read in progress is cancelled (the cancellation lands in `_next_chunk`); otherwise the
         caller holds a chunk, and the next read ends the attempt without waiting."""
         if not self._step_aside_requested:
@@ -260,62 +272,37 @@ class RoutedStream:
             if self._reading_task is not None:
                 self._reading_task.cancel()
 
-    async def _attempt(self, address: str, lease: Lease, hold: RoutedHold | None) -> AsyncIterator[Chunk]:
-        """Stream one attempt's chunks, mapped to the caller's (index, sample). `hold`: the
-        prompt's speculative cache entries on `address`, whose ttl starts at the first token."""
+    async def _attempt(self, attempt: Attempt) -> AsyncIterator[Chunk]:
+        """Stream one attempt's chunks, mapped to the caller's (index, sample)."""
         ctx = self._context
-        request, mapping = self._attempt_request()
-        if mapping is None and ctx.cache is not None:  # the prompt's ids, where this worker takes them
-            request = ctx.cache.attempt_request(address, request, self.features)
-        if self._batch:
-            view = ctx.pool.snapshot().get(address)
-            if view is not None and view.schedules_by_priority:  # KV pressure preempts batch first
-                request = dataclasses.replace(request, priority=request.priority + ctx.config.classes.batch_priority)
+        address = attempt.address
         timeout = self._remaining()
         if self._deadline_passed():
             raise DeadlineExceededError(f"request {self.request.request_id}: deadline passed", worker=address)
         client = ctx.connect(address)
         watchdog = StallWatchdog(lambda limit: ctx.pool.progressing(address, limit))
         first = True
-        gate = ctx.batch
-        steer = not self._batch and gate.listening  # interactive latency steers batch (classes/batch_gate.py)
-        loop = asyncio.get_running_loop()
-        last_at = loop.time()
         try:
-            async with contextlib.aclosing(client.generate(request, timeout=timeout)) as chunks:
+            async with contextlib.aclosing(client.generate(attempt.request, timeout=timeout)) as chunks:
                 iterator = chunks.__aiter__()
                 while True:
                     limit = ctx.config.first_chunk_timeout_s if first else ctx.config.stall_timeout_s
                     chunk = await self._next_chunk(iterator, watchdog, limit, address, first)
                     if chunk is None:
                         break
-                    if steer and chunk.token_ids:
-                        now = loop.time()
-                        gap = now - last_at
-                        last_at = now
-                        gate.observe(address, ttft_s=gap if first else None,
-                                     itl_s=None if first else gap / len(chunk.token_ids),
-                                     share=lambda: self._batch_share(address))
-                    if first:
-                        first = False
-                        if hold is not None:
-                            hold.first_token()
-                        if self._batch:  # from here on it can only pause, and only if it can resume
-                            ctx.batch.first_token(
-                                address, id(self), pause=None if self.request.constrained else self._step_aside)
-                        lease.progress(max(0, self.features.prompt_tokens - self.features.cached_tokens.get(address, 0)))
-                    lease.progress(len(chunk.token_ids))
-                    yield self._accept(chunk, mapping)
+                    chunk = self._accept(attempt, chunk, first)
+                    first = False
+                    yield chunk
         finally:
             watchdog.stop()
-        unfinished = self._delivered.unfinished()
+        unfinished = self.delivered.unfinished()
         if unfinished:
             raise WorkerError(f"worker {address} ended the stream with {unfinished} sample(s) unfinished",
                               worker=address)
 
     async def _next_chunk(self, iterator: AsyncIterator[Chunk], watchdog: StallWatchdog, limit: float,
                           address: str, first: bool) -> Chunk | None:
-        if self._step_aside_requested and not self._delivered.answered():  # asked while the caller held a chunk
+        if self._step_aside_requested and not self.delivered.answered():  # asked while the caller held a chunk
             raise _Withdrawn()
         watchdog.reading(limit)
         if self._batch:
@@ -331,7 +318,7 @@ class RoutedStream:
                 raise WorkerTimeoutError(f"worker {address}: {what} for {watchdog.waited:.1f}s",
                                          worker=address) from None
             if self._step_aside_requested and task is not None and task.uncancel() == 0:
-                if self._delivered.answered():  # every last chunk is delivered: nothing to resume
+                if self.delivered.answered():  # every last chunk is delivered: nothing to resume
                     return None
                 raise _Withdrawn() from None
             raise
@@ -346,18 +333,19 @@ class RoutedStream:
     def _attempt_request(self) -> tuple[GenerateRequest, list[tuple[int, int]] | None]:
         """The request to send now, and how its (index) maps back to the caller's (index, sample)
         (None: unchanged). Nothing delivered yet → the original request as is."""
-        return self._delivered.resume(attempt_id(self.request.request_id, self.attempts, self.withdrawals))
+        return self.delivered.resume(attempt_id(self.request.request_id, self.attempts, self.withdrawals))
 
-    def _accept(self, chunk: Chunk, mapping: list[tuple[int, int]] | None) -> Chunk:
-        chunk = self._delivered.accept(chunk, mapping)
-        if chunk.finish_reason is not None and chunk.usage is not None:
-            expected = self.features.prompt_ids_len
-            if expected and chunk.index == 0 and chunk.usage.prompt_tokens != expected:
-                # The router's tokenization differs from what the engine ran: its cache
-                # lookups for such prompts are off (docs: routing).
-                self._context.metrics.prompt_ids_mismatches.inc()
-                logger.info("router tokenized %d prompt tokens, the worker ran %d", expected,
-                            chunk.usage.prompt_tokens, extra={"request_id": self.request.request_id})
+    def _accept(self, attempt: Attempt, chunk: Chunk, first: bool) -> Chunk:
+        """`chunk` as the caller gets it (delivered.py), counted on the lease and shown to the hooks."""
+        lease = attempt.lease
+        if first:
+            for hook, handle in self._hooks:
+                hook.first_token(handle, attempt)
+            lease.progress(max(0, self.features.prompt_tokens - self.features.cached_tokens.get(attempt.address, 0)))
+        lease.progress(len(chunk.token_ids))
+        chunk = self.delivered.accept(chunk, attempt.mapping)
+        for hook, handle in self._hooks:
+            hook.chunk(handle, attempt, chunk, first)
         return chunk
 
     # --- helpers ------------------------------------------------------------------------
@@ -375,6 +363,6 @@ class RoutedStream:
     def _remaining_cost(self, address: str) -> int:
         """Tokens this attempt will cost `address`: what is not delivered yet, less the prompt
         tokens its prefix cache holds (cache_aware knows them), which it will not prefill."""
-        delivered = self._delivered.tokens()
+        delivered = self.delivered.tokens()
         cached = 0 if delivered else self.features.cached_tokens.get(address, 0)
         return max(0, self.features.cost_tokens - delivered - cached)

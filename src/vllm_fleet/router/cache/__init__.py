@@ -3,6 +3,9 @@
 Modules:
     routing        CacheRouting: one per cache_aware router; keys each prompt, asks the index who
                    holds it, notes where it went; follows the pool as a PoolListener
+    hook           CacheHook: cache routing as an attempt hook (router/attempt_hooks.py): keys the
+                   prompt before the pick, holds its blocks per attempt, sends router ids; its
+                   handle keeps the prompt's keys and ids while the request is in flight
     index          CacheIndex: which worker holds which KV blocks, from the engines' events; bounded
     routed_holds   RoutedHolds and RoutedHold: the index's speculative entries, written at routing
     entries        WorkerEntries: one worker's entries in the index (held, speculative, pending)
@@ -12,7 +15,7 @@ Modules:
     prefix_reuse   PrefixReuse: how often a model's new prompts come back (what a home is worth)
     tuning         CacheTuning: the internal constants (RouterConfig.cache_tuning, not on the CLI)
 
-Imports run one way: routing -> (follower -> index -> (routed_holds, entries, block_keys)),
+Imports run one way: hook -> routing -> (follower -> index -> (routed_holds, entries, block_keys)),
 prefix_reuse; block_keys -> key_memo. The wing imports the pool's WorkerState and nothing of the
 other wings but prompt/ (the prompt's ids).
 """

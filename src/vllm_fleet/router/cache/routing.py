@@ -22,6 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.router.cache.block_keys import block_keys
@@ -44,7 +45,22 @@ def cache_salt(request: GenerateRequest) -> str:
     salt = json.loads(request.body.body_json).get("cache_salt")
     return salt if isinstance(salt, str) else ""
 
-# A new text piece over twice `head_chars` long is tokenized head first (with_cache). 250 characters is
+@dataclass(slots=True)
+class CachePrompt:
+    """One request's prompt as the index keyed it (`CacheRouting.match`), kept by the cache hook
+    (router/cache/hook.py) while the request is in flight; empty when its ids are not known."""
+
+    block_keys: tuple[int, ...] = ()   # the prompt's blocks (only the head's while `rest_keys` is set)
+    ids_len: int = 0                   # the router's token count of input 0; 0 = not (all) tokenized
+    # When only a head of a long new text was keyed: the whole prompt's keys, computed on call.
+    # `routed` calls it off the decision path, so the speculative entries cover the whole prompt.
+    rest_keys: Callable[[], list[int]] | None = None
+    # input 0's whole prompt ids as the router rendered them, for an attempt on a worker that takes
+    # them (`attempt_request`); None when only a head was tokenized, the input had ids, or no worker takes them
+    ids: tuple[int, ...] | None = None
+
+
+# A new text piece over twice `head_chars` long is tokenized head first (match). 250 characters is
 # ~60-115 tokens, 4-7 blocks of 16: past the first block no worker holds in a new document, which
 # is nearly always within the first few blocks (when every block of the head is held, the rest
 # is tokenized then, as before). The head is what a fresh decision spends most on (~0.5 us a
@@ -67,7 +83,7 @@ class CacheRouting:
         self._on_change = on_change
         self.followers: dict[str, KvFollower] = {}
         self.unknown_ids = 0              # requests routed without token ids (tokenizer not ready)
-        self.head_chars = config.cache_tuning.head_chars  # 0: tokenize every prompt whole (with_cache)
+        self.head_chars = config.cache_tuning.head_chars  # 0: tokenize every prompt whole (match)
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
         # address -> [predicted cached tokens, prompt tokens routed, of those held more elsewhere]
         self._predicted: dict[str, list[int]] = {}
@@ -202,7 +218,7 @@ class CacheRouting:
     # --- requests -----------------------------------------------------------------------
 
     def needs_tokenizing(self, request: GenerateRequest) -> bool:
-        """Whether `with_cache` would render and tokenize (worth a thread), not just read ids."""
+        """Whether `match` would render and tokenize (worth a thread), not just read ids."""
         return request.inputs[0].token_ids is None and self.tokenizers is not None
 
     def prompt_ids(self, request: GenerateRequest, model: str | None, *,
@@ -223,16 +239,17 @@ class CacheRouting:
             return self.tokenizers.ids_for(model, body, messages=item.messages, head_chars=head_chars)
         return self.tokenizers.ids_for(model, body, prompt=item.text or "", head_chars=head_chars)
 
-    def with_cache(self, request: GenerateRequest, features: RequestFeatures) -> RequestFeatures:
-        """`features` with the prompt's token count and block keys and each worker's cached
-        tokens of it; unchanged when the ids are not known (routed by load alone).
+    def match(self, request: GenerateRequest, features: RequestFeatures) -> tuple[RequestFeatures, CachePrompt]:
+        """`features` with the prompt's token count and each worker's cached tokens of it, and the
+        prompt as keyed; unchanged features and an empty CachePrompt when the ids are not known
+        (routed by load alone).
 
         A long new text is tokenized head first (`head_chars`, router/prompt/segments.py): when
         some block of the head is held by no worker, the lookup has already stopped there and the
         keys past it cannot change who holds what nor the frontier, so the rest is never
         tokenized for the decision. Then `block_keys` cover the head only, `prompt_tokens` is an
         estimate from the rest's characters (for weighing costs; the worker checks the context
-        length), `prompt_ids_len` is 0 (no count to check against the engine's), and `rest_keys`
+        length), `ids_len` is 0 (no count to check against the engine's), and `rest_keys`
         computes the whole prompt's keys, which `routed` adds to the speculative entries off the
         decision path."""
         model = features.model or ""
@@ -240,25 +257,24 @@ class CacheRouting:
         ids = self.prompt_ids(request, features.model, head_chars=self.head_chars) if block_size else None
         if ids is None:
             self.unknown_ids += 1
-            return features
+            return features, CachePrompt()
         lora, salt = request.adapter, cache_salt(request)
         if isinstance(ids, PartialIds):
             keys = block_keys(ids.head, block_size, lora=lora, salt=salt)
             held = self.index.matched_tokens(model, keys) if keys else {}
             if keys and max(held.values(), default=0) < len(keys) * block_size:
-                features = self._with_keys(request, features, block_size, keys, held, ids.estimated_tokens, 0)
-                return dataclasses.replace(features, rest_keys=lambda: block_keys(ids.complete(), block_size,
-                                                                                  lora=lora, salt=salt))
+                features = self._with_keys(request, features, block_size, keys, held, ids.estimated_tokens)
+                rest = lambda: block_keys(ids.complete(), block_size, lora=lora, salt=salt)  # noqa: E731
+                return features, CachePrompt(tuple(keys), 0, rest_keys=rest)
             ids = ids.complete()   # every block of the head is held somewhere: the rest may match too
         keys = block_keys(ids, block_size, lora=lora, salt=salt)
         held = self.index.matched_tokens(model, keys) if keys else {}
-        features = self._with_keys(request, features, block_size, keys, held, len(ids), len(ids))
-        if self._id_takers and request.inputs[0].token_ids is None:  # rendered here: a worker may skip it
-            features = dataclasses.replace(features, prompt_ids=tuple(ids))
-        return features
+        features = self._with_keys(request, features, block_size, keys, held, len(ids))
+        rendered = self._id_takers and request.inputs[0].token_ids is None  # rendered here: a worker may skip it
+        return features, CachePrompt(tuple(keys), len(ids), ids=tuple(ids) if rendered else None)
 
     def _with_keys(self, request: GenerateRequest, features: RequestFeatures, block_size: int, keys: list[int],
-                   held: dict[str, int], tokens: int, ids_len: int) -> RequestFeatures:
+                   held: dict[str, int], tokens: int) -> RequestFeatures:
         prompt_tokens = features.prompt_tokens
         if len(request.inputs) == 1:  # exact now (or the head's estimate), for one input (the others stay estimates)
             prompt_tokens = tokens
@@ -270,8 +286,8 @@ class CacheRouting:
         new_tokens = max(0, tokens - best)
         mostly_new = held_blocks < len(keys) and new_tokens >= best  # where the home decides
         watch.note(keys[:held_blocks], keys[held_blocks] if mostly_new else None, new_tokens)
-        return dataclasses.replace(features, cached_tokens=held, block_keys=tuple(keys), prompt_tokens=prompt_tokens,
-                                   prompt_ids_len=ids_len, frontier_key=frontier, prefix_reuse=reuse)
+        return dataclasses.replace(features, cached_tokens=held, prompt_tokens=prompt_tokens,
+                                   frontier_key=frontier, prefix_reuse=reuse)
 
     def _key_rest(self, hold: RoutedHold, address: str, model: str, rest_keys: Callable[[], list[int]],
                   keyed: int) -> None:
@@ -295,12 +311,13 @@ class CacheRouting:
             self._keying = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-keys")
         return self._keying
 
-    def attempt_request(self, address: str, request: GenerateRequest, features: RequestFeatures) -> GenerateRequest:
+    def attempt_request(self, address: str, request: GenerateRequest, features: RequestFeatures,
+                        prompt: CachePrompt) -> GenerateRequest:
         """`request` (an attempt's, input 0 the caller's own and not resumed) with the router's ids of
         input 0 on it when `address` takes router ids rendered with the files this router rendered with
         (the digests agree): the worker may then skip rendering the prompt (worker/router_ids.py). Set per
         attempt, on a copy: a retry elsewhere goes without them where that worker does not take them."""
-        ids = features.prompt_ids
+        ids = prompt.ids
         digest = self._id_takers.get(address)
         if ids is None or digest is None or self.tokenizers is None or features.model is None:
             return request
@@ -316,7 +333,7 @@ class CacheRouting:
         return (self.tokenizers is not None and item is not None and item.messages is not None
                 and item.token_ids is None and request.n <= 1 and request.body.endpoint == "chat")
 
-    def answered(self, request: GenerateRequest, features: RequestFeatures,
+    def answered(self, request: GenerateRequest, features: RequestFeatures, prompt: CachePrompt,
                  answer: str | None) -> concurrent.futures.Future | None:
         """A chat request's answer reached the caller: its next turn will send it back as an
         assistant message, text the router never tokenized. Tokenize that turn's pieces now, on
@@ -324,7 +341,7 @@ class CacheRouting:
         answer is ~0.1 ms of the decision otherwise). The future is for tests; None when nothing
         is done."""
         model = features.model
-        if not answer or model is None or self.tokenizers is None or not (features.block_keys or features.prompt_ids_len):
+        if not answer or model is None or self.tokenizers is None or not (prompt.block_keys or prompt.ids_len):
             return None  # no ids were known for this prompt: its next turn will not have them either
         tokenizers, body = self.tokenizers, request.body.body_json
         messages = request.inputs[0].messages
@@ -344,17 +361,17 @@ class CacheRouting:
         if self._keying is not None:
             self._keying.shutdown(wait=wait)
 
-    def routed(self, address: str, features: RequestFeatures) -> RoutedHold | None:
+    def routed(self, address: str, features: RequestFeatures, prompt: CachePrompt) -> RoutedHold | None:
         """A request went to `address`: count its prefix as held there until events confirm. The
         caller calls the hold's `first_token()` at the attempt's first token and `release()` when
         the attempt ends (None: the prompt's blocks are not known, nothing to hold)."""
-        if not features.block_keys:
+        if not prompt.block_keys:
             return None
         model = features.model or ""
-        hold = self.index.note_routed(address, model, list(features.block_keys),
+        hold = self.index.note_routed(address, model, list(prompt.block_keys),
                                       ttl_s=self.config.cache_tuning.speculative_ttl_s)
-        if features.rest_keys is not None:
-            self._key_rest(hold, address, model, features.rest_keys, len(features.block_keys))
+        if prompt.rest_keys is not None:
+            self._key_rest(hold, address, model, prompt.rest_keys, len(prompt.block_keys))
         predicted = features.cached_tokens.get(address, 0) if self.fresh(address) else 0
         self._metrics.predicted_cached_tokens.labels(address).inc(predicted)
         self._metrics.routed_prompt_tokens.labels(address).inc(features.prompt_tokens)

@@ -1,0 +1,83 @@
+"""CacheHook: cache routing around a stream's attempts (router/attempt_hooks.py).
+
+Before the pick it keys the prompt and asks the index who holds it (CacheRouting.match); the
+features get the matched tokens the policy weighs, and the handle keeps the prompt's keys and
+ids while the request is in flight. Each attempt holds the prompt's blocks on its worker as
+speculative entries from the pick to the first token, then for the event delay (RoutedHold);
+an attempt that ends before it stored nothing releases them. A worker that takes the router's
+ids gets them on a first attempt. A chat answer the caller got is tokenized for the next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from vllm_fleet.protocol.types import Chunk
+from vllm_fleet.router.attempt_hooks import Attempt, AttemptHooks, HookedStream
+from vllm_fleet.router.cache.index import RoutedHold
+from vllm_fleet.router.cache.routing import CachePrompt, CacheRouting
+from vllm_fleet.router.metrics import RouterMetrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class CacheHandle:
+    """One request's cache state: its prompt as keyed, and the current attempt's hold."""
+
+    stream: HookedStream
+    prompt: CachePrompt
+    hold: RoutedHold | None = None
+
+
+class CacheHook(AttemptHooks):
+    def __init__(self, routing: CacheRouting, metrics: RouterMetrics) -> None:
+        self.routing = routing
+        self._metrics = metrics
+
+    async def prepare(self, stream: HookedStream) -> CacheHandle:
+        routing, request = self.routing, stream.request
+        # Where the prompt's blocks are held: rendering and tokenizing a chat prompt takes
+        # milliseconds, so it runs off the event loop; given token ids are read in place.
+        if routing.needs_tokenizing(request):
+            stream.features, prompt = await asyncio.to_thread(routing.match, request, stream.features)
+        else:
+            stream.features, prompt = routing.match(request, stream.features)
+        # Keep the answer's text where the router tokenizes the next turn's prompt (`ended`).
+        stream.delivered.keep_text = routing.wants_answer(request)
+        return CacheHandle(stream, prompt)
+
+    def routed(self, handle: CacheHandle, attempt: Attempt) -> None:
+        # The prompt counts as cached there until the attempt's first token, then for the event
+        # delay; an attempt that ends before it stored nothing (released in `attempt_ended`).
+        features = handle.stream.features
+        handle.hold = self.routing.routed(attempt.address, features, handle.prompt)
+        if not attempt.resumed:  # the prompt's ids, where this worker takes them
+            attempt.request = self.routing.attempt_request(attempt.address, attempt.request, features, handle.prompt)
+
+    def first_token(self, handle: CacheHandle, attempt: Attempt) -> None:
+        if handle.hold is not None:
+            handle.hold.first_token()
+
+    def chunk(self, handle: CacheHandle, attempt: Attempt, chunk: Chunk, first: bool) -> None:
+        expected = handle.prompt.ids_len
+        if expected and chunk.finish_reason is not None and chunk.usage is not None and chunk.index == 0 \
+                and chunk.usage.prompt_tokens != expected:
+            # The router's tokenization differs from what the engine ran: its cache lookups for
+            # such prompts are off (docs: routing).
+            self._metrics.prompt_ids_mismatches.inc()
+            logger.info("router tokenized %d prompt tokens, the worker ran %d", expected,
+                        chunk.usage.prompt_tokens, extra={"request_id": handle.stream.request.request_id})
+
+    def attempt_ended(self, handle: CacheHandle, attempt: Attempt, error: BaseException | None) -> None:
+        if handle.hold is not None:
+            handle.hold.release()
+            handle.hold = None
+
+    def ended(self, handle: CacheHandle, outcome: str) -> None:
+        stream = handle.stream
+        if outcome == "ok" and stream.delivered.keep_text:
+            self.routing.answered(stream.request, stream.features, handle.prompt, stream.delivered.answer_text())
+        handle.prompt.ids = None  # the ids are kept only while the request is in flight
