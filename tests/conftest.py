@@ -2,11 +2,14 @@
 copy of the default model's tokenizer files per test module.
 
 Real workers are expensive (~30 s, ~3 GB each), so at most two exist, each bound to its own
-core, started the first time a test asks for one and stopped at the end of the session.
+core, started the first time a test asks for one (the second beside the first when the session
+will ask for both) and stopped at the end of the session. Mock workers that a test needs
+together start together (`MockWorkers.start_many`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -49,6 +52,12 @@ class MockWorkers:
         self.started.append(worker)
         await worker.wait_serving(timeout)
         return worker
+
+    async def start_many(self, count: int, *, timeout: float = 120.0, **options) -> list[WorkerProcess]:
+        """`count` mock workers of the same options, started at once. Each start is ~7 s of CPU
+        (importing vLLM) and the test process idles meanwhile, so on 2 cores two starting together
+        serve in about the time of one."""
+        return list(await asyncio.gather(*(self.start(timeout=timeout, **options) for _ in range(count))))
 
     def stop_all(self) -> None:
         for worker in self.started:
@@ -96,21 +105,35 @@ def _start_vllm(cores: str) -> WorkerProcess:
     return WorkerProcess(args, env).start()
 
 
+# The second shared worker, started beside the first when the session will ask for both: each
+# engine starts on its own core, so the pair serves in ~30 s instead of ~60 s one after the other.
+_started_ahead: dict[str, WorkerProcess] = {}
+
+
+def _session_uses(request: pytest.FixtureRequest, fixture: str) -> bool:
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+
 @pytest.fixture(scope="session")
-async def vllm_worker():
+async def vllm_worker(request):
     """A real vLLM worker (default model) on core 0, shared by the session."""
     worker = _start_vllm("0")
+    if _session_uses(request, "vllm_worker_b"):
+        _started_ahead["1"] = _start_vllm("1")
     try:
         await worker.wait_serving(VLLM_START_TIMEOUT_S)
         yield worker
     finally:
         worker.stop()
+        unused = _started_ahead.pop("1", None)  # the session ended before a test asked for it
+        if unused is not None:
+            unused.stop()
 
 
 @pytest.fixture(scope="session")
 async def vllm_worker_b():
     """A second real vLLM worker on core 1 (for routing and failover tests)."""
-    worker = _start_vllm("1")
+    worker = _started_ahead.pop("1", None) or _start_vllm("1")
     try:
         await worker.wait_serving(VLLM_START_TIMEOUT_S)
         yield worker

@@ -23,7 +23,7 @@ TOKENS_PER_S = 100.0
 
 @pytest.fixture(scope="module")
 async def paced_workers(module_mock_workers):
-    return [await module_mock_workers.start(mock_tokens_per_s=TOKENS_PER_S, mock_ttft_ms=20) for _ in range(2)]
+    return await module_mock_workers.start_many(2, mock_tokens_per_s=TOKENS_PER_S, mock_ttft_ms=20)
 
 
 @pytest.fixture(scope="module")

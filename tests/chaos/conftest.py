@@ -40,7 +40,7 @@ async def workers(mock_worker_factory):
 
     async def start(n: int, **options):
         options.setdefault("served_model_name", "chaos")
-        batch = [await mock_worker_factory.start(**options) for _ in range(n)]
+        batch = await mock_worker_factory.start_many(n, **options)
         started.extend(batch)
         return batch
 

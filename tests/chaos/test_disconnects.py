@@ -34,7 +34,8 @@ async def _abandon(http: httpx.AsyncClient, body: dict) -> float:
 
 async def test_abandoned_streams_are_aborted_on_their_workers(workers, start_gateway):
     ports = [free_port(), free_port()]
-    pool = [(await workers(1, mock_tokens_per_s=20, mock_ttft_ms=5, metrics_port=port))[0] for port in ports]
+    pool = [w for [w] in await asyncio.gather(*(workers(1, mock_tokens_per_s=20, mock_ttft_ms=5, metrics_port=port)
+                                                 for port in ports))]
     server = await start_gateway([w.address for w in pool])
     long_body = {"model": "chaos", "prompt": "abandon me", "max_tokens": 4000, "ignore_eos": True}
     short_body = {"model": "chaos", "prompt": "keep me", "max_tokens": 20, "ignore_eos": True}

@@ -161,8 +161,8 @@ async def test_an_unconstrained_stream_still_migrates(workers, start_gateway):
 
 
 async def test_a_constrained_request_still_fails_over_before_its_first_token(mock_worker_factory):
-    slow = await mock_worker_factory.start(mock_ttft_ms=20_000)
-    fast = await mock_worker_factory.start(mock_tokens_per_s=200, mock_ttft_ms=5)
+    slow, fast = await asyncio.gather(mock_worker_factory.start(mock_ttft_ms=20_000),
+                                      mock_worker_factory.start(mock_tokens_per_s=200, mock_ttft_ms=5))
     try:
         config = RouterConfig(policy="round_robin", first_chunk_timeout_s=0.5, breaker_failures=1, breaker_open_s=600)
         router = router_for([slow.address, fast.address], config)

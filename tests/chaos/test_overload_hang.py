@@ -22,8 +22,9 @@ TOKENS = 40
 
 async def test_a_hung_engine_among_busy_ones_is_caught_and_only_its_streams_move(workers, tmp_path):
     stall = tmp_path / "stall"
-    victim, = await workers(1, mock_tokens_per_s=40, mock_ttft_ms=5, max_num_seqs=2, mock_stall_file=str(stall))
-    busy, = await workers(1, mock_tokens_per_s=40, mock_ttft_ms=5, max_num_seqs=2)
+    (victim,), (busy,) = await asyncio.gather(
+        workers(1, mock_tokens_per_s=40, mock_ttft_ms=5, max_num_seqs=2, mock_stall_file=str(stall)),
+        workers(1, mock_tokens_per_s=40, mock_ttft_ms=5, max_num_seqs=2))
     # Stall limits far below the queueing each stream sees (up to ~7 s behind 2 slots).
     config = RouterConfig(policy="round_robin", stall_timeout_s=1.0, first_chunk_timeout_s=1.0,
                           health_poll_interval_s=0.5, load_poll_interval_s=0.25)

@@ -70,7 +70,7 @@ async def test_kill_9_mid_tool_call_the_parsed_stream_continues_byte_for_byte(mo
     options = dict(served_model_name="chaos", mock_tokenizer=str(parser_tokenizer_dir), mock_script=str(script),
                    tool_call_parser="hermes", enable_auto_tool_choice=True, reasoning_parser="qwen3",
                    mock_tokens_per_s=25, mock_ttft_ms=5, timeout=180)
-    pool = [await mock_worker_factory.start(**options) for _ in range(2)]
+    pool = await mock_worker_factory.start_many(2, **options)
     async with router_for([w.address for w in pool], RouterConfig(retry_budget_min_per_s=100)) as router:
         await wait_until(lambda: len(router.models()) == 1 and all(v.state == "serving" for v in router.snapshot()),
                          timeout=20, message="both workers serving")
