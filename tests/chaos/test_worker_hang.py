@@ -58,10 +58,11 @@ async def test_streams_leave_a_worker_whose_engine_stalls_even_if_it_stays_servi
     requests it holds. It also reports its engine's silence, so the router's watchdog moves the
     streams soon after the stall limit, though the worker never declares the stall itself."""
     stall_file = tmp_path / "stall"
-    victim, = await workers(1, mock_tokens_per_s=40, mock_ttft_ms=5, mock_stall_file=str(stall_file),
-                            no_engine_stall_check=True)
-    healthy, = await workers(1, mock_tokens_per_s=40, mock_ttft_ms=5)
-    stall_limit = 10.0
+    # 400 tokens at 80/s: the streams outlast the stall and finish ~5 s after they move.
+    (victim,), (healthy,) = await asyncio.gather(
+        workers(1, mock_tokens_per_s=80, mock_ttft_ms=5, mock_stall_file=str(stall_file), no_engine_stall_check=True),
+        workers(1, mock_tokens_per_s=80, mock_ttft_ms=5))
+    stall_limit = 5.0
     config = RouterConfig(policy="round_robin", health_poll_interval_s=0.5, load_poll_interval_s=0.5,
                           stall_timeout_s=stall_limit, first_chunk_timeout_s=600)
     async with router_for([victim.address, healthy.address], config) as router:
