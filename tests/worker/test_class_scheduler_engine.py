@@ -1,15 +1,18 @@
 """The engine's class scheduler (#52, worker/engines/class_scheduler.py) against a real vLLM engine:
 with every sequence slot (max_num_seqs=2) held by a long batch request, an interactive request
 takes a step from batch at once, and the preempted batch streams go on to their last token with
-none lost or repeated. With vLLM's own priority scheduler (`--engine-arg scheduler_cls=`) the
-interactive request waits for a batch request to end (vLLM issue #40004); that case is run too, so
-a vLLM that fixes it shows up here.
+none lost or repeated; and while a batch prompt prefills through every step's token budget, an
+interactive request gets its first token steps before the batch request does. With vLLM's own
+priority scheduler (`--engine-arg scheduler_cls=`) the interactive request waits for a batch
+request to end (vLLM issue #40004) and for the prefill to finish; that case is run too, so a vLLM
+that fixes them shows up here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -49,23 +52,40 @@ async def _run(client: WorkerClient, request_id: str, prompt: str, tokens: int, 
     stream.finished_at = time.monotonic()
 
 
-async def _interactive_beside_a_full_batch(*worker_options: str) -> tuple[Stream, list[Stream], str]:
-    """The interactive stream, the batch streams, and the scheduler the worker's Info names."""
-    args, env = vllm_worker_args("0", "--max-num-seqs", "2", *worker_options)
+@dataclass
+class Run:
+    scheduler: str              # as the worker's Info names it
+    interactive: Stream         # beside two decoding batch requests holding both slots
+    batch: list[Stream]
+    chat: Stream                # beside one batch request prefilling a long prompt, a slot free
+    prefill: Stream
+
+
+async def _interactive_beside_batch(*worker_options: str) -> Run:
+    # 256 tokens a step: a long batch prompt prefills over several steps, each taking all of it.
+    args, env = vllm_worker_args("0", "--max-num-seqs", "2", "--max-num-batched-tokens", "256", *worker_options)
     worker = WorkerProcess(args, env).start()
     try:
         await worker.wait_serving(600)
         async with WorkerClient(worker.address) as client:
             scheduler = (await client.info()).settings["scheduler_cls"]
+            # Slots: both held by batch, both decoding.
             batch = [Stream() for _ in PROMPTS]
             tasks = [asyncio.create_task(_run(client, f"batch-{i}", prompt, BATCH_TOKENS, BATCH_PRIORITY, stream))
                      for i, (prompt, stream) in enumerate(zip(PROMPTS, batch))]
-            # Both slots held by batch, both decoding.
             await wait_until(lambda: all(len(s.ids) >= 5 for s in batch), timeout=120, message="both batch streams")
             interactive = Stream()
             await _run(client, "interactive", "What is the capital of France?", 8, 0, interactive)
             await asyncio.gather(*tasks)
-        return interactive, batch, scheduler
+            # Tokens: ~1,800 prompt tokens in 256-token steps.
+            prefill = Stream()
+            task = asyncio.create_task(_run(client, "batch-prefill", "lighthouse keeper story " * 450, 4,
+                                            BATCH_PRIORITY, prefill))
+            await asyncio.sleep(0.3)
+            chat = Stream()
+            await _run(client, "chat", "What is the capital of Italy?", 4, 0, chat)
+            await task
+        return Run(scheduler, interactive, batch, chat, prefill)
     finally:
         worker.stop()
 
@@ -78,8 +98,9 @@ def _assert_whole(stream: Stream) -> None:
 
 
 async def test_an_interactive_request_takes_a_step_from_a_full_batch_and_batch_resumes_whole():
-    interactive, batch, scheduler = await _interactive_beside_a_full_batch()   # the worker's default
-    assert scheduler == CLASS_SCHEDULER
+    run = await _interactive_beside_batch()   # the worker's default
+    interactive, batch = run.interactive, run.batch
+    assert run.scheduler == CLASS_SCHEDULER
     assert interactive.finish_reason == "length" and len(interactive.ids) == 8
     # It ran to its end while both batch requests were still running; with two slots, one of them
     # was out of the running set meanwhile: preempted, and resumed after.
@@ -87,13 +108,22 @@ async def test_an_interactive_request_takes_a_step_from_a_full_batch_and_batch_r
         interactive.finished_at, [s.finished_at for s in batch])
     for stream in batch:   # each preempted and resumed, or run on beside it: whole either way
         _assert_whole(stream)
+    # The step's tokens: the batch prefill gives way (and resumes from its cached blocks), so the
+    # chat request's first token comes steps before the batch request's first token.
+    assert run.chat.first_token_at < run.prefill.first_token_at - 0.5, (
+        run.chat.first_token_at, run.prefill.first_token_at)
+    assert len(run.prefill.ids) == 4 == run.prefill.completion_tokens
 
 
 async def test_vllms_own_priority_scheduler_makes_it_wait_for_a_batch_request_to_end():
     # vLLM issue #40004: with max_num_seqs running, a waiting request of better priority is not
     # admitted. If this starts failing, vLLM fixed it; see whether our scheduler is still needed.
-    interactive, batch, scheduler = await _interactive_beside_a_full_batch("--engine-arg", "scheduler_cls=")
-    assert scheduler == "vllm"
+    run = await _interactive_beside_batch("--engine-arg", "scheduler_cls=")
+    interactive, batch = run.interactive, run.batch
+    assert run.scheduler == "vllm"
     assert interactive.first_token_at > min(s.finished_at for s in batch)
     for stream in batch:
         _assert_whole(stream)
+    # Each step's 256 tokens go to the running batch prefill: the chat request is prefilled only
+    # with what its last chunk leaves, in the step that gives the batch its first token.
+    assert run.chat.first_token_at > run.prefill.first_token_at - 0.5
