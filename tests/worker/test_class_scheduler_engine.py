@@ -79,15 +79,21 @@ async def _interactive_beside_batch(*worker_options: str) -> Run:
             await asyncio.gather(*tasks)
             # Tokens: ~1,800 prompt tokens in 256-token steps.
             prefill = Stream()
+            queried = (await client.load()).prefix_cache_queries
             task = asyncio.create_task(_run(client, "batch-prefill", "lighthouse keeper story " * 450, 4,
                                             BATCH_PRIORITY, prefill))
-            await asyncio.sleep(0.3)
+            # The engine admitted it (its prefix-cache lookup is counted) before the chat request comes.
+            await wait_until(lambda: _queried_more_than(client, queried), timeout=120, message="the batch prefill admitted")
             chat = Stream()
             await _run(client, "chat", "What is the capital of Italy?", 4, 0, chat)
             await task
         return Run(scheduler, interactive, batch, chat, prefill)
     finally:
         worker.stop()
+
+
+async def _queried_more_than(client: WorkerClient, before: int) -> bool:
+    return (await client.load()).prefix_cache_queries > before
 
 
 def _assert_whole(stream: Stream) -> None:
@@ -115,6 +121,7 @@ async def test_an_interactive_request_takes_a_step_from_a_full_batch_and_batch_r
     assert len(run.prefill.ids) == 4 == run.prefill.completion_tokens
 
 
+@pytest.mark.slow  # a second engine start (~1.5 min on 2 cores) to watch vLLM's own behaviour
 async def test_vllms_own_priority_scheduler_makes_it_wait_for_a_batch_request_to_end():
     # vLLM issue #40004: with max_num_seqs running, a waiting request of better priority is not
     # admitted. If this starts failing, vLLM fixed it; see whether our scheduler is still needed.
