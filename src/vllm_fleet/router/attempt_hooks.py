@@ -15,7 +15,8 @@ chain it does not look into. The stream calls, in this order:
     first_token(handle, attempt)      the attempt's first chunk arrived
     chunk(handle, attempt, chunk, first)  each chunk, as the caller gets it
     attempt_ended(handle, attempt, error)  the attempt ended (error None: it completed)
-    ended(handle, outcome)            the request ended: "ok", "error" or "cancelled"
+    ended(handle, outcome)            the admitted request ended: "ok", "error" or "cancelled"
+                                      (a request refused at admission ends without it)
 
 Every point but `prepare` is called only with a handle that `prepare` returned, so a hook that
 has nothing to do for a request costs nothing past it. All points but `prepare` and `picking`
