@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from vllm_fleet.gateway.config import GatewayConfig
@@ -17,9 +19,9 @@ from gateway_support import CONTEXT, MODEL_A, MODEL_B
 async def mock_fleet(session_mock_workers):
     """Two workers of model A, one of model B; fast tokens so streams are quick."""
     common = dict(mock_tokens_per_s=2000, mock_ttft_ms=2, mock_max_model_len=CONTEXT)
-    a1 = await session_mock_workers.start(served_model_name=MODEL_A, **common)
-    a2 = await session_mock_workers.start(served_model_name=MODEL_A, **common)
-    b = await session_mock_workers.start(served_model_name=MODEL_B, **common)
+    a1, a2, b = await asyncio.gather(session_mock_workers.start(served_model_name=MODEL_A, **common),
+                                     session_mock_workers.start(served_model_name=MODEL_A, **common),
+                                     session_mock_workers.start(served_model_name=MODEL_B, **common))
     return {"a": [a1, a2], "b": [b]}
 
 

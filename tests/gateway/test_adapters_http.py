@@ -28,7 +28,7 @@ def bearer(key: str) -> dict:
 @pytest.fixture
 async def lora_gateway(start_gateway, mock_worker_factory, keys_file):
     common = dict(served_model_name=BASE, mock_tokens_per_s=400, mock_ttft_ms=2, max_loras=2, max_lora_rank=8)
-    workers = [await mock_worker_factory.start(**common) for _ in range(2)]
+    workers = await mock_worker_factory.start_many(2, **common)
     path, keys = keys_file
     server = await start_gateway([w.address for w in workers], api_key_file=str(path),
                                  router=RouterConfig(load_poll_interval_s=0.2))

@@ -21,10 +21,8 @@ EMBEDDER = "mock-embedder"
 
 
 async def test_a_worker_killed_mid_request_loses_no_embedding(start_gateway, mock_worker_factory):
-    first = await mock_worker_factory.start(served_model_name=EMBEDDER, mock_pooling=True, mock_ttft_ms=1500,
-                                           timeout=300)
-    second = await mock_worker_factory.start(served_model_name=EMBEDDER, mock_pooling=True, mock_ttft_ms=1500,
-                                           timeout=300)
+    first, second = await mock_worker_factory.start_many(2, served_model_name=EMBEDDER, mock_pooling=True,
+                                                         mock_ttft_ms=1500, timeout=300)
     server = await start_gateway([first.address, second.address])
     await wait_until(lambda: sum(w.state == "serving" for w in server.router.snapshot()) == 2, timeout=30,
                      message="both mock embedders serving")

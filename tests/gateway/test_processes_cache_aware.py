@@ -42,8 +42,8 @@ def router_counter(text: str, name: str) -> float:
 
 
 async def test_two_processes_route_each_prefix_where_its_blocks_are_held(mock_worker_factory):
-    workers = [await mock_worker_factory.start(served_model_name=MODEL, mock_kv_blocks=1024, block_size=BS,
-                                               mock_ttft_ms=1, mock_tokens_per_s=500) for _ in range(2)]
+    workers = await mock_worker_factory.start_many(2, served_model_name=MODEL, mock_kv_blocks=1024, block_size=BS,
+                                                   mock_ttft_ms=1, mock_tokens_per_s=500)
     args = ["--workers", ",".join(w.address for w in workers), "--processes", "2", "--policy", "cache_aware",
             "--no-access-log"]
     async with GatewayProcess(args, worker_env()) as gateway:
