@@ -38,8 +38,8 @@ async def misses(addresses: list[str]) -> int:
 
 async def test_rows_sharing_documents_pay_each_prefill_about_once_per_worker(spark, mock_worker_factory):
     tokenizer = resolve_model(None, None).path
-    workers = [await mock_worker_factory.start(mock_kv_blocks=KV_BLOCKS, block_size=BS, mock_tokenizer=tokenizer,
-                                               mock_tokens_per_s=2000, mock_ttft_ms=1) for _ in range(2)]
+    workers = await mock_worker_factory.start_many(2, mock_kv_blocks=KV_BLOCKS, block_size=BS, mock_tokenizer=tokenizer,
+                                                   mock_tokens_per_s=2000, mock_ttft_ms=1)
     addresses = [w.address for w in workers]
     rows = [(d * QUESTIONS + q, f"{document(d)}\nQuestion {q}: what does it say about item {q}?")
             for d in range(DOCUMENTS) for q in range(QUESTIONS)]

@@ -58,8 +58,7 @@ async def test_bad_rows_get_an_error_and_the_job_completes(spark, mock_pair, sen
 
 async def test_a_worker_killed_mid_job_loses_and_duplicates_no_row(spark, mock_worker_factory):
     # Slow workers (~160 ms a row) so the job is still running when one of them dies.
-    victim = await mock_worker_factory.start(mock_tokens_per_s=100, mock_ttft_ms=5)
-    survivor = await mock_worker_factory.start(mock_tokens_per_s=100, mock_ttft_ms=5)
+    victim, survivor = await mock_worker_factory.start_many(2, mock_tokens_per_s=100, mock_ttft_ms=5)
     out = generate(prompts_df(spark, 800, partitions=2), prompt_col="prompt", params={"max_tokens": 16},
                    workers=[victim.address, survivor.address], max_in_flight=8, batch_size=8,
                    router={"breaker_failures": 1})
@@ -87,7 +86,7 @@ async def _running(client: WorkerClient) -> bool:
 @pytest.fixture(scope="module")
 async def two_slots_each(module_mock_workers):
     """Two slow mock workers of two engine slots each: a few rows fill them."""
-    return [await module_mock_workers.start(mock_tokens_per_s=50, mock_ttft_ms=5, max_num_seqs=2) for _ in range(2)]
+    return await module_mock_workers.start_many(2, mock_tokens_per_s=50, mock_ttft_ms=5, max_num_seqs=2)
 
 
 @pytest.mark.parametrize("service_class", ["interactive", "batch"])

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
+import pytest
 
 
 async def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -69,10 +70,17 @@ async def test_spark_run_refuses_an_output_schema_without_a_json_form(mock_pair,
     assert "output_schema field photo is binary, which has no JSON form" in done.stderr
 
 
-async def test_spark_run_shows_rows_tokens_and_an_eta_while_one_partition_runs(mock_worker_factory, tmp_path):
+@pytest.fixture(scope="module")
+async def slow_worker(module_mock_workers):
+    """20 tokens/s and 4 engine slots, for the jobs that must run long enough to be watched; each
+    test's job ends with nothing running on it."""
+    return await module_mock_workers.start(max_num_seqs=4, mock_tokens_per_s=20, mock_ttft_ms=1)
+
+
+async def test_spark_run_shows_rows_tokens_and_an_eta_while_one_partition_runs(slow_worker, tmp_path):
     # One input file, one partition: Spark's own progress would say "0/1 tasks" until the end.
     # Two rows at a time at 20 tokens/s: the job runs for seconds, reported every half second.
-    worker = await mock_worker_factory.start(mock_tokens_per_s=20, mock_ttft_ms=1)
+    worker = slow_worker
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"prompt": f"slow question {i}"}) + "\n" for i in range(24)))
     done = await run_cli("--input", str(source), "--output", str(tmp_path / "out.parquet"), "--max-tokens", "5",
@@ -85,13 +93,12 @@ async def test_spark_run_shows_rows_tokens_and_an_eta_while_one_partition_runs(m
     assert any(0 < rows < 24 for rows in shown), f"rows counted while the one task ran: {shown} {done.stderr[-3000:]!r}"
 
 
-async def test_spark_run_says_why_rows_wait_for_batch_capacity_and_the_wait_fails_no_row(mock_worker_factory,
-                                                                                       tmp_path):
+async def test_spark_run_says_why_rows_wait_for_batch_capacity_and_the_wait_fails_no_row(slow_worker, tmp_path):
     # Every slot is kept for interactive work (90% of 4 is all of them): the starvation guard's
     # one request is all batch may run, so the second row waits ~10 s for the first (200 tokens
     # at 20 tokens/s). Its 15 s request_timeout_s is less than its wait and its work together:
     # the wait must not count against it.
-    worker = await mock_worker_factory.start(max_num_seqs=4, mock_tokens_per_s=20, mock_ttft_ms=1)
+    worker = slow_worker
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"prompt": f"long question {i}"}) + "\n" for i in range(2)))
     router = {"classes": {"interactive_reserve": 0.9, "batch_min_share": 0.0}}

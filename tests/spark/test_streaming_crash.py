@@ -107,8 +107,8 @@ async def test_a_driver_killed_mid_batch_restarts_with_every_row_once_and_the_le
         tmp_path, mock_worker_factory):
     # Slow workers (8 tokens at 10/s: ~0.8 s a row, 8 rows in flight): a 24-row batch takes ~2.5 s.
     ports = [free_port(), free_port()]
-    fleet = [await mock_worker_factory.start(mock_tokens_per_s=10, mock_ttft_ms=5, metrics_port=port)
-             for port in ports]
+    fleet = await asyncio.gather(*(mock_worker_factory.start(mock_tokens_per_s=10, mock_ttft_ms=5, metrics_port=port)
+                                   for port in ports))
     workers = [w.address for w in fleet]
     (tmp_path / "in").mkdir()
     for n in range(FILES):

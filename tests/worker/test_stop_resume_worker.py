@@ -23,8 +23,8 @@ async def _pieces(client: WorkerClient, prompt: str, tokens: int) -> tuple[list[
 
 
 async def test_a_stop_string_completed_by_held_text_ends_its_input_and_stops_its_engine_request(mock_worker_factory):
-    fast = await mock_worker_factory.start(mock_tokens_per_s=50, mock_ttft_ms=1)
-    slow = await mock_worker_factory.start(mock_tokens_per_s=20, mock_ttft_ms=1)
+    fast, slow = await asyncio.gather(mock_worker_factory.start(mock_tokens_per_s=50, mock_ttft_ms=1),
+                                      mock_worker_factory.start(mock_tokens_per_s=20, mock_ttft_ms=1))
     async with WorkerClient(fast.address) as probe:
         for number in range(40):
             prompt = f"resumed with held text {number}"
