@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/router_decision.py [--requests 300] [--fill-entries 500000] [--cases next-turn]
 
 One decision is what the router does between a request arriving and a worker picked:
-`features_of` (router.py), `CacheRouting.with_cache` (parse the body, render the chat template,
+`features_of` (router.py), `CacheRouting.match` (parse the body, render the chat template,
 tokenize, chain the block keys, look them up in the index) and the cache_aware policy ranking
 8 workers. Everything is the router's real code, in this process: the tokenizer is the packaged
 model's (SmolLM2), fetched through TokenizerCache from the files a worker's TokenizerFiles
@@ -202,15 +202,15 @@ class Setting:
                                default_max_tokens=config.default_max_tokens,
                                long_prompt_tokens=admission.long_prompt_tokens, long_max_tokens=admission.long_max_tokens,
                                ticket=self.ticket)
-        features = self.routing.with_cache(request, features)
+        features, prompt = self.routing.match(request, features)
         worker = self.policy.rank(features, views)[0]
         parts = [time.perf_counter() - start, self.ids_for.last, self.keys_fn.last, self.lookup.last]
         self.engines.store(worker, self.routing.prompt_ids(request, MODEL))   # untimed: what its engine stores
         if answer is not None:
-            done = self.routing.answered(request, features, answer)
+            done = self.routing.answered(request, features, prompt, answer)
             assert done is not None, "the router did not take the answer"
             done.result()
-        return parts, features
+        return parts, features, prompt
 
 
 def run_case(settings: dict[str, Setting], requests, rng: random.Random) -> dict[str, dict[str, list[float]]]:
@@ -227,12 +227,12 @@ def run_case(settings: dict[str, Setting], requests, rng: random.Random) -> dict
     for _, messages, _ in requests:
         order = order[1:] + order[:1]
         for name in order:
-            parts, features = settings[name].decide(messages, views)
+            parts, features, prompt = settings[name].decide(messages, views)
             for key, seconds in zip(("whole", "tokenize", "keys", "lookup"), parts):
                 times[name][key].append(seconds)
-            # prompt_ids_len is 0 where only a head was tokenized (CacheRouting.with_cache): its estimate
-            times[name]["tokens"].append(features.prompt_ids_len or features.prompt_tokens)
-            times[name]["head only"].append(not features.prompt_ids_len)
+            # ids_len is 0 where only a head was tokenized (CacheRouting.match): its estimate
+            times[name]["tokens"].append(prompt.ids_len or features.prompt_tokens)
+            times[name]["head only"].append(not prompt.ids_len)
             times[name]["hit"].append(max(features.cached_tokens.values(), default=0))
     return times
 

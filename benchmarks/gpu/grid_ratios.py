@@ -48,6 +48,9 @@ def main() -> None:
                     table[key].append(a[key] / b[key])
                     cells.append(f"{key.replace('_ms', '')} {a[key] / b[key]:.3f}")
                 print(f"  {folder.parent.name}/r{r} ({a['total_output_tokens']} tokens each): " + ", ".join(cells))
+        if not table["output_throughput"]:
+            print("  (no rounds with both)")
+            continue
         print("  median: " + ", ".join(f"{k.replace('_ms', '')} {statistics.median(v):.3f}" for k, v in table.items()))
 
 
