@@ -6,6 +6,7 @@ registry records here carry no pool, so the router can only have learnt it from 
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -21,13 +22,12 @@ from vllm_fleet.router.policies import make_policy
 LONG_MAX_TOKENS = 16  # a request asking for this many output tokens or more is 'long'
 
 
-@pytest.fixture
-async def pooled_workers(mock_worker_factory):
-    started = [await mock_worker_factory.start(pool=pool, mock_tokens_per_s=2000, mock_ttft_ms=1)
-               for pool in (SHORT, SHORT, LONG)]
-    yield started
-    for worker in started:
-        worker.stop(timeout=10)
+@pytest.fixture(scope="module")
+async def pooled_workers(module_mock_workers):
+    """Both tests only route through them (each counts its own requests): started once, together
+    (a start is ~7 s of vLLM imports with this process idle)."""
+    return list(await asyncio.gather(*(module_mock_workers.start(pool=pool, mock_tokens_per_s=2000, mock_ttft_ms=1)
+                                       for pool in (SHORT, SHORT, LONG))))
 
 
 async def test_short_requests_reach_only_the_short_pool_and_long_only_the_long(pooled_workers):
