@@ -110,7 +110,7 @@ def counter(router: Router, name: str, **labels) -> float:
 
 @pytest.fixture
 async def two_workers(mock_worker_factory):
-    workers = [await mock_worker_factory.start(mock_tokens_per_s=100, mock_ttft_ms=5) for _ in range(2)]
+    workers = await mock_worker_factory.start_many(2, mock_tokens_per_s=100, mock_ttft_ms=5)  # together: ~7 s of imports each
     yield workers
     for worker in workers:
         worker.signal(signal.SIGCONT)
@@ -186,8 +186,8 @@ async def test_stalled_worker_is_detected_and_its_streams_migrate(two_workers):
 
 
 async def test_failover_before_the_first_token_when_a_worker_is_too_slow(mock_worker_factory):
-    slow = await mock_worker_factory.start(mock_ttft_ms=20_000)
-    fast = await mock_worker_factory.start(mock_tokens_per_s=200, mock_ttft_ms=5)
+    slow, fast = await asyncio.gather(mock_worker_factory.start(mock_ttft_ms=20_000),
+                                      mock_worker_factory.start(mock_tokens_per_s=200, mock_ttft_ms=5))
     try:
         async with routed(slow.address, fast.address, policy="round_robin", first_chunk_timeout_s=0.5,
                           breaker_failures=1, breaker_open_s=600) as router:
@@ -276,8 +276,8 @@ async def test_class_queue_full_rejects_and_slots_are_given_back(two_workers):
 
 
 async def test_models_are_selected_by_name_and_unknown_models_are_refused(mock_worker_factory):
-    alpha = await mock_worker_factory.start(served_model_name="alpha", mock_tokens_per_s=200)
-    beta = await mock_worker_factory.start(served_model_name="beta", mock_tokens_per_s=200)
+    alpha, beta = await asyncio.gather(mock_worker_factory.start(served_model_name="alpha", mock_tokens_per_s=200),
+                                       mock_worker_factory.start(served_model_name="beta", mock_tokens_per_s=200))
     try:
         async with routed(alpha.address, beta.address) as router:
             assert router.models() == ["alpha", "beta"]
@@ -351,8 +351,8 @@ async def test_token_budget_is_settled_with_what_a_request_really_used(two_worke
 
 
 async def test_draining_worker_finishes_its_streams_and_gets_no_new_ones(mock_worker_factory):
-    a = await mock_worker_factory.start(mock_tokens_per_s=100, drain_grace_s=60)
-    b = await mock_worker_factory.start(mock_tokens_per_s=100)
+    a, b = await asyncio.gather(mock_worker_factory.start(mock_tokens_per_s=100, drain_grace_s=60),
+                                mock_worker_factory.start(mock_tokens_per_s=100))
     try:
         async with routed(a.address, b.address, policy="round_robin") as router:
             long = Collected()
