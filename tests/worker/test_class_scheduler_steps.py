@@ -32,7 +32,7 @@ def _scheduler(max_seqs: int, budget: int = 2048, interactive_slots: int = 0) ->
     scheduler.__dict__.update(
         policy=SchedulingPolicy.PRIORITY, waiting=create_request_queue(SchedulingPolicy.PRIORITY), running=[],
         max_num_running_reqs=max_seqs, max_num_scheduled_tokens=budget, num_waiting_for_streaming_input=0,
-        batch_priority=100, interactive_slots=interactive_slots, _by_class=True,
+        batch_priority=100, interactive_slots=interactive_slots, _by_class=True, _batch_arrived=False,
         _admission_limit="max_num_active_reqs" if _is_032() else "max_num_running_reqs",
         kv_cache_manager=FreedBlocks(), encoder_cache_manager=SimpleNamespace(free=lambda request: None),
         defer_block_free=False, _inflight_prefills=set(), log_stats=False, reset_preempted_req_ids=set(),
@@ -100,7 +100,10 @@ def test_running_interactive_requests_take_the_steps_tokens_first():
     scheduler = _scheduler(max_seqs=4)
     batch = _running(scheduler, _request("batch", 100, 1.0, prompt=1500))   # a long prefill
     chat = _running(scheduler, _request("chat", 0, 2.0, outputs=2))
-    scheduler.running.sort(key=lambda r: r.priority >= scheduler.batch_priority)   # as schedule() does
+    scheduler._interactive_first()
+    assert scheduler.running == [batch, chat]   # no batch request has arrived through add_request yet
+    scheduler._note_arrival(batch)
+    scheduler._interactive_first()
     assert scheduler.running == [chat, batch]
 
 

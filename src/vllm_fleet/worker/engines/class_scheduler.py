@@ -71,6 +71,7 @@ class ClassScheduler(Scheduler):
         self._admission_limit = (
             "max_num_active_reqs" if hasattr(self, "max_num_active_reqs") else "max_num_running_reqs")  # 0.32 | 0.26
         self._by_class = self.policy == SchedulingPolicy.PRIORITY
+        self._batch_arrived = False   # until then no running list needs reordering
         if not self._by_class:
             logger.warning("class scheduler: scheduling policy is %s, not priority: it schedules as vLLM does",
                            self.policy.value)
@@ -81,13 +82,27 @@ class ClassScheduler(Scheduler):
         if not self._by_class:
             return super().schedule(*args, **kwargs)
         self._give_way_to_interactive()
-        self.running.sort(key=lambda r: is_batch(r.priority, self.batch_priority))  # stable: interactive first
+        self._interactive_first()
         limit = getattr(self, self._admission_limit)
         setattr(self, self._admission_limit, self._admission_cap(limit))
         try:
             return super().schedule(*args, **kwargs)
         finally:
             setattr(self, self._admission_limit, limit)
+
+    def add_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        self._note_arrival(request)
+        super().add_request(request, *args, **kwargs)
+
+    def _note_arrival(self, request: Request) -> None:
+        self._batch_arrived = self._batch_arrived or is_batch(request.priority, self.batch_priority)
+
+    def _interactive_first(self) -> None:
+        """Running interactive requests ahead of batch, so vLLM's running loop gives them the step's
+        tokens first. A stable sort, every step once batch has arrived; a worker that never saw
+        batch pays nothing (the step is the engine's hot path)."""
+        if self._batch_arrived:
+            self.running.sort(key=lambda r: is_batch(r.priority, self.batch_priority))
 
     def _waiting_interactive(self) -> list[Request]:
         """The ready interactive requests vLLM will admit first (the priority queue yields them in
