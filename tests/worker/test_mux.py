@@ -16,6 +16,7 @@ from vllm_fleet.errors import InvalidRequestError, WorkerTimeoutError
 from vllm_fleet.protocol import GenerateInput, SamplingParams, build_request, worker_pb2 as pb, worker_pb2_grpc
 from vllm_fleet.protocol.convert import request_to_pb
 from vllm_fleet.worker.engines.base import build_engine
+from vllm_fleet.worker.engines.mock_engine import MockEngine
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.service import WorkerService
 
@@ -294,3 +295,61 @@ async def test_a_call_that_was_not_asked_pushes_no_load(mock):
         response = await asyncio.wait_for(read, 10)
         assert response.load_every_ms == 20 and response.load.health == "SERVING" and not response.events
         call.cancel()
+
+
+class _SlowToStop(MockEngine):
+    """A mock engine whose requests take a moment to stop once cancelled, as vLLM's do (the abort
+    goes to EngineCore and back); records what the worker aborts."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.stopping = asyncio.Event()   # a request was cancelled and is stopping
+        self.aborted: list[str] = []
+
+    async def generate(self, *args, **kwargs):
+        try:
+            async for deltas in super().generate(*args, **kwargs):
+                yield deltas
+        except asyncio.CancelledError:
+            self.stopping.set()
+            await asyncio.sleep(0.5)      # the stop's own latency, not a wait for the test
+            raise
+
+    async def abort(self, engine_request_ids: list[str]) -> None:
+        self.aborted.extend(engine_request_ids)
+
+
+async def test_a_stream_cancelled_and_then_its_whole_call_leaves_nothing_in_flight():
+    """The client cancels a stream and then closes its channel (a router that closes right after
+    its client left): the call's end cancels the stream's task a second time while it is still
+    stopping. The request must still be aborted and leave the worker's requests in flight; it
+    once stayed there for good (Load's in_flight 1, a drain that waited out its whole grace)."""
+    engine = _SlowToStop(EngineConfig(engine="mock", mock_tokens_per_s=100))
+    await engine.start()
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(
+        WorkerService(engine, WorkerConfig(), WorkerMetrics(CollectorRegistry())), server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    probe = WorkerClient(address)
+    try:
+        request = build_request("left", [GenerateInput(token_ids=[5, 6, 7])],
+                                  SamplingParams(max_tokens=900, ignore_eos=True), stream_interval_ms=50)
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = worker_pb2_grpc.WorkerStub(channel).GenerateMany()
+            await call.write(pb.MuxRequest(stream=1, start=request_to_pb(request)))
+            while not any(event.chunks for event in (await asyncio.wait_for(call.read(), 30)).events):
+                pass  # a Load alone
+            await call.write(pb.MuxRequest(stream=1, cancel=True))
+            await wait_until(engine.stopping.is_set, timeout=10, message="the cancel reached the engine")
+            call.cancel()
+        await wait_until(lambda: _nothing_in_flight(probe), timeout=5, message="the worker's in_flight back to 0")
+        assert engine.aborted == ["left-0"]
+    finally:
+        await probe.close()
+        await server.stop(None)
+        await engine.shutdown()
+
+
+async def _nothing_in_flight(client: WorkerClient) -> bool:
+    return (await client.load()).in_flight == 0

@@ -19,8 +19,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -273,10 +274,23 @@ class GenerateRpcs:
         return active
 
     async def _close(self, request_id: str, active: _Active, *, all_done: bool) -> None:
-        """Stop the pumps and, unless every input finished, abort what is left in the engine."""
+        """Stop the pumps and, unless every input finished, abort what is left in the engine;
+        then the request is no longer in flight.
+
+        This runs in the `finally` of a request that was, most often, cancelled, and its task may
+        be cancelled again while it waits here: a GenerateMany stream gets its client's cancel and,
+        when the client closes its channel right after (a router that closes), the call's end
+        (MuxCall.close) cancels the stream's task once more, often from the same read. That
+        second cancellation used to cut the close short: the explicit engine abort was skipped
+        and the request stayed in `active` for good (Load's in_flight stuck above 0, a drain
+        waiting out its whole grace). The close now runs to its end, and a cancellation that
+        arrived meanwhile is raised after it."""
         self.metrics.in_flight.dec()
         for task in active.tasks:
             task.cancel()
+        await _despite_cancellation(self._release(request_id, active, all_done=all_done))
+
+    async def _release(self, request_id: str, active: _Active, *, all_done: bool) -> None:
         if active.tasks:
             await asyncio.gather(*active.tasks, return_exceptions=True)
         if not all_done and active.engine_ids:
@@ -321,6 +335,24 @@ async def _next_event(events: asyncio.Queue[StreamEvent], deadline: float | None
             return await events.get()
     except TimeoutError:
         return None
+
+
+async def _despite_cancellation(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Run `cleanup` to its end even if the awaiting task is cancelled (once or more) meanwhile;
+    such a cancellation is raised once it has ended. Only the loop's own shutdown, which
+    cancels every task, stops the cleanup itself."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():  # the cleanup itself was cancelled (the loop shuts down)
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def _cancel_pump(active: _Active, engine_id: str) -> None:
