@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from model_files import copy_tokenizer_files
-from support import WorkerProcess, vllm_worker_args, worker_env
+from support import FORKS, WorkerProcess, vllm_worker_args, worker_env
 
 VLLM_START_TIMEOUT_S = 600.0
 # scripts/test.sh names a file here; each test's id is written to it as the test starts, so a run
@@ -31,6 +31,20 @@ def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
     if path:
         with open(path, "w") as out:
             out.write(nodeid + "\n")
+
+
+_MOCK_FIXTURES = ("mock_worker_factory", "module_mock_workers", "session_mock_workers")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The fork server's imports (~9 s of CPU) overlap the first tests instead of delaying the
+    # first mock worker; a session that starts none never pays them.
+    if any(name in getattr(item, "fixturenames", ()) for item in session.items for name in _MOCK_FIXTURES):
+        FORKS.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    FORKS.close()
 
 
 class MockWorkers:
@@ -54,9 +68,8 @@ class MockWorkers:
         return worker
 
     async def start_many(self, count: int, *, timeout: float = 120.0, **options) -> list[WorkerProcess]:
-        """`count` mock workers of the same options, started at once. Each start is ~7 s of CPU
-        (importing vLLM) and the test process idles meanwhile, so on 2 cores two starting together
-        serve in about the time of one."""
+        """`count` mock workers of the same options, started at once (forks of the fork server,
+        support.FORKS: each serves in about a second; they still initialise side by side)."""
         return list(await asyncio.gather(*(self.start(timeout=timeout, **options) for _ in range(count))))
 
     def stop_all(self) -> None:
@@ -65,9 +78,9 @@ class MockWorkers:
         self.started.clear()
 
 
-# A mock worker imports vLLM (~650 MB resident), so each lives only as long as the scope that
-# asked for it: kept for a whole session, forty of them pushed a 24 GB machine into reclaim and
-# its workers past their start deadline.
+# Each mock worker lives only as long as the scope that asked for it: when each imported vLLM on
+# its own (~650 MB resident), forty kept for a whole session pushed a 24 GB machine into reclaim
+# and its workers past their start deadline. Forks share the fork server's pages until written.
 @pytest.fixture
 def mock_worker_factory():
     """Mock workers stopped when the test ends."""

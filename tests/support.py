@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
 from vllm_fleet.fleet import worker_process
 from vllm_fleet.fleet.worker_process import small_vllm_args
 from vllm_fleet.processes import free_port
+from worker_forks import ForkServer
 
-__all__ = ["WorkerProcess", "free_port", "vllm_worker_args", "wait_until", "worker_env"]
+__all__ = ["FORKS", "WorkerProcess", "free_port", "vllm_worker_args", "wait_until", "worker_env"]
+
+# The session's fork server for mock workers (conftest starts it early and closes it at the end).
+FORKS = ForkServer(tempfile.mkdtemp(prefix="vllm-fleet-forks-"))
+
+
+def _engine(argv: list[str]) -> str | None:
+    for i, word in enumerate(argv):
+        if word == "--engine" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--engine="):
+            return word.split("=", 1)[1]
+    return None
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], *, timeout: float, interval: float = 0.05,
@@ -35,7 +50,24 @@ async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], *, timeout
 
 
 class WorkerProcess(worker_process.WorkerProcess):
-    """The shipped helper; `stop(timeout=...)` is the keyword the tests were written with."""
+    """The shipped helper; `stop(timeout=...)` is the keyword the tests were written with.
+
+    A mock worker is forked from the session's pre-imported fork server (worker_forks.py) instead
+    of starting a Python that imports vLLM again; everything else (a real engine, another
+    checkout's code, an environment that changes imports) starts as the helper starts it.
+    """
+
+    def start(self) -> "WorkerProcess":
+        argv = self.command[3:]  # [python, "-m", "vllm_fleet.cli", "worker", ...]
+        env = {**os.environ, **(self.env or {})}
+        forkable = (self.command[:3] == [sys.executable, "-m", "vllm_fleet.cli"] and not self.die_with_parent
+                    and _engine(argv) == "mock" and FORKS.can_fork(env))
+        if not forkable:
+            return super().start()
+        if self.running:
+            raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
+        self.process = FORKS.spawn(argv, env, str(self.log_path))
+        return self
 
     def stop(self, timeout: float = 60.0) -> int | None:  # type: ignore[override]
         return super().stop(grace_s=timeout)
