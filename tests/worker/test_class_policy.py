@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_fleet.config import EngineConfig
-from vllm_fleet.worker.engines.class_policy import Running, Step, batch_admission_cap, batch_to_preempt
+from vllm_fleet.worker.engines.class_policy import Running, Step, batch_admission_cap, batch_to_preempt, step_token_budget
 from vllm_fleet.worker.engines.vllm_args import CLASS_SCHEDULER, engine_kwargs
 
 
@@ -109,3 +109,13 @@ def test_vllm_gets_the_async_twin_when_it_schedules_asynchronously(async_schedul
     assert type(made).__name__ == expected
     assert isinstance(made, AsyncScheduler) == async_scheduling
     assert isinstance(made, class_scheduler.ClassScheduler)
+
+
+@pytest.mark.parametrize("interactive_due, batch_decodes, cap, expected", [
+    (0, 40, 256, 8192),        # no interactive request: batch has the whole step
+    (10, 40, 256, 306),        # ten interactive decodes, forty batch decodes, 256 of batch prefill
+    (3000, 0, 256, 3256),      # an interactive prompt arriving is not cut
+    (8000, 100, 256, 8192),    # never above the engine's own budget
+])
+def test_batch_prefill_is_capped_only_beside_interactive_work(interactive_due, batch_decodes, cap, expected):
+    assert step_token_budget(8192, interactive_due, batch_decodes, cap) == expected

@@ -32,7 +32,8 @@ def _scheduler(max_seqs: int, budget: int = 2048, interactive_slots: int = 0) ->
     scheduler.__dict__.update(
         policy=SchedulingPolicy.PRIORITY, waiting=create_request_queue(SchedulingPolicy.PRIORITY), running=[],
         max_num_running_reqs=max_seqs, max_num_scheduled_tokens=budget, num_waiting_for_streaming_input=0,
-        batch_priority=100, interactive_slots=interactive_slots, _by_class=True, _batch_arrived=False,
+        batch_priority=100, interactive_slots=interactive_slots, batch_step_tokens=64, _by_class=True,
+        _batch_arrived=False,
         _admission_limit="max_num_active_reqs" if _is_032() else "max_num_running_reqs",
         kv_cache_manager=FreedBlocks(), encoder_cache_manager=SimpleNamespace(free=lambda request: None),
         defer_block_free=False, _inflight_prefills=set(), log_stats=False, reset_preempted_req_ids=set(),
@@ -115,3 +116,20 @@ def test_batch_is_admitted_only_while_the_interactive_slots_stay_free():
     assert scheduler._admission_cap(16) == 14
     scheduler.waiting.add_request(_request("chat", 0, 21.0))
     assert scheduler._admission_cap(16) == 16
+
+
+def test_beside_interactive_work_batch_decodes_go_before_batch_prefills_and_prefill_is_capped():
+    scheduler = _scheduler(max_seqs=8, budget=2048)
+    prefill = _running(scheduler, _request("batch-prefill", 100, 1.0, prompt=1500))
+    decodes = [_running(scheduler, _request(f"batch-decode-{n}", 100, 2.0 + n, outputs=2)) for n in range(3)]
+    for request in scheduler.running:
+        request.num_computed_tokens = request.num_tokens - 1 if request is not prefill else 0
+    scheduler._note_arrival(prefill)
+    assert scheduler._step_budget(2048) == 2048             # batch alone: the whole step
+    chat = _running(scheduler, _request("chat", 0, 9.0, outputs=2))
+    chat.num_computed_tokens = chat.num_tokens - 1
+    scheduler._interactive_first()
+    assert scheduler.running == [chat, *decodes, prefill]
+    assert scheduler._step_budget(2048) == 1 + 3 + 64        # chat's decode, three batch decodes, 64 of prefill
+    scheduler.waiting.add_request(_request("chat-new", 0, 10.0, prompt=300))
+    assert scheduler._step_budget(2048) == 1 + 300 + 3 + 64  # a waiting interactive prompt gets its tokens

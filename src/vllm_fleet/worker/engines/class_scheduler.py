@@ -13,12 +13,15 @@ So before each of vLLM's own steps this scheduler (1) preempts running batch req
 interactive ones (class_policy.py decides which) through vLLM's own `_preempt_request`: each goes
 back to the waiting queue with its tokens, keeps its place by (priority, arrival), and resumes
 where it stopped, its computed blocks found again in the prefix cache where they survive;
-(2) puts interactive requests first in the running list, so their tokens are taken before
-batch's; (3) while only batch waits, admits it only while `interactive_slots` slots stay free.
-Interactive requests are never preempted by it.
+(2) puts interactive requests first in the running list, then batch decodes, then batch
+prefills, so tokens are taken in that order; (3) while interactive requests run or wait, caps the
+step's batch prefill at `batch_step_tokens` (a step lasts as long as its prefill, and each
+interactive decode waits for the whole step); (4) while only batch waits, admits it only while
+`interactive_slots` slots stay free. Interactive requests are never preempted by it.
 
 Settings come from vLLM's `additional_config` (it travels to the EngineCore process with the
-config): `{"vllm_fleet_classes": {"batch_priority": 100, "interactive_slots": 8}}`.
+config): `{"vllm_fleet_classes": {"batch_priority": 100, "interactive_slots": 8,
+"batch_step_tokens": 256}}`.
 
 vLLM 0.26 and 0.32 differ where this touches them, and both are handled: 0.32 admits up to
 `max_num_active_reqs` and 0.26 up to `max_num_running_reqs`; 0.32's `_preempt_request` takes
@@ -47,6 +50,7 @@ from vllm_fleet.worker.engines.class_policy import (
     batch_admission_cap,
     batch_to_preempt,
     is_batch,
+    step_token_budget,
 )
 
 logger = logging.getLogger(__name__)
@@ -68,6 +72,9 @@ class ClassScheduler(Scheduler):
         self.batch_priority = int(settings.get("batch_priority", BATCH_PRIORITY))
         # One slot in 16 by default: none below 16 sequences, 64 of vLLM's 1,024 on a GPU.
         self.interactive_slots = int(settings.get("interactive_slots", self.max_num_running_reqs // 16))
+        # 1/32 of the step by default: 256 of an 8,192-token GPU step. On an 8B H100 engine a full
+        # step of batch prefill made online's ITL P99 7.6x its own (benchmarks/RESULTS.md, #52).
+        self.batch_step_tokens = int(settings.get("batch_step_tokens", max(16, self.max_num_scheduled_tokens // 32)))
         self._admission_limit = (
             "max_num_active_reqs" if hasattr(self, "max_num_active_reqs") else "max_num_running_reqs")  # 0.32 | 0.26
         self._by_class = self.policy == SchedulingPolicy.PRIORITY
@@ -75,20 +82,23 @@ class ClassScheduler(Scheduler):
         if not self._by_class:
             logger.warning("class scheduler: scheduling policy is %s, not priority: it schedules as vLLM does",
                            self.policy.value)
-        logger.info("class scheduler (%s): batch is priority >= %d, %d interactive slot(s) of %d",
-                    type(self).__name__, self.batch_priority, self.interactive_slots, self.max_num_running_reqs)
+        logger.info("class scheduler (%s): batch is priority >= %d, %d interactive slot(s) of %d, batch prefill "
+                    "<= %d tokens a step beside interactive", type(self).__name__, self.batch_priority,
+                    self.interactive_slots, self.max_num_running_reqs, self.batch_step_tokens)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if not self._by_class:
             return super().schedule(*args, **kwargs)
         self._give_way_to_interactive()
         self._interactive_first()
-        limit = getattr(self, self._admission_limit)
+        limit, budget = getattr(self, self._admission_limit), self.max_num_scheduled_tokens
         setattr(self, self._admission_limit, self._admission_cap(limit))
+        self.max_num_scheduled_tokens = self._step_budget(budget)
         try:
             return super().schedule(*args, **kwargs)
         finally:
             setattr(self, self._admission_limit, limit)
+            self.max_num_scheduled_tokens = budget
 
     def add_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
         self._note_arrival(request)
@@ -98,11 +108,32 @@ class ClassScheduler(Scheduler):
         self._batch_arrived = self._batch_arrived or is_batch(request.priority, self.batch_priority)
 
     def _interactive_first(self) -> None:
-        """Running interactive requests ahead of batch, so vLLM's running loop gives them the step's
-        tokens first. A stable sort, every step once batch has arrived; a worker that never saw
-        batch pays nothing (the step is the engine's hot path)."""
+        """Running interactive requests first, then batch decodes, then batch prefills, so vLLM's
+        running loop gives the step's tokens in that order (a batch prefill ahead of batch decodes
+        would take the capped budget they need). A stable sort, every step once batch has arrived;
+        a worker that never saw batch pays nothing (the step is the engine's hot path)."""
         if self._batch_arrived:
-            self.running.sort(key=lambda r: is_batch(r.priority, self.batch_priority))
+            self.running.sort(key=self._run_order)
+
+    def _run_order(self, request: Request) -> int:
+        if not is_batch(request.priority, self.batch_priority):
+            return 0
+        return 1 if _tokens_due(request) == 1 else 2
+
+    def _step_budget(self, budget: int) -> int:
+        """This step's token budget: capped batch prefill while interactive requests run or wait."""
+        if not self._batch_arrived:
+            return budget
+        interactive_due = batch_decodes = 0
+        for request in self.running:
+            due = _tokens_due(request)
+            if not is_batch(request.priority, self.batch_priority):
+                interactive_due += due
+            elif due == 1:
+                batch_decodes += 1
+        if self.waiting and not is_batch(self.waiting.peek_request().priority, self.batch_priority):
+            interactive_due += sum(r.num_tokens - r.num_computed_tokens for r in self._waiting_interactive())
+        return step_token_budget(budget, interactive_due, batch_decodes, self.batch_step_tokens)
 
     def _waiting_interactive(self) -> list[Request]:
         """The ready interactive requests vLLM will admit first (the priority queue yields them in
