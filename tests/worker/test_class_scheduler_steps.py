@@ -33,7 +33,7 @@ def _scheduler(max_seqs: int, budget: int = 2048, interactive_slots: int = 0) ->
         policy=SchedulingPolicy.PRIORITY, waiting=create_request_queue(SchedulingPolicy.PRIORITY), running=[],
         max_num_running_reqs=max_seqs, max_num_scheduled_tokens=budget, num_waiting_for_streaming_input=0,
         batch_priority=100, interactive_slots=interactive_slots, batch_step_tokens=64, _by_class=True,
-        _batch_arrived=False,
+        _batch_arrived=False, _steps_since_check=0,
         _admission_limit="max_num_active_reqs" if _is_032() else "max_num_running_reqs",
         kv_cache_manager=FreedBlocks(), encoder_cache_manager=SimpleNamespace(free=lambda request: None),
         defer_block_free=False, _inflight_prefills=set(), log_stats=False, reset_preempted_req_ids=set(),
@@ -60,10 +60,12 @@ def _request(request_id: str, priority: int, arrival: float, prompt: int = 20, o
     return request
 
 
-def _running(scheduler: ClassScheduler, request: Request) -> Request:
+def _running(scheduler: ClassScheduler, request: Request, *, through_add_request: bool = True) -> Request:
     request.status = RequestStatus.RUNNING
     request.num_computed_tokens = request.num_tokens - 1 if request.num_output_tokens else 0
     scheduler.running.append(request)
+    if through_add_request:  # as vLLM's add_request would have told the scheduler
+        scheduler._note_arrival(request)
     return request
 
 
@@ -99,7 +101,7 @@ def test_interactive_is_never_preempted_and_nothing_happens_while_only_batch_wai
 
 def test_running_interactive_requests_take_the_steps_tokens_first():
     scheduler = _scheduler(max_seqs=4)
-    batch = _running(scheduler, _request("batch", 100, 1.0, prompt=1500))   # a long prefill
+    batch = _running(scheduler, _request("batch", 100, 1.0, prompt=1500), through_add_request=False)   # a long prefill
     chat = _running(scheduler, _request("chat", 0, 2.0, outputs=2))
     scheduler._interactive_first()
     assert scheduler.running == [batch, chat]   # no batch request has arrived through add_request yet
@@ -133,3 +135,41 @@ def test_beside_interactive_work_batch_decodes_go_before_batch_prefills_and_pref
     assert scheduler._step_budget(2048) == 1 + 3 + 64        # chat's decode, three batch decodes, 64 of prefill
     scheduler.waiting.add_request(_request("chat-new", 0, 10.0, prompt=300))
     assert scheduler._step_budget(2048) == 1 + 300 + 3 + 64  # a waiting interactive prompt gets its tokens
+
+
+def test_a_worker_never_sent_batch_does_not_describe_its_steps(monkeypatch):
+    """Under load nearly every step starts with interactive requests waiting; on a worker that has
+    never been sent batch the scheduler must not build a step description (one record per running
+    request) only to find nothing to preempt: that cost lands on every step of the engine."""
+    import vllm_fleet.worker.engines.class_scheduler as class_scheduler
+
+    def described(*args, **kwargs):
+        raise AssertionError("the step was described on a worker with no batch")
+
+    monkeypatch.setattr(class_scheduler, "Step", described)
+    scheduler = _scheduler(max_seqs=2)
+    for number in range(2):
+        _running(scheduler, _request(f"chat-{number}", 0, float(number), outputs=3))
+    scheduler.waiting.add_request(_request("chat-next", 0, 5.0))
+    scheduler._give_way_to_interactive()
+    assert scheduler._admission_cap(2) == 2 and scheduler._step_budget(2048) == 2048
+    assert len(scheduler.running) == 2 and [r.request_id for r in scheduler.waiting] == ["chat-next"]
+
+
+def test_once_every_batch_request_is_gone_the_steps_cost_nothing_again():
+    from vllm_fleet.worker.engines.class_scheduler import BATCH_CHECK_STEPS
+
+    scheduler = _scheduler(max_seqs=4)
+    batch = _running(scheduler, _request("batch", 100, 1.0, outputs=2))
+    for _ in range(BATCH_CHECK_STEPS):
+        scheduler._forget_batch_once_gone()
+    assert scheduler._batch_arrived                 # batch still runs
+    scheduler.running.remove(batch)
+    scheduler.waiting.add_request(batch)            # preempted: still to come
+    for _ in range(BATCH_CHECK_STEPS):
+        scheduler._forget_batch_once_gone()
+    assert scheduler._batch_arrived
+    scheduler.waiting.remove_request(batch)         # finished
+    for _ in range(BATCH_CHECK_STEPS):
+        scheduler._forget_batch_once_gone()
+    assert not scheduler._batch_arrived

@@ -56,6 +56,10 @@ from vllm_fleet.worker.engines.class_policy import (
 logger = logging.getLogger(__name__)
 
 SETTINGS_KEY = "vllm_fleet_classes"
+BATCH_CHECK_STEPS = 256   # steps between looks for whether any batch request is left
+# Where vLLM keeps requests that wait but cannot be admitted yet (0.26: skipped_waiting; 0.32:
+# kv_holding_waiting, deferred_waiting): a batch request there is still batch to come.
+_OTHER_WAITING = ("skipped_waiting", "kv_holding_waiting", "deferred_waiting")
 _READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
@@ -79,6 +83,7 @@ class ClassScheduler(Scheduler):
             "max_num_active_reqs" if hasattr(self, "max_num_active_reqs") else "max_num_running_reqs")  # 0.32 | 0.26
         self._by_class = self.policy == SchedulingPolicy.PRIORITY
         self._batch_arrived = False   # until then no running list needs reordering
+        self._steps_since_check = 0
         if not self._by_class:
             logger.warning("class scheduler: scheduling policy is %s, not priority: it schedules as vLLM does",
                            self.policy.value)
@@ -89,6 +94,7 @@ class ClassScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if not self._by_class:
             return super().schedule(*args, **kwargs)
+        self._forget_batch_once_gone()
         self._give_way_to_interactive()
         self._interactive_first()
         limit, budget = getattr(self, self._admission_limit), self.max_num_scheduled_tokens
@@ -106,6 +112,18 @@ class ClassScheduler(Scheduler):
 
     def _note_arrival(self, request: Request) -> None:
         self._batch_arrived = self._batch_arrived or is_batch(request.priority, self.batch_priority)
+
+    def _forget_batch_once_gone(self) -> None:
+        """Every BATCH_CHECK_STEPS steps while batch has come: if none is left in any queue, the
+        steps go back to costing nothing (a nightly job must not tax the day's online traffic)."""
+        if not self._batch_arrived:
+            return
+        self._steps_since_check += 1
+        if self._steps_since_check < BATCH_CHECK_STEPS:
+            return
+        self._steps_since_check = 0
+        queues = [self.running, self.waiting, *(getattr(self, name) for name in _OTHER_WAITING if hasattr(self, name))]
+        self._batch_arrived = any(is_batch(r.priority, self.batch_priority) for queue in queues for r in queue)
 
     def _interactive_first(self) -> None:
         """Running interactive requests first, then batch decodes, then batch prefills, so vLLM's
@@ -142,8 +160,13 @@ class ClassScheduler(Scheduler):
         return [r for r in itertools.islice(head, self.max_num_running_reqs) if r.status in _READY]
 
     def _give_way_to_interactive(self) -> None:
-        if not self.waiting or is_batch(self.waiting.peek_request().priority, self.batch_priority):
-            return   # the common case costs one look at the queue's head
+        # A worker that has never been sent batch has nothing to preempt: under load nearly every
+        # step starts with interactive requests waiting, and describing the step (one record per
+        # running request) would cost every step of the engine's hot path. Otherwise the common
+        # case costs one look at the queue's head.
+        if not self._batch_arrived or not self.waiting or is_batch(self.waiting.peek_request().priority,
+                                                                   self.batch_priority):
+            return
         waiting = self._waiting_interactive()
         if not waiting:
             return
@@ -169,6 +192,8 @@ class ClassScheduler(Scheduler):
                          request.request_id, len(waiting))
 
     def _admission_cap(self, limit: int) -> int:
+        if not self._batch_arrived:
+            return limit   # no batch has come: nothing to hold slots back from
         if self.waiting and not is_batch(self.waiting.peek_request().priority, self.batch_priority):
             return limit   # interactive is next in the queue: every slot is open to it
         occupied = len(self.running) + self.num_waiting_for_streaming_input
