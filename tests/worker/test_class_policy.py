@@ -9,7 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_fleet.config import EngineConfig
-from vllm_fleet.worker.engines.class_policy import Running, Step, batch_admission_cap, batch_to_preempt, step_token_budget
+from vllm_fleet.worker.engines.class_policy import (
+    Running,
+    Step,
+    batch_admission_cap,
+    batch_to_preempt,
+    may_need_preemption,
+    step_token_budget,
+)
 from vllm_fleet.worker.engines.vllm_args import CLASS_SCHEDULER, engine_kwargs
 
 
@@ -119,3 +126,17 @@ def test_vllm_gets_the_async_twin_when_it_schedules_asynchronously(async_schedul
 ])
 def test_batch_prefill_is_capped_only_beside_interactive_work(interactive_due, batch_decodes, cap, expected):
     assert step_token_budget(8192, interactive_due, batch_decodes, cap) == expected
+
+
+@pytest.mark.parametrize("free, waiting, budget, running_due, interactive_due, expected", [
+    (4, (), 2048, 2000, 0, False),          # nothing interactive waits
+    (0, (50,), 2048, 10, 5, True),          # no slot for it
+    (4, (300,), 400, 50, 10, False),        # the budget leaves it room
+    (4, (300,), 400, 1550, 10, True),       # running prefills would take its room
+])
+def test_a_step_is_described_only_when_preemption_could_help(free, waiting, budget, running_due, interactive_due,
+                                                            expected):
+    assert may_need_preemption(free, waiting, budget, running_due, interactive_due) is expected
+    if not expected and waiting:  # the quick answer agrees with the full decision
+        running = (Running("r", 100, 1.0, running_due - interactive_due), Running("i", 0, 2.0, interactive_due))
+        assert batch_to_preempt(Step(running, waiting, free, budget)) == []

@@ -75,7 +75,7 @@ def test_a_full_batch_gives_a_slot_to_a_waiting_interactive_request_and_keeps_it
     late = _running(scheduler, _request("batch-late", 100, 2.0, outputs=30))
     scheduler.waiting.add_request(_request("chat", 0, 3.0))
 
-    scheduler._give_way_to_interactive()
+    scheduler._prepare_step(2, 2048)
 
     assert scheduler.running == [early]                 # the latest batch gives way, as vLLM picks its victims
     assert late.status == RequestStatus.PREEMPTED and late.num_computed_tokens == 0
@@ -91,11 +91,11 @@ def test_interactive_is_never_preempted_and_nothing_happens_while_only_batch_wai
     chat = _running(scheduler, _request("chat-1", 0, 1.0, outputs=3))
     batch = _running(scheduler, _request("batch", 100, 2.0, outputs=3))
     scheduler.waiting.add_request(_request("batch-2", 100, 3.0))
-    scheduler._give_way_to_interactive()
+    scheduler._prepare_step(2, 2048)
     assert scheduler.running == [chat, batch]
     scheduler.waiting.add_request(_request("chat-2", 0, 4.0))
     scheduler.waiting.add_request(_request("chat-3", 0, 5.0))
-    scheduler._give_way_to_interactive()
+    scheduler._prepare_step(2, 2048)
     assert scheduler.running == [chat]                  # batch went; chat-1 stays though chat-3 waits too
 
 
@@ -103,10 +103,10 @@ def test_running_interactive_requests_take_the_steps_tokens_first():
     scheduler = _scheduler(max_seqs=4)
     batch = _running(scheduler, _request("batch", 100, 1.0, prompt=1500), through_add_request=False)   # a long prefill
     chat = _running(scheduler, _request("chat", 0, 2.0, outputs=2))
-    scheduler._interactive_first()
+    scheduler._prepare_step(4, 2048)
     assert scheduler.running == [batch, chat]   # no batch request has arrived through add_request yet
     scheduler._note_arrival(batch)
-    scheduler._interactive_first()
+    scheduler._prepare_step(4, 2048)
     assert scheduler.running == [chat, batch]
 
 
@@ -124,17 +124,26 @@ def test_beside_interactive_work_batch_decodes_go_before_batch_prefills_and_pref
     scheduler = _scheduler(max_seqs=8, budget=2048)
     prefill = _running(scheduler, _request("batch-prefill", 100, 1.0, prompt=1500))
     decodes = [_running(scheduler, _request(f"batch-decode-{n}", 100, 2.0 + n, outputs=2)) for n in range(3)]
-    for request in scheduler.running:
-        request.num_computed_tokens = request.num_tokens - 1 if request is not prefill else 0
     scheduler._note_arrival(prefill)
-    assert scheduler._step_budget(2048) == 2048             # batch alone: the whole step
+    assert scheduler._prepare_step(8, 2048) == 2048          # batch alone: the whole step
     chat = _running(scheduler, _request("chat", 0, 9.0, outputs=2))
     chat.num_computed_tokens = chat.num_tokens - 1
-    scheduler._interactive_first()
+    assert scheduler._prepare_step(8, 2048) == 1 + 3 + 64    # chat's decode, three batch decodes, 64 of prefill
     assert scheduler.running == [chat, *decodes, prefill]
-    assert scheduler._step_budget(2048) == 1 + 3 + 64        # chat's decode, three batch decodes, 64 of prefill
+
+
+def test_a_waiting_prompt_is_not_left_behind_a_batch_prefill_by_the_cap():
+    """The capped budget has room for the waiting prompt, but vLLM gives running requests their
+    tokens before admitting waiting ones: a running batch prefill would take that room, step after
+    step. It gives way (its computed blocks stay in the prefix cache) and resumes behind the prompt."""
+    scheduler = _scheduler(max_seqs=8, budget=2048)
+    prefill = _running(scheduler, _request("batch-prefill", 100, 1.0, prompt=1500))
+    decodes = [_running(scheduler, _request(f"batch-decode-{n}", 100, 2.0 + n, outputs=2)) for n in range(3)]
     scheduler.waiting.add_request(_request("chat-new", 0, 10.0, prompt=300))
-    assert scheduler._step_budget(2048) == 1 + 300 + 3 + 64  # a waiting interactive prompt gets its tokens
+    assert scheduler._prepare_step(8, 2048) == 300 + 3 + 64  # the prompt, three batch decodes, 64 of prefill
+    assert scheduler.running == decodes                      # the decodes keep their token
+    assert prefill.status == RequestStatus.PREEMPTED
+    assert [r.request_id for r in scheduler.waiting] == ["chat-new", "batch-prefill"]
 
 
 def test_a_worker_never_sent_batch_does_not_describe_its_steps(monkeypatch):
@@ -151,8 +160,7 @@ def test_a_worker_never_sent_batch_does_not_describe_its_steps(monkeypatch):
     for number in range(2):
         _running(scheduler, _request(f"chat-{number}", 0, float(number), outputs=3))
     scheduler.waiting.add_request(_request("chat-next", 0, 5.0))
-    scheduler._give_way_to_interactive()
-    assert scheduler._admission_cap(2) == 2 and scheduler._step_budget(2048) == 2048
+    assert scheduler._prepare_step(2, 2048) == 2048 and scheduler._admission_cap(2) == 2
     assert len(scheduler.running) == 2 and [r.request_id for r in scheduler.waiting] == ["chat-next"]
 
 

@@ -50,6 +50,7 @@ from vllm_fleet.worker.engines.class_policy import (
     batch_admission_cap,
     batch_to_preempt,
     is_batch,
+    may_need_preemption,
     step_token_budget,
 )
 
@@ -95,11 +96,12 @@ class ClassScheduler(Scheduler):
         if not self._by_class:
             return super().schedule(*args, **kwargs)
         self._forget_batch_once_gone()
-        self._give_way_to_interactive()
-        self._interactive_first()
+        if not self._batch_arrived:  # a worker never sent batch: vLLM's own step, nothing added to it
+            return super().schedule(*args, **kwargs)
         limit, budget = getattr(self, self._admission_limit), self.max_num_scheduled_tokens
+        step_budget = self._prepare_step(limit, budget)
         setattr(self, self._admission_limit, self._admission_cap(limit))
-        self.max_num_scheduled_tokens = self._step_budget(budget)
+        self.max_num_scheduled_tokens = step_budget
         try:
             return super().schedule(*args, **kwargs)
         finally:
@@ -125,71 +127,77 @@ class ClassScheduler(Scheduler):
         queues = [self.running, self.waiting, *(getattr(self, name) for name in _OTHER_WAITING if hasattr(self, name))]
         self._batch_arrived = any(is_batch(r.priority, self.batch_priority) for queue in queues for r in queue)
 
-    def _interactive_first(self) -> None:
-        """Running interactive requests first, then batch decodes, then batch prefills, so vLLM's
-        running loop gives the step's tokens in that order (a batch prefill ahead of batch decodes
-        would take the capped budget they need). A stable sort, every step once batch has arrived;
-        a worker that never saw batch pays nothing (the step is the engine's hot path)."""
-        if self._batch_arrived:
-            self.running.sort(key=self._run_order)
-
-    def _run_order(self, request: Request) -> int:
-        if not is_batch(request.priority, self.batch_priority):
-            return 0
-        return 1 if _tokens_due(request) == 1 else 2
-
-    def _step_budget(self, budget: int) -> int:
-        """This step's token budget: capped batch prefill while interactive requests run or wait."""
+    def _prepare_step(self, limit: int, budget: int) -> int:
+        """Before vLLM's step, in one pass over the running requests: the step's token budget
+        (batch prefill capped beside interactive work), batch preempted for waiting interactive
+        requests, and the running list ordered interactive, batch decodes, batch prefills (vLLM's
+        running loop gives tokens in list order, so a batch prefill ahead of a decode would take
+        the budget it needs). Returns the step's budget. A worker never sent batch pays nothing:
+        this runs on every step of the engine's hot path."""
         if not self._batch_arrived:
             return budget
-        interactive_due = batch_decodes = 0
+        ranked: list[tuple[int, Request, int]] = []  # (0 interactive | 1 batch decode | 2 batch prefill, request, tokens due)
+        interactive_due = batch_decodes = running_due = 0
+        batch_priority = self.batch_priority
         for request in self.running:
             due = _tokens_due(request)
-            if not is_batch(request.priority, self.batch_priority):
-                interactive_due += due
+            running_due += due
+            if request.priority < batch_priority:  # is_batch, inlined: ~1 µs a request counts here
+                rank, interactive_due = 0, interactive_due + due
             elif due == 1:
-                batch_decodes += 1
-        if self.waiting and not is_batch(self.waiting.peek_request().priority, self.batch_priority):
-            interactive_due += sum(r.num_tokens - r.num_computed_tokens for r in self._waiting_interactive())
-        return step_token_budget(budget, interactive_due, batch_decodes, self.batch_step_tokens)
+                rank, batch_decodes = 1, batch_decodes + 1
+            else:
+                rank = 2
+            ranked.append((rank, request, due))
+        waiting = self._waiting_interactive()
+        waiting_tokens = [r.num_tokens - r.num_computed_tokens for r in waiting]
+        step_budget = step_token_budget(budget, interactive_due + sum(waiting_tokens), batch_decodes,
+                                        self.batch_step_tokens)
+        free_slots = max(0, limit - len(self.running) - self.num_waiting_for_streaming_input)
+        if may_need_preemption(free_slots, waiting_tokens, step_budget, running_due, interactive_due):
+            preempted = self._give_way_to_interactive(ranked, waiting_tokens, free_slots, step_budget)
+            ranked = [item for item in ranked if item[1].request_id not in preempted]
+        ranked.sort(key=lambda item: item[0])  # stable: vLLM's own order within each rank
+        self.running[:] = [request for _, request, _ in ranked]
+        return step_budget
 
     def _waiting_interactive(self) -> list[Request]:
         """The ready interactive requests vLLM will admit first (the priority queue yields them in
-        order, before any batch), as many as there are slots."""
+        order, before any batch), as many as there are slots. The common case, nothing interactive
+        waiting, costs one look at the queue's head."""
+        if not self.waiting or is_batch(self.waiting.peek_request().priority, self.batch_priority):
+            return []
         head = itertools.takewhile(lambda r: not is_batch(r.priority, self.batch_priority), self.waiting)
         return [r for r in itertools.islice(head, self.max_num_running_reqs) if r.status in _READY]
 
-    def _give_way_to_interactive(self) -> None:
-        # A worker that has never been sent batch has nothing to preempt: under load nearly every
-        # step starts with interactive requests waiting, and describing the step (one record per
-        # running request) would cost every step of the engine's hot path. Otherwise the common
-        # case costs one look at the queue's head.
-        if not self._batch_arrived or not self.waiting or is_batch(self.waiting.peek_request().priority,
-                                                                   self.batch_priority):
-            return
-        waiting = self._waiting_interactive()
-        if not waiting:
-            return
-        occupied = len(self.running) + self.num_waiting_for_streaming_input
+    def _give_way_to_interactive(self, ranked: list[tuple[int, Request, int]], waiting_tokens: list[int],
+                                 free_slots: int, step_budget: int) -> set[str]:
+        """Preempt the running batch requests class_policy picks for the waiting interactive ones,
+        judged against this step's (capped) budget: a batch prefill that would take the tokens a
+        waiting prompt needs gives way, else the prompt would wait behind it step after step.
+        Returns the ids preempted."""
         step = Step(
-            running=tuple(Running(r.request_id, r.priority, r.arrival_time, _tokens_due(r)) for r in self.running),
-            waiting_interactive_tokens=tuple(r.num_tokens - r.num_computed_tokens for r in waiting),
-            free_slots=max(0, getattr(self, self._admission_limit) - occupied),
-            token_budget=self.max_num_scheduled_tokens)
+            running=tuple(Running(r.request_id, r.priority, r.arrival_time, due) for _, r, due in ranked),
+            waiting_interactive_tokens=tuple(waiting_tokens),
+            free_slots=free_slots,
+            token_budget=step_budget)
         victims = set(batch_to_preempt(step, self.batch_priority))
         if not victims:
-            return
+            return set()
         now = time.monotonic()
         # As vLLM's own KV-pressure path preempts (0.32 passes whether stale output is dropped).
         extra = {"drop_stale_output": self.requires_kv_delivery} if hasattr(self, "requires_kv_delivery") else {}
-        for request in [r for r in self.running if r.request_id in victims]:
+        preempted = set()
+        for request in [r for _, r, _ in ranked if r.request_id in victims]:
             can_free = getattr(self, "_request_blocks_can_be_freed", None)
             if can_free is not None and not can_free(request):
                 continue
             self.running.remove(request)
             self._preempt_request(request, now, **extra)
+            preempted.add(request.request_id)
             logger.debug("class scheduler: batch %s preempted for %d waiting interactive request(s)",
-                         request.request_id, len(waiting))
+                         request.request_id, len(waiting_tokens))
+        return preempted
 
     def _admission_cap(self, limit: int) -> int:
         if not self._batch_arrived:
