@@ -1,13 +1,18 @@
 """The attempt seam (router/attempt_hooks.py): a hook added to the StreamContext hears every
 point of a request's attempts in order (a failover included) with the handle its `prepare` gave,
-may change the request sent to each worker, and a hook that returns no handle hears nothing more."""
+may change the request sent to each worker, and a hook that returns no handle hears nothing more.
+What a `prepare` says the workers hold of the prompt (`stream.cache`) is not owed on a lease."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from fakes import addresses
 from test_never_empty import Workers, request, router_over
+from vllm_fleet.protocol import GenerateInput, SamplingParams
+from vllm_fleet.protocol.sampling import build_request
 from vllm_fleet.router.attempt_hooks import Attempt, AttemptHooks, HookedStream
+from vllm_fleet.router.cache.match import CacheMatch
 
 
 class Recorder(AttemptHooks):
@@ -84,3 +89,39 @@ async def test_a_hook_without_a_handle_for_a_request_hears_only_prepare():
         async with router.stream(request("r2")) as stream:
             assert "".join([chunk.text async for chunk in stream]) == "ab"
         assert recorder.heard == [("prepare", "r2")]
+
+
+class HeldPrompt(AttemptHooks):
+    """Says, as the cache hook does, that every worker holds `held` leading tokens of the prompt,
+    and notes the tokens the attempt's lease owes its worker when routed and after the first chunk."""
+
+    def __init__(self, router, held: int) -> None:
+        self.router, self.held = router, held
+        self.owed: list[int] = []
+
+    async def prepare(self, stream: HookedStream) -> object | None:
+        stream.cache = CacheMatch(cached_tokens={a: self.held for a in addresses(1)})
+        return "handle"
+
+    def _note(self, address: str) -> None:
+        self.owed.append(self.router.snapshot().get(address).outstanding_tokens)
+
+    def routed(self, handle: object, attempt: Attempt) -> None:
+        self._note(attempt.address)
+
+    def chunk(self, handle: object, attempt: Attempt, chunk, first: bool) -> None:
+        if first:
+            self._note(attempt.address)
+
+
+async def test_prompt_tokens_the_worker_holds_are_not_owed_on_its_lease():
+    # A 40-token prompt and a 2-token answer, 32 of the prompt in the worker's cache: the lease owes
+    # the 8 it prefills and the answer; the first chunk pays the prefill and its own token.
+    async with router_over(1) as (router, workers):
+        workers.failing = False
+        hook = HeldPrompt(router, held=32)
+        with_hook(router, hook)
+        held = build_request("r3", [GenerateInput(token_ids=list(range(40)))], SamplingParams(max_tokens=2))
+        async with router.stream(held) as stream:
+            assert "".join([chunk.text async for chunk in stream]) == "ab"
+        assert hook.owed == [8 + 2, 1]

@@ -329,7 +329,8 @@ def test_a_requests_frontier_is_its_first_block_no_worker_holds(index):
 
     def frontier(tokens: list[int]) -> str:
         request = build_request("r", [GenerateInput(token_ids=tokens)], SamplingParams(max_tokens=1))
-        return routing.match(request, RequestFeatures(model="m"))[0].frontier_key
+        _, prompt = routing.match(request, RequestFeatures(model="m"))
+        return prompt.match.frontier_key
 
     assert frontier(PROMPT) == str(keys[0])                     # held nowhere: its first block
     Feed(index, W1).snapshot(stored(1, 2, PROMPT[:8]))          # W1 holds the first two blocks

@@ -10,6 +10,7 @@ import pytest
 from fakes import addresses, snapshot, view
 from vllm_fleet.errors import ConfigError
 from vllm_fleet.router import KeyLimits, RouterConfig, add_router_options, router_config_from_args
+from vllm_fleet.router.cache.match import CacheMatch
 from vllm_fleet.router.cache.tuning import CacheTuning
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import CacheAware, CacheCosts
@@ -87,9 +88,9 @@ def test_the_cache_tuning_reaches_the_policy():
     # A holds 2,000 of the prompt's 2,100 tokens and has 2,200 tokens more load than B: the copy
     # term keeps the hit on A; a tuning without it sends the hit to B (test_cache_aware_policy).
     pool = snapshot(view(A, kv_events_fresh=True, outstanding=2200), view(B, kv_events_fresh=True))
-    hit = RequestFeatures(model="m", prompt_tokens=2100, max_tokens=100, cached_tokens={A: 2000})
+    hit, held = RequestFeatures(model="m", prompt_tokens=2100, max_tokens=100), CacheMatch(cached_tokens={A: 2000})
     with_copy = RouterConfig(policy="cache_aware", cache_load_weight=1.0, cache_tuning=CacheTuning(load_bound=None))
     no_copy = with_copy.model_copy(update={"cache_tuning": CacheTuning(load_bound=None, copy_weight=0)})
-    assert CacheAware(CacheCosts.of(with_copy)).rank(hit, pool) == [A, B]
-    assert CacheAware(CacheCosts.of(no_copy)).rank(hit, pool) == [B, A]
+    assert CacheAware(CacheCosts.of(with_copy)).rank(hit, pool, held) == [A, B]
+    assert CacheAware(CacheCosts.of(no_copy)).rank(hit, pool, held) == [B, A]
     assert CacheCosts.of(RouterConfig()) == CacheCosts()  # the defaults route as before the move

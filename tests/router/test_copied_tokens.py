@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from vllm_fleet.router import RouterConfig
+from vllm_fleet.router.cache.match import CacheMatch
 from vllm_fleet.router.cache.routing import CachePrompt, CacheRouting
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.metrics import RouterMetrics
@@ -28,7 +29,9 @@ def routing_with(fresh: set[str]) -> tuple[CacheRouting, CollectorRegistry]:
 
 
 def features(cached: dict[str, int]) -> tuple[RequestFeatures, CachePrompt]:
-    return RequestFeatures(model="m", prompt_tokens=400, cached_tokens=cached), CachePrompt(tuple(range(25)), 400)
+    """A 400-token prompt (25 blocks) of which each worker in `cached` held that many leading tokens."""
+    return RequestFeatures(model="m", prompt_tokens=400), CachePrompt(tuple(range(25)), 400,
+                                                                      match=CacheMatch(cached_tokens=cached))
 
 
 def test_a_request_sent_away_from_the_worker_holding_more_counts_what_it_prefills_again():

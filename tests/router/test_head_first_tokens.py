@@ -143,7 +143,8 @@ def _store(routing: CacheRouting, address: str, ids: list[int], sequence: int) -
 
 
 class Decided(NamedTuple):
-    """What the cache routing made of a request: the features the policy weighs, the prompt as keyed."""
+    """What the cache routing made of a request: the features the policy weighs, the prompt as keyed
+    with who holds it (`prompt.match`, the policy's cache input)."""
 
     features: RequestFeatures
     prompt: CachePrompt
@@ -159,7 +160,7 @@ def _decide(routing: CacheRouting, messages: list[dict]):
     features, prompt = routing.match(request, features)
     views = PoolSnapshot(tuple(WorkerView(a, model=MODEL, kv_events_fresh=True, outstanding_tokens=100 * n)
                                for n, a in enumerate(WORKERS)))
-    return Decided(features, prompt), make_policy("cache_aware").rank(features, views)[0], request
+    return Decided(features, prompt), make_policy("cache_aware").rank(features, views, prompt.match)[0], request
 
 
 def _chat(system: str, document: str) -> list[dict]:
@@ -198,8 +199,8 @@ def test_a_fresh_long_prompt_is_keyed_from_a_head_and_routes_as_whole_tokenizati
     (features, prompt), (expected, whole_prompt) = features, expected
     assert prompt.ids_len == 0 and len(prompt.block_keys) < len(whole_prompt.block_keys) // 3
     assert prompt.block_keys == whole_prompt.block_keys[:len(prompt.block_keys)]
-    assert features.cached_tokens == expected.cached_tokens and features.cached_tokens.get("w2", 0) > 0
-    assert features.frontier_key == expected.frontier_key
+    assert prompt.match.cached_tokens == whole_prompt.match.cached_tokens and prompt.match.held("w2") > 0
+    assert prompt.match.frontier_key == whole_prompt.match.frontier_key
     assert abs(features.prompt_tokens - expected.prompt_tokens) < 0.25 * expected.prompt_tokens
     assert worker == expected_worker
 
@@ -241,7 +242,7 @@ def test_a_prompt_held_past_the_head_is_tokenized_whole(folder):
     (features, prompt), (expected, whole_prompt) = features, expected
     assert prompt.ids_len == whole_prompt.ids_len > 0
     assert prompt.block_keys == whole_prompt.block_keys
-    assert features.cached_tokens == expected.cached_tokens and features.cached_tokens["w1"] > 1000
+    assert prompt.match.cached_tokens == whole_prompt.match.cached_tokens and prompt.match.held("w1") > 1000
     assert features.prompt_tokens == expected.prompt_tokens and worker == expected_worker == "w1"
 
 

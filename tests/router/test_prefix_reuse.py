@@ -6,6 +6,7 @@ import random
 
 from fakes import addresses, snapshot, view
 from vllm_fleet.router import RouterConfig
+from vllm_fleet.router.cache.match import CacheMatch
 from vllm_fleet.router.cache.tuning import CacheTuning
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import CacheAware, CacheCosts, make_policy, ring_order
@@ -73,6 +74,13 @@ def fresh(address: str, **kwargs):
     return view(address, kv_events_fresh=True, **kwargs)
 
 
+def miss_goes_to(pool, *, reuse: float, ticket: int = 0) -> str:
+    """Where cache_aware sends a 2,000-token prompt nobody holds (its frontier "101"), when `reuse`
+    of the new prompts before it came back."""
+    features = RequestFeatures(model="m", prompt_tokens=2000, max_tokens=100, ticket=ticket)
+    return make_policy("cache_aware").rank(features, pool, CacheMatch(frontier_key="101", prefix_reuse=reuse))[0]
+
+
 def test_where_nothing_comes_back_a_miss_goes_to_the_least_loaded_not_its_home():
     home = ring_order("101", [A, B])[0]
     other = B if home == A else A
@@ -80,13 +88,12 @@ def test_where_nothing_comes_back_a_miss_goes_to_the_least_loaded_not_its_home()
     # prompts come back; where a fifth of them do it is worth ~100, and the miss goes where it
     # starts sooner.
     near = snapshot(fresh(home, outstanding=1200), fresh(other))
-    miss = dict(model="m", prompt_tokens=2000, max_tokens=100, frontier_key="101")
-    assert make_policy("cache_aware").rank(RequestFeatures(**miss, prefix_reuse=1.0), near)[0] == home
-    assert make_policy("cache_aware").rank(RequestFeatures(**miss, prefix_reuse=0.2), near)[0] == other
+    assert miss_goes_to(near, reuse=1.0) == home
+    assert miss_goes_to(near, reuse=0.2) == other
     # Between equally loaded workers the home still decides, however little comes back.
     even = snapshot(fresh(home), fresh(other))
     for ticket in range(4):
-        assert make_policy("cache_aware").rank(RequestFeatures(**miss, prefix_reuse=0.05, ticket=ticket), even)[0] == home
+        assert miss_goes_to(even, reuse=0.05, ticket=ticket) == home
 
 
 def test_the_full_home_is_an_internal_constant():
@@ -95,5 +102,6 @@ def test_the_full_home_is_an_internal_constant():
     home = ring_order("101", [A, B])[0]
     other = B if home == A else A
     near = snapshot(fresh(home, outstanding=1200), fresh(other))
-    miss = RequestFeatures(model="m", prompt_tokens=2000, max_tokens=100, frontier_key="101", prefix_reuse=0.2)
-    assert CacheAware(CacheCosts(home_by_reuse=False)).rank(miss, near)[0] == home
+    miss = RequestFeatures(model="m", prompt_tokens=2000, max_tokens=100)
+    rarely_back = CacheMatch(frontier_key="101", prefix_reuse=0.2)
+    assert CacheAware(CacheCosts(home_by_reuse=False)).rank(miss, near, rarely_back)[0] == home

@@ -48,7 +48,8 @@ Modules of the room (router/):
     watchdog   stall detection for one attempt's stream
     budget     the retry budget
     features   what routing and admission need to know about a request, computed once
-    policies   routing policies: pure ranking functions over a pool snapshot
+    policies   routing policies: pure ranking functions over a pool snapshot (and, for
+               cache_aware, the cache match: cache/match)
     config     settings and their CLI options
     metrics    Prometheus metrics of the routing core
     pooling    routing one pooling request (embeddings, score, rerank, classify), with failover
@@ -58,8 +59,8 @@ Modules of the room (router/):
 Wings (each __init__ lists its modules):
     pool/      membership (Pool), worker (WorkerState), lease, listener (PoolListener),
                snapshot (PoolSnapshot, WorkerView), breaker, ejection (outliers)
-    cache/     routing (CacheRouting), hook (CacheHook), index (CacheIndex), routed_holds, entries,
-               follower (KV events), block_keys, key_memo, prefix_reuse
+    cache/     routing (CacheRouting), hook (CacheHook), match (CacheMatch), index (CacheIndex),
+               routed_holds, entries, follower (KV events), block_keys, key_memo, prefix_reuse
     prompt/    tokenizers (the prompt's ids at the router), chat_render, segments, head_cut
     classes/   service_class (settings and rules), batch_gate, batch_hook, batch_wait
     quota/     admission (buckets, class queues), key_limiter, shared_buckets, fleet, bucket,

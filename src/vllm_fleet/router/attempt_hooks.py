@@ -9,6 +9,7 @@ chain it does not look into. The stream calls, in this order:
     prepare(stream)                   once, before admission and the first pick: returns this
                                       request's handle (its per-request state), or None when the
                                       hook has nothing to do for it; may replace stream.features
+                                      and set stream.cache (the cache hook)
     picking(handle)                   before each pick (awaited)
     routed(handle, attempt)           a worker was chosen; may replace attempt.request, the
                                       request sent to it
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vllm_fleet.protocol.types import Chunk, GenerateRequest
+from vllm_fleet.router.cache.match import CacheMatch
 from vllm_fleet.router.delivered import Delivered
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pool.lease import Lease
@@ -40,6 +42,7 @@ class HookedStream(Protocol):
 
     request: GenerateRequest
     features: RequestFeatures   # a hook's `prepare` may replace it (before admission reads it)
+    cache: CacheMatch | None    # who holds the prompt's blocks: the cache hook's `prepare` sets it
     delivered: Delivered        # what the caller has; `keep_text` may be set in `prepare`
 
     def step_aside(self) -> None:

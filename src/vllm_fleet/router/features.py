@@ -10,8 +10,7 @@ for, `GenerateRequest.hints`), never the body, whose meaning is vLLM's on the wo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vllm_fleet.protocol.types import GenerateInput, GenerateRequest, content_text
 
@@ -27,14 +26,12 @@ class RequestFeatures:
     """The inputs of a routing decision. `ticket` is a per-request counter: policies that
     rotate or sample derive it from here, so that they stay pure functions.
 
-    `cached_tokens`, `frontier_key` and `prefix_reuse` are what the router's cache index
-    (router/cache/index.py) answered for this prompt, the cache_aware policy's inputs:
-    `cached_tokens` maps worker address -> leading prompt tokens that worker holds in its KV cache
-    (absent or empty: none, or unknown). It is read-only by convention, like the rest of the
-    bundle; when it is set, `prompt_tokens` is the router's token count of the prompt, or, where
-    only a head of a long new text was tokenized, an estimate of the rest from its characters
-    (CacheRouting.match). The prompt's keys and ids, which live as long as the request, are
-    the cache hook's (router/cache/hook.py), not here."""
+    What the router's cache index answered for the prompt (who holds its blocks, its frontier)
+    is not here: it is a CacheMatch (router/cache/match.py), kept with the prompt's keys and ids
+    by the cache hook (router/cache/hook.py) and handed to the policy beside these features. Under
+    cache_aware, CacheRouting.match puts the router's token count of the prompt in `prompt_tokens`
+    (or, where only a head of a long new text was tokenized, an estimate of the rest from its
+    characters)."""
 
     model: str | None = None
     session_key: str = ""          # session_id (or the OpenAI `user`): session affinity
@@ -46,13 +43,6 @@ class RequestFeatures:
     pool_fallback: bool = False    # when `pool` has no routable worker, take any pool's
     ticket: int = 0
     service_class: str = "interactive"  # or "batch" (router/classes/service_class.py)
-    cached_tokens: Mapping[str, int] = field(default_factory=dict, hash=False)
-    # cache_aware: the key of the prompt's first block that no worker holds (its last block when
-    # every block is held somewhere); its point on the hash ring is where a miss goes ("" = none)
-    frontier_key: str = ""
-    # cache_aware: of the new parts of recent mostly-new prompts, the share later prompts reused
-    # (router/cache/prefix_reuse.py); a prompt's home is worth that share of what it would keep cached
-    prefix_reuse: float = 1.0
 
     @property
     def cost_tokens(self) -> int:

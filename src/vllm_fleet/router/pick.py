@@ -13,7 +13,8 @@ When every worker that is up is out of rotation (open breakers, ejection), the r
 one of them anyway (panic mode, `PoolSnapshot.in_panic`): NoWorkerError means no worker is up.
 
 The functions take what they read (the StreamContext, the request and its features, the workers
-tried so far) and `cost(address)`, the tokens the attempt will cost there; they keep no state.
+tried so far, what the cache index answered for the prompt when it was asked: `cache`, for the
+policy) and `cost(address)`, the tokens the attempt will cost there; they keep no state.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 
 from vllm_fleet.errors import NoWorkerError
 from vllm_fleet.protocol.types import GenerateRequest
+from vllm_fleet.router.cache.match import CacheMatch
 from vllm_fleet.router.classes.service_class import INTERACTIVE, batch_share, guaranteed_batch, has_slack
 from vllm_fleet.router.context import StreamContext
 from vllm_fleet.router.features import RequestFeatures
@@ -39,7 +41,8 @@ PROBE_WAIT_POLL_S = 0.02
 
 
 async def pick_or_await_probe(ctx: StreamContext, request: GenerateRequest, features: RequestFeatures,
-                              tried: set[str], cost: Callable[[str], int]) -> tuple[str, Lease]:
+                              tried: set[str], cost: Callable[[str], int], *,
+                              cache: CacheMatch | None = None) -> tuple[str, Lease]:
     """`pick`, but when every routable worker refused only because a half-open breaker's
     one probe is in flight (a worker just back from a crash), wait for that probe's first
     output instead of failing: streams migrating off a dead worker all at once must not
@@ -48,7 +51,7 @@ async def pick_or_await_probe(ctx: StreamContext, request: GenerateRequest, feat
     deadline = loop.time() + ctx.config.first_chunk_timeout_s
     while True:
         try:
-            return pick(ctx, request, features, tried, cost)
+            return pick(ctx, request, features, tried, cost, cache=cache)
         except NoWorkerError:
             eligible = ctx.pool.snapshot().eligible(features.model, features.pool)
             if loop.time() >= deadline or not any(w.breaker == HALF_OPEN for w in eligible):
@@ -57,10 +60,10 @@ async def pick_or_await_probe(ctx: StreamContext, request: GenerateRequest, feat
 
 
 def pick(ctx: StreamContext, request: GenerateRequest, features: RequestFeatures, tried: set[str],
-         cost: Callable[[str], int]) -> tuple[str, Lease]:
+         cost: Callable[[str], int], *, cache: CacheMatch | None = None) -> tuple[str, Lease]:
     """The best-ranked worker not tried yet whose breaker lets this request through."""
     snapshot = ctx.pool.snapshot()
-    ranked = ctx.policy.rank(features, snapshot)
+    ranked = ctx.policy.rank(features, snapshot, cache)
     if request.adapter and ctx.adapters is not None:
         ranked = ctx.adapters.prefer_holders(request.adapter, ranked, snapshot)
     for address in [a for a in ranked if a not in tried] + [a for a in ranked if a in tried]:
@@ -73,17 +76,17 @@ def pick(ctx: StreamContext, request: GenerateRequest, features: RequestFeatures
             return address, lease
     panicked = snapshot.in_panic(features.model, features.pool)
     if panicked is not None:
-        return _pick_in_panic(ctx, features, panicked, cost)
+        return _pick_in_panic(ctx, features, panicked, cost, cache)
     ctx.metrics.rejections.labels("no_worker").inc()
     model = f" for model {features.model!r}" if features.model else ""
     raise NoWorkerError(f"no serving worker{model} can take the request now", retry_after=ctx.pool.retry_after())
 
 
 def _pick_in_panic(ctx: StreamContext, features: RequestFeatures, panicked: PoolSnapshot,
-                   cost: Callable[[str], int]) -> tuple[str, Lease]:
+                   cost: Callable[[str], int], cache: CacheMatch | None) -> tuple[str, Lease]:
     """Every worker that is up is out of rotation (breaker or ejection): route among all of them,
     as Envoy's panic mode does, rather than refuse the request."""
-    for address in ctx.policy.rank(features, panicked):
+    for address in ctx.policy.rank(features, panicked, cache):
         lease = ctx.pool.try_acquire(address, cost(address), panic=True)
         if lease is not None:
             ctx.metrics.panics.inc()
@@ -95,7 +98,8 @@ def _pick_in_panic(ctx: StreamContext, features: RequestFeatures, panicked: Pool
 
 
 async def pick_batch(ctx: StreamContext, request: GenerateRequest, features: RequestFeatures, tried: set[str],
-                     cost: Callable[[str], int], waited: Callable[[float], None]) -> tuple[str, Lease]:
+                     cost: Callable[[str], int], waited: Callable[[float], None], *,
+                     cache: CacheMatch | None = None) -> tuple[str, Lease]:
     """A worker with slack for a batch request, waiting for one as long as the deadline allows
     (router/classes/service_class.py); the starvation guard lets a few through regardless. While it waits it
     is on the pool's account of waiting batch (classes/batch_wait.py), which says why. `waited(seconds)`
@@ -106,9 +110,9 @@ async def pick_batch(ctx: StreamContext, request: GenerateRequest, features: Req
     try:
         while True:
             snapshot = ctx.pool.snapshot()
-            ranked = ctx.policy.rank(features, snapshot)
+            ranked = ctx.policy.rank(features, snapshot, cache)
             if not ranked:  # no serving worker at all: NoWorkerError, as for interactive
-                return pick(ctx, request, features, tried, cost)
+                return pick(ctx, request, features, tried, cost, cache=cache)
             if request.adapter and ctx.adapters is not None:
                 ranked = ctx.adapters.prefer_holders(request.adapter, ranked, snapshot)
             views = {a: snapshot.get(a) for a in ranked}

@@ -1,9 +1,11 @@
-"""Routing policies: pure functions `(request features, pool snapshot) -> ranked addresses`.
+"""Routing policies: pure functions `(request features, pool snapshot, cache match) -> ranked addresses`.
 
 Every policy ranks all eligible workers (serving, breaker not open, right model and pool),
 best first; the router dispatches to the first one that accepts and fails over down the list.
 A policy keeps no state: round robin and power of two choices take their rotation and their
-random draw from `features.ticket`, so the same inputs always give the same ranking.
+random draw from `features.ticket`, so the same inputs always give the same ranking. The cache
+match (router/cache/match.py: who holds the prompt's blocks, per the router's cache index) is
+cache_aware's input alone; the others take it and ignore it.
 
     least_outstanding   fewest tokens still expected (prompt + output) of this router's requests
     power_of_two        two workers drawn at random, the less loaded first (cheap, herd-free)
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from vllm_fleet.errors import ConfigError
+from vllm_fleet.router.cache.match import NOTHING_HELD, CacheMatch
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
 
@@ -42,17 +45,18 @@ RING_POINTS_PER_WORKER = 64
 class Policy(abc.ABC):
     name: ClassVar[str]
 
-    def rank(self, features: RequestFeatures, snapshot: PoolSnapshot) -> list[str]:
-        """Eligible workers for `features`, best first."""
+    def rank(self, features: RequestFeatures, snapshot: PoolSnapshot, cache: CacheMatch | None = None) -> list[str]:
+        """Eligible workers for `features`, best first. `cache`: what the router's cache index
+        answered for the prompt (CacheRouting.match); None: nothing known, no worker holds any."""
         workers = snapshot.eligible(features.model, features.pool)
         if not workers and features.pool_fallback:  # the class's pool is empty or down: any pool (configured)
             workers = snapshot.eligible(features.model)
         if not workers:
             return []
-        return [w.address for w in self.order(features, workers)]
+        return [w.address for w in self.order(features, workers, NOTHING_HELD if cache is None else cache)]
 
     @abc.abstractmethod
-    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView], cache: CacheMatch) -> list[WorkerView]:
         """Sort the (non-empty, address-sorted) eligible workers, best first."""
 
 
@@ -70,7 +74,7 @@ def _rotated(workers: Sequence[WorkerView], ticket: int) -> list[WorkerView]:
 class LeastOutstanding(Policy):
     name = "least_outstanding"
 
-    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView], cache: CacheMatch) -> list[WorkerView]:
         # Rotating first spreads ties (an idle pool) instead of piling them on one address.
         return sorted(_rotated(workers, features.ticket), key=load_score)
 
@@ -78,7 +82,7 @@ class LeastOutstanding(Policy):
 class PowerOfTwo(Policy):
     name = "power_of_two"
 
-    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView], cache: CacheMatch) -> list[WorkerView]:
         if len(workers) == 1:
             return list(workers)
         draw = random.Random(features.ticket).sample(range(len(workers)), 2)
@@ -90,7 +94,7 @@ class PowerOfTwo(Policy):
 class RoundRobin(Policy):
     name = "round_robin"
 
-    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView], cache: CacheMatch) -> list[WorkerView]:
         return _rotated(workers, features.ticket)
 
 
@@ -143,10 +147,10 @@ class SessionAffinity(Policy):
     def key(self, features: RequestFeatures) -> str:
         return features.session_key
 
-    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView], cache: CacheMatch) -> list[WorkerView]:
         key = self.key(features)
         if not key:
-            return LeastOutstanding().order(features, workers)
+            return LeastOutstanding().order(features, workers, cache)
         by_address = {w.address: w for w in workers}
         walk = [by_address[a] for a in ring_order(key, list(by_address))]
         if self.load_bound is None:
@@ -206,7 +210,7 @@ class CacheAware(Policy):
     whose cache fill is within `home_balance` of the mean) makes routers that do not see each
     other's load put a new prefix in one place, so the caches split prefixes instead of copying
     them; it is worth what the prompt would leave cached there, at most `home_tokens`, scaled by
-    how often new prompts came back (`features.prefix_reuse`, unless `home_by_reuse` is off). What
+    how often new prompts came back (`cache.prefix_reuse`, unless `home_by_reuse` is off). What
     the prompt is mostly made of picks between the two: a worker holding more than the home pays no
     home while its lead outweighs the prompt's new part, and the home pays no copy while the new
     part is the larger (`order`). A worker whose events are not fresh counts as holding nothing. Above `load_bound` times the mean
@@ -241,17 +245,17 @@ class CacheAware(Policy):
         others = max(0, worker.queued - worker.in_flight)
         return worker.outstanding_tokens + self.costs.queued_tokens * others
 
-    def order(self, features: RequestFeatures, workers: Sequence[WorkerView]) -> list[WorkerView]:
+    def order(self, features: RequestFeatures, workers: Sequence[WorkerView], cache: CacheMatch) -> list[WorkerView]:
         costs = self.costs
         loads = {w.address: self.load(w) for w in workers}
 
         def held(worker: WorkerView) -> int:
-            return features.cached_tokens.get(worker.address, 0) if worker.kv_events_fresh else 0
+            return cache.held(worker.address) if worker.kv_events_fresh else 0
 
-        home = self.home(features.frontier_key, workers) if features.frontier_key and costs.home_tokens else None
+        home = self.home(cache.frontier_key, workers) if cache.frontier_key and costs.home_tokens else None
         # What the home is worth: what this prompt leaves cached there, up to home_tokens, as far as
         # new prompts came back lately (little when none do: then the pull is pure delay).
-        reuse = features.prefix_reuse if costs.home_by_reuse else 1.0
+        reuse = cache.prefix_reuse if costs.home_by_reuse else 1.0
         home_worth = 0.0 if home is None else reuse * min(
             costs.home_tokens, max(0, features.prompt_tokens - held(home)))
         most_held = max((held(w) for w in workers), default=0)

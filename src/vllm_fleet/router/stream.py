@@ -49,6 +49,7 @@ from vllm_fleet.errors import (
 )
 from vllm_fleet.protocol.types import Chunk, GenerateRequest
 from vllm_fleet.router.attempt_hooks import Attempt, AttemptHooks
+from vllm_fleet.router.cache.match import CacheMatch
 from vllm_fleet.router.quota.admission import Ticket
 from vllm_fleet.router.classes.service_class import BATCH
 from vllm_fleet.router.context import StreamContext
@@ -82,6 +83,9 @@ class RoutedStream:
                  key: str | None, deadline: float | None) -> None:
         self.request = request
         self.features = features
+        # What the router's cache index answered for the prompt (cache/match.py): the cache hook's
+        # `prepare` sets it; None (nothing known) under other policies
+        self.cache: CacheMatch | None = None
         self.key = key
         self.deadline = deadline
         self.worker: str | None = None
@@ -255,8 +259,10 @@ class RoutedStream:
         other work for a half-open breaker's probe rather than failing at once."""
         ctx = self._context
         if self._batch:
-            return await pick_batch(ctx, self.request, self.features, tried, self._remaining_cost, self._waited)
-        return await pick_or_await_probe(ctx, self.request, self.features, tried, self._remaining_cost)
+            return await pick_batch(ctx, self.request, self.features, tried, self._remaining_cost, self._waited,
+                                    cache=self.cache)
+        return await pick_or_await_probe(ctx, self.request, self.features, tried, self._remaining_cost,
+                                         cache=self.cache)
 
     def _waited(self, seconds: float) -> None:
         """A batch request waited `seconds` for slack: the deadline bounds its work, not its queue."""
@@ -341,7 +347,7 @@ class RoutedStream:
         if first:
             for hook, handle in self._hooks:
                 hook.first_token(handle, attempt)
-            lease.progress(max(0, self.features.prompt_tokens - self.features.cached_tokens.get(attempt.address, 0)))
+            lease.progress(max(0, self.features.prompt_tokens - self._cached(attempt.address)))
         lease.progress(len(chunk.token_ids))
         chunk = self.delivered.accept(chunk, attempt.mapping)
         for hook, handle in self._hooks:
@@ -364,5 +370,9 @@ class RoutedStream:
         """Tokens this attempt will cost `address`: what is not delivered yet, less the prompt
         tokens its prefix cache holds (cache_aware knows them), which it will not prefill."""
         delivered = self.delivered.tokens()
-        cached = 0 if delivered else self.features.cached_tokens.get(address, 0)
+        cached = 0 if delivered else self._cached(address)
         return max(0, self.features.cost_tokens - delivered - cached)
+
+    def _cached(self, address: str) -> int:
+        """Leading prompt tokens `address` holds in its KV cache, per the cache index (0: unknown)."""
+        return 0 if self.cache is None else self.cache.held(address)

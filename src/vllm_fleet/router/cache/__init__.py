@@ -6,6 +6,8 @@ Modules:
     hook           CacheHook: cache routing as an attempt hook (router/attempt_hooks.py): keys the
                    prompt before the pick, holds its blocks per attempt, sends router ids; its
                    handle keeps the prompt's keys and ids while the request is in flight
+    match          CacheMatch: what the index answered for one prompt (each worker's cached tokens,
+                   the frontier, prefix reuse), the cache_aware policy's input beside the features
     index          CacheIndex: which worker holds which KV blocks, from the engines' events; bounded
     routed_holds   RoutedHolds and RoutedHold: the index's speculative entries, written at routing
     entries        WorkerEntries: one worker's entries in the index (held, speculative, pending)
@@ -16,6 +18,7 @@ Modules:
     tuning         CacheTuning: the internal constants (RouterConfig.cache_tuning, not on the CLI)
 
 Imports run one way: hook -> routing -> (follower -> index -> (routed_holds, entries, block_keys)),
-prefix_reuse; block_keys -> key_memo. The wing imports the pool's WorkerState and nothing of the
-other wings but prompt/ (the prompt's ids).
+prefix_reuse, match; block_keys -> key_memo. The wing imports the pool's WorkerState and nothing of
+the other wings but prompt/ (the prompt's ids). match imports nothing: the room's policies, pick,
+stream and attempt_hooks read it.
 """

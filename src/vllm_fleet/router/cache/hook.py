@@ -1,8 +1,10 @@
 """CacheHook: cache routing around a stream's attempts (router/attempt_hooks.py).
 
-Before the pick it keys the prompt and asks the index who holds it (CacheRouting.match); the
-features get the matched tokens the policy weighs, and the handle keeps the prompt's keys and
-ids while the request is in flight. Each attempt holds the prompt's blocks on its worker as
+Before the pick it keys the prompt and asks the index who holds it (CacheRouting.match): the
+features get the router's token count of the prompt; the handle keeps the prompt's keys and ids,
+and what the index answered (a CacheMatch, router/cache/match.py), while the request is in
+flight; the stream gets that answer as `stream.cache`, hands it to the policy, and does not count
+a worker's held tokens on its lease. Each attempt holds the prompt's blocks on its worker as
 speculative entries from the pick to the first token, then for the event delay (RoutedHold);
 an attempt that ends before it stored nothing releases them. A worker that takes the router's
 ids gets them on a first attempt. A chat answer the caller got is tokenized for the next turn.
@@ -25,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class CacheHandle:
-    """One request's cache state: its prompt as keyed, and the current attempt's hold."""
+    """One request's cache state: its prompt as keyed with who held it (`prompt.match`), and the
+    current attempt's hold."""
 
     stream: HookedStream
     prompt: CachePrompt
@@ -45,6 +48,7 @@ class CacheHook(AttemptHooks):
             stream.features, prompt = await asyncio.to_thread(routing.match, request, stream.features)
         else:
             stream.features, prompt = routing.match(request, stream.features)
+        stream.cache = prompt.match   # the policy's cache input, and what each worker will not prefill
         # Keep the answer's text where the router tokenizes the next turn's prompt (`ended`).
         stream.delivered.keep_text = routing.wants_answer(request)
         return CacheHandle(stream, prompt)

@@ -22,11 +22,12 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllm_fleet.protocol.types import GenerateRequest, WorkerInfo
 from vllm_fleet.router.cache.block_keys import block_keys
 from vllm_fleet.router.cache.index import CacheIndex, RoutedHold
+from vllm_fleet.router.cache.match import CacheMatch
 from vllm_fleet.router.config import RouterConfig
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.cache.follower import KvFollower
@@ -47,8 +48,9 @@ def cache_salt(request: GenerateRequest) -> str:
 
 @dataclass(slots=True)
 class CachePrompt:
-    """One request's prompt as the index keyed it (`CacheRouting.match`), kept by the cache hook
-    (router/cache/hook.py) while the request is in flight; empty when its ids are not known."""
+    """One request's prompt as the index keyed it (`CacheRouting.match`), and who held it then
+    (`match`, the policy's cache input), kept by the cache hook (router/cache/hook.py) while the
+    request is in flight; empty when its ids are not known (then no worker counts as holding it)."""
 
     block_keys: tuple[int, ...] = ()   # the prompt's blocks (only the head's while `rest_keys` is set)
     ids_len: int = 0                   # the router's token count of input 0; 0 = not (all) tokenized
@@ -58,6 +60,7 @@ class CachePrompt:
     # input 0's whole prompt ids as the router rendered them, for an attempt on a worker that takes
     # them (`attempt_request`); None when only a head was tokenized, the input had ids, or no worker takes them
     ids: tuple[int, ...] | None = None
+    match: CacheMatch = field(default_factory=CacheMatch)   # each worker's cached tokens of it, its frontier
 
 
 # A new text piece over twice `head_chars` long is tokenized head first (match). 250 characters is
@@ -240,9 +243,9 @@ class CacheRouting:
         return self.tokenizers.ids_for(model, body, prompt=item.text or "", head_chars=head_chars)
 
     def match(self, request: GenerateRequest, features: RequestFeatures) -> tuple[RequestFeatures, CachePrompt]:
-        """`features` with the prompt's token count and each worker's cached tokens of it, and the
-        prompt as keyed; unchanged features and an empty CachePrompt when the ids are not known
-        (routed by load alone).
+        """`features` with the prompt's token count, and the prompt as keyed with each worker's
+        cached tokens of it (`CachePrompt.match`); unchanged features and an empty CachePrompt
+        when the ids are not known (routed by load alone).
 
         A long new text is tokenized head first (`head_chars`, router/prompt/segments.py): when
         some block of the head is held by no worker, the lookup has already stopped there and the
@@ -263,18 +266,18 @@ class CacheRouting:
             keys = block_keys(ids.head, block_size, lora=lora, salt=salt)
             held = self.index.matched_tokens(model, keys) if keys else {}
             if keys and max(held.values(), default=0) < len(keys) * block_size:
-                features = self._with_keys(request, features, block_size, keys, held, ids.estimated_tokens)
+                features, match = self._matched(request, features, block_size, keys, held, ids.estimated_tokens)
                 rest = lambda: block_keys(ids.complete(), block_size, lora=lora, salt=salt)  # noqa: E731
-                return features, CachePrompt(tuple(keys), 0, rest_keys=rest)
+                return features, CachePrompt(tuple(keys), 0, rest_keys=rest, match=match)
             ids = ids.complete()   # every block of the head is held somewhere: the rest may match too
         keys = block_keys(ids, block_size, lora=lora, salt=salt)
         held = self.index.matched_tokens(model, keys) if keys else {}
-        features = self._with_keys(request, features, block_size, keys, held, len(ids))
+        features, match = self._matched(request, features, block_size, keys, held, len(ids))
         rendered = self._id_takers and request.inputs[0].token_ids is None  # rendered here: a worker may skip it
-        return features, CachePrompt(tuple(keys), len(ids), ids=tuple(ids) if rendered else None)
+        return features, CachePrompt(tuple(keys), len(ids), ids=tuple(ids) if rendered else None, match=match)
 
-    def _with_keys(self, request: GenerateRequest, features: RequestFeatures, block_size: int, keys: list[int],
-                   held: dict[str, int], tokens: int) -> RequestFeatures:
+    def _matched(self, request: GenerateRequest, features: RequestFeatures, block_size: int, keys: list[int],
+                 held: dict[str, int], tokens: int) -> tuple[RequestFeatures, CacheMatch]:
         prompt_tokens = features.prompt_tokens
         if len(request.inputs) == 1:  # exact now (or the head's estimate), for one input (the others stay estimates)
             prompt_tokens = tokens
@@ -286,8 +289,8 @@ class CacheRouting:
         new_tokens = max(0, tokens - best)
         mostly_new = held_blocks < len(keys) and new_tokens >= best  # where the home decides
         watch.note(keys[:held_blocks], keys[held_blocks] if mostly_new else None, new_tokens)
-        return dataclasses.replace(features, cached_tokens=held, prompt_tokens=prompt_tokens,
-                                   frontier_key=frontier, prefix_reuse=reuse)
+        return (dataclasses.replace(features, prompt_tokens=prompt_tokens),
+                CacheMatch(cached_tokens=held, frontier_key=frontier, prefix_reuse=reuse))
 
     def _key_rest(self, hold: RoutedHold, address: str, model: str, rest_keys: Callable[[], list[int]],
                   keyed: int) -> None:
@@ -372,7 +375,7 @@ class CacheRouting:
                                       ttl_s=self.config.cache_tuning.speculative_ttl_s)
         if prompt.rest_keys is not None:
             self._key_rest(hold, address, model, prompt.rest_keys, len(prompt.block_keys))
-        predicted = features.cached_tokens.get(address, 0) if self.fresh(address) else 0
+        predicted = prompt.match.held(address) if self.fresh(address) else 0
         self._metrics.predicted_cached_tokens.labels(address).inc(predicted)
         self._metrics.routed_prompt_tokens.labels(address).inc(features.prompt_tokens)
         totals = self._predicted.setdefault(address, [0, 0, 0])
@@ -381,7 +384,7 @@ class CacheRouting:
         # Tokens another worker holds that this one will prefill again (and then hold twice): the
         # price of a decision made for load. Counted so that a hit rate under the best possible
         # can be told apart from an index that misses blocks.
-        best = max((held for other, held in features.cached_tokens.items() if self.fresh(other)), default=0)
+        best = max((held for other, held in prompt.match.cached_tokens.items() if self.fresh(other)), default=0)
         if best > predicted:
             copied = best - predicted
             totals[2] += copied
