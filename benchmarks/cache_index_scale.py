@@ -29,6 +29,7 @@ from vllm_fleet.bench import percentile
 from vllm_fleet.protocol.kv_events import BlocksStored, KvEventBatch
 from vllm_fleet.router.cache.block_keys import block_keys
 from vllm_fleet.router.cache.index import CacheIndex
+from vllm_fleet.router.cache.match import CacheMatch
 from vllm_fleet.router.features import RequestFeatures
 from vllm_fleet.router.policies import make_policy
 from vllm_fleet.router.pool.snapshot import PoolSnapshot, WorkerView
@@ -128,9 +129,8 @@ def time_lookups(index: CacheIndex, fillers: list[Filler], model: str, lookups: 
         hashed = time.perf_counter()
         held = index.matched_tokens(model, keys)
         middle = time.perf_counter()
-        features = RequestFeatures(model=model, prompt_tokens=len(prompt), max_tokens=256, cached_tokens=held,
-                                   ticket=ticket)
-        policy.rank(features, views)
+        features = RequestFeatures(model=model, prompt_tokens=len(prompt), max_tokens=256, ticket=ticket)
+        policy.rank(features, views, CacheMatch(cached_tokens=held))
         end = time.perf_counter()
         keys_us.append((hashed - start) * 1e6)
         index_us.append((middle - start) * 1e6)

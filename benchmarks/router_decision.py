@@ -203,7 +203,7 @@ class Setting:
                                long_prompt_tokens=admission.long_prompt_tokens, long_max_tokens=admission.long_max_tokens,
                                ticket=self.ticket)
         features, prompt = self.routing.match(request, features)
-        worker = self.policy.rank(features, views)[0]
+        worker = self.policy.rank(features, views, prompt.match)[0]
         parts = [time.perf_counter() - start, self.ids_for.last, self.keys_fn.last, self.lookup.last]
         self.engines.store(worker, self.routing.prompt_ids(request, MODEL))   # untimed: what its engine stores
         if answer is not None:
@@ -233,7 +233,7 @@ def run_case(settings: dict[str, Setting], requests, rng: random.Random) -> dict
             # ids_len is 0 where only a head was tokenized (CacheRouting.match): its estimate
             times[name]["tokens"].append(prompt.ids_len or features.prompt_tokens)
             times[name]["head only"].append(not prompt.ids_len)
-            times[name]["hit"].append(max(features.cached_tokens.values(), default=0))
+            times[name]["hit"].append(max(prompt.match.cached_tokens.values(), default=0))
     return times
 
 
