@@ -15,11 +15,14 @@ diag_dir=$(mktemp -d)
 trap 'rm -rf "$diag_dir"' EXIT
 export VLLM_FLEET_TEST_PROGRESS="$diag_dir/running" PYTHONUNBUFFERED=1
 set +e
-"$PY" -m pytest -p no:cacheprovider "$@" 2>&1 | tee "$diag_dir/log"
+# Two pytest processes (pytest-xdist): much of the suite waits on processes, sockets and
+# deadlines rather than a core, so two overlap on 2 cores. conftest.py keeps what is heavy to start
+# (the real engines, Spark) in one of them. `-n 0` (or VLLM_FLEET_TEST_PROCESSES=0) runs one.
+"$PY" -m pytest -p no:cacheprovider -n "${VLLM_FLEET_TEST_PROCESSES:-2}" --dist loadgroup "$@" 2>&1 | tee "$diag_dir/log"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
-  echo "pytest exited $rc; the last test it started: $(cat "$diag_dir/running" 2>/dev/null || echo none)"
+  echo "pytest exited $rc; the last test each of its processes started: $(cat "$diag_dir"/running* 2>/dev/null || echo none)"
   # 3 is pytest's internal error: its own lines say where, and must not be lost in the middle.
   grep -m 40 -E '^INTERNALERROR>|^E   |Timeout \(>|^mainloop:' "$diag_dir/log" || true
 fi

@@ -29,11 +29,36 @@ PROGRESS_FILE_ENV = "VLLM_FLEET_TEST_PROGRESS"
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
     path = os.environ.get(PROGRESS_FILE_ENV)
     if path:
-        with open(path, "w") as out:
+        worker = os.environ.get("PYTEST_XDIST_WORKER")  # one file per xdist process: each says where it was
+        with open(f"{path}.{worker}" if worker else path, "w") as out:
             out.write(nodeid + "\n")
 
 
 _MOCK_FIXTURES = ("mock_worker_factory", "module_mock_workers", "session_mock_workers")
+
+
+_ENGINE_FIXTURES = frozenset({"vllm_worker", "vllm_worker_b", "vllm_pooling_worker"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (scripts/test.sh runs two processes: much of the suite waits on
+    # processes, sockets and deadlines, not on a core), what is heavy to start exists once: every
+    # test that needs a real engine runs in the one process that holds the session's engines (and
+    # starts its own engines there, one at a time, on the cores the shared ones leave), every Spark
+    # test in the one that holds the JVM; any other module stays whole, so its module fixtures
+    # start once.
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _ENGINE_FIXTURES or item.get_closest_marker("engine"):
+            group = "real-engines"
+        elif "spark" in names:
+            group = "spark"
+        else:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
