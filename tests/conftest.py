@@ -58,9 +58,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = "spark"
         else:
             group = item.nodeid.split("::", 1)[0]
-        # --dist loadgroup schedules by the "@group" suffix of a test's id. xdist 3.8 adds it from
-        # xdist_group marks in a hook pytest 9 no longer calls (undecorated), so it is added here.
-        item._nodeid = f"{item.nodeid}@{group}"
+        _join_group(item, group)
+
+
+def _join_group(item: pytest.Item, group: str) -> None:
+    # --dist loadgroup schedules by the "@group" suffix of a test's id. xdist 3.8 adds it from
+    # xdist_group marks in a hook pytest 9 never calls (an undecorated method), and pytest 9 keeps
+    # the id structured (`_id`), so the suffix is set here; if a pytest release moves it again,
+    # the run stops with a message instead of starting every engine in both processes.
+    grouped = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(grouped)
+    else:
+        item._nodeid = grouped
+    if item.nodeid != grouped:
+        raise pytest.UsageError("this pytest cannot group tests for pytest-xdist; run the suite with -n 0 "
+                                "(VLLM_FLEET_TEST_PROCESSES=0 bash scripts/test.sh)")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
