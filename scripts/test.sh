@@ -15,10 +15,11 @@ diag_dir=$(mktemp -d)
 trap 'rm -rf "$diag_dir"' EXIT
 export VLLM_FLEET_TEST_PROGRESS="$diag_dir/running" PYTHONUNBUFFERED=1
 set +e
-# Two pytest processes (pytest-xdist): much of the suite waits on processes, sockets and
-# deadlines rather than a core, so two overlap on 2 cores. conftest.py keeps what is heavy to start
-# (the real engines, Spark) in one of them. `-n 0` (or VLLM_FLEET_TEST_PROCESSES=0) runs one.
-"$PY" -m pytest -p no:cacheprovider -n "${VLLM_FLEET_TEST_PROCESSES:-2}" --dist loadgroup "$@" 2>&1 | tee "$diag_dir/log"
+# Three pytest processes (pytest-xdist): much of the suite waits on processes, sockets and
+# deadlines rather than on a core, so three overlap on 2 cores (README: the suite's figures).
+# conftest.py keeps what is heavy to start (the session's real engines, Spark's JVM) in one
+# process each. `-n 0` (or VLLM_FLEET_TEST_PROCESSES=0) runs the suite in one process.
+"$PY" -m pytest -p no:cacheprovider -n "${VLLM_FLEET_TEST_PROCESSES:-3}" --dist loadgroup --no-loadscope-reorder "$@" 2>&1 | tee "$diag_dir/log"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then

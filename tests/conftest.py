@@ -42,23 +42,38 @@ _ENGINE_FIXTURES = frozenset({"vllm_worker", "vllm_worker_b", "vllm_pooling_work
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Under pytest-xdist (scripts/test.sh runs two processes: much of the suite waits on
+    # Under pytest-xdist (scripts/test.sh runs three processes: much of the suite waits on
     # processes, sockets and deadlines, not on a core), what is heavy to start exists once: every
     # test that needs a real engine runs in the one process that holds the session's engines (and
     # starts its own engines there, one at a time, on the cores the shared ones leave), every Spark
     # test in the one that holds the JVM; any other module stays whole, so its module fixtures
     # start once.
+    #
+    # The longest groups go first (scripts/test.sh turns off xdist's reordering by test count):
+    # a run ends when its last group does, and a few chaos tests of a minute each, started last,
+    # left one process working alone.
     if not getattr(config.option, "loadgroup", False):  # what xdist sets in its processes for --dist loadgroup
         return
+    groups = {item: _group_of(item) for item in items}
+    items.sort(key=lambda item: _long_groups_first(groups[item]))  # stable: a module keeps its order
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        if names & _ENGINE_FIXTURES or item.get_closest_marker("engine"):
-            group = "real-engines"
-        elif "spark" in names:
-            group = "spark"
-        else:
-            group = item.nodeid.split("::", 1)[0]
-        _join_group(item, group)
+        _join_group(item, groups[item])
+
+
+def _group_of(item: pytest.Item) -> str:
+    names = set(getattr(item, "fixturenames", ()))
+    if names & _ENGINE_FIXTURES or item.get_closest_marker("engine"):
+        return "real-engines"
+    if "spark" in names:
+        return "spark"
+    return item.nodeid.split("::", 1)[0]
+
+
+def _long_groups_first(group: str) -> int:
+    for rank, start in enumerate(("real-engines", "spark", "tests/chaos/", "tests/spark/", "tests/fleet/")):
+        if group.startswith(start):
+            return rank
+    return 5
 
 
 def _join_group(item: pytest.Item, group: str) -> None:
