@@ -35,8 +35,6 @@ def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
 
 
 _MOCK_FIXTURES = ("mock_worker_factory", "module_mock_workers", "session_mock_workers")
-
-
 _ENGINE_FIXTURES = frozenset({"vllm_worker", "vllm_worker_b", "vllm_pooling_worker"})
 
 
@@ -45,7 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Under pytest-xdist (scripts/test.sh runs three processes: much of the suite waits on
     # processes, sockets and deadlines, not on a core), what is heavy to start exists once: every
     # test that needs a real engine runs in the one process that holds the session's engines (and
-    # starts its own engines there, one at a time, on the cores the shared ones leave), every Spark
+    # starts its own engines there, one at a time, not beside another process's), every Spark
     # test in the one that holds the JVM; any other module stays whole, so its module fixtures
     # start once.
     #
@@ -80,7 +78,7 @@ def _join_group(item: pytest.Item, group: str) -> None:
     # --dist loadgroup schedules by the "@group" suffix of a test's id. xdist 3.8 adds it from
     # xdist_group marks in a hook pytest 9 never calls (an undecorated method), and pytest 9 keeps
     # the id structured (`_id`), so the suffix is set here; if a pytest release moves it again,
-    # the run stops with a message instead of starting every engine in both processes.
+    # the run stops with a message instead of starting every engine in every process.
     grouped = f"{item.nodeid}@{group}"
     if hasattr(item, "_id"):
         from _pytest.nodeid import NodeId
