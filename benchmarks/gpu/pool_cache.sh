@@ -129,9 +129,14 @@ pool)
         --targets ${TARGETS:-relative} --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} 2>&1 | tee "$OUT/shared-pool.txt" ;;
 pool8b)
     rm -f /tmp/shared-pool-worker-gpu*.log  # appended to: keep this run's only
+    # STEP_TOKENS=N: the engine scheduler's batch prefill per step beside interactive work (its
+    # batch_step_tokens; default 1/32 of the step, 256 here), to trace the ITL / batch-share trade-off.
+    step_args=()
+    [[ -n ${STEP_TOKENS:-} ]] && step_args=(--worker-arg=--engine-arg \
+        "--worker-arg=additional_config={\"vllm_fleet_classes\": {\"batch_step_tokens\": $STEP_TOKENS}}")
     $FLEET_PY shared_pool.py --workers vllm --model "$QWEN3_8B" --cuda-devices 0,0 --max-model-len 2048 \
         --worker-arg=--load-format --worker-arg=dummy --worker-arg=--gpu-memory-utilization --worker-arg=0.42 \
-        --worker-arg=--no-enforce-eager --worker-arg=--max-num-batched-tokens --worker-arg=8192 \
+        --worker-arg=--no-enforce-eager --worker-arg=--max-num-batched-tokens --worker-arg=8192 "${step_args[@]}" \
         --completions --stand-in-words --max-num-seqs 64 --seconds ${SECONDS_PER_PHASE:-30} --rate ${RATE:-8} \
         --online-words 256 --online-max-tokens 64 --batch-in-flight 128 --batch-words 512 --batch-max-tokens 128 \
         --targets ${TARGETS:-relative} --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} \
