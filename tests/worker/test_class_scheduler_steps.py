@@ -17,6 +17,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_qu
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from vllm_fleet.worker.engines.class_scheduler import ClassScheduler  # noqa: E402
+from vllm_fleet.worker.engines.step_governor import StepGovernor  # noqa: E402
 
 
 class FreedBlocks:
@@ -37,7 +38,8 @@ def _scheduler(max_seqs: int, budget: int = 2048, interactive_slots: int = 0) ->
         _admission_limit="max_num_active_reqs" if _is_032() else "max_num_running_reqs",
         kv_cache_manager=FreedBlocks(), encoder_cache_manager=SimpleNamespace(free=lambda request: None),
         defer_block_free=False, _inflight_prefills=set(), log_stats=False, reset_preempted_req_ids=set(),
-        aux_output_connector=None, requires_kv_delivery=False)
+        aux_output_connector=None, requires_kv_delivery=False, _governor=None, _step_interactive_ids=(),
+        _steps_timed={}, _last_step_end=0.0, _decode_turn=0)
     if _is_032():
         scheduler.max_num_active_reqs = max_seqs
         scheduler.requires_kv_delivery = False
@@ -181,3 +183,52 @@ def test_once_every_batch_request_is_gone_the_steps_cost_nothing_again():
     for _ in range(BATCH_CHECK_STEPS):
         scheduler._forget_batch_once_gone()
     assert not scheduler._batch_arrived
+
+
+def _governed(scheduler: ClassScheduler, allowance: int) -> StepGovernor:
+    governor = StepGovernor(1.1, ceiling=64)
+    governor.clean_steps, governor.baseline_s, governor.allowance = 4, 0.01, allowance
+    scheduler._governor = governor
+    return governor
+
+
+def test_a_governed_step_carries_only_the_allowance_of_batch_and_the_decodes_take_turns():
+    scheduler = _scheduler(max_seqs=8)
+    decodes = [_running(scheduler, _request(f"batch-decode-{n}", 100, float(n), outputs=2)) for n in range(4)]
+    chat = _running(scheduler, _request("chat", 0, 9.0, outputs=2))
+    _governed(scheduler, allowance=2)
+    assert scheduler._prepare_step(8, 2048) == 1 + 2        # chat's decode and two batch decodes
+    assert scheduler.running == [chat, *decodes]
+    assert scheduler._prepare_step(8, 2048) == 1 + 2
+    assert scheduler.running == [chat, decodes[2], decodes[3], decodes[0], decodes[1]]   # the other two's turn
+    assert scheduler._step_interactive_ids == ("chat",)
+
+
+def test_a_step_admitting_an_interactive_prompt_is_not_held_back_by_the_governor():
+    scheduler = _scheduler(max_seqs=8)
+    decodes = [_running(scheduler, _request(f"batch-decode-{n}", 100, float(n), outputs=2)) for n in range(4)]
+    _running(scheduler, _request("chat", 0, 9.0, outputs=2))
+    scheduler.waiting.add_request(_request("chat-new", 0, 10.0, prompt=30))
+    _governed(scheduler, allowance=1)
+    assert scheduler._prepare_step(8, 2048) == 1 + 30 + 4 + 64   # as without a governor
+    assert set(scheduler._step_interactive_ids) == {"chat", "chat-new"}
+    assert len(decodes) == 4
+
+
+def test_the_governor_is_told_each_steps_duration_and_its_interactive_and_batch_tokens(monkeypatch):
+    import vllm_fleet.worker.engines.class_scheduler as class_scheduler
+
+    scheduler = _scheduler(max_seqs=8)
+    told = []
+    scheduler._governor = SimpleNamespace(step_done=lambda *args: told.append(args))
+    clock = iter([10.0, 10.5])
+    monkeypatch.setattr(class_scheduler.time, "monotonic", lambda: next(clock))
+    output = SimpleNamespace(num_scheduled_tokens={"chat": 1, "batch": 7}, total_num_scheduled_tokens=8)
+    scheduler._steps_timed[id(output)] = (9.9, ("chat",))
+    scheduler._last_step_end = 9.8
+    scheduler._time_step(output)        # scheduled at 9.9, after the previous step ended: ran 0.1 s
+    assert told == [(pytest.approx(0.1), 1, 7)]
+    later = SimpleNamespace(num_scheduled_tokens={"chat": 1}, total_num_scheduled_tokens=1)
+    scheduler._steps_timed[id(later)] = (9.95, ("chat",))
+    scheduler._time_step(later)         # scheduled while the first ran (async): runs from its end
+    assert told[1] == (pytest.approx(0.5), 1, 0) and not scheduler._steps_timed

@@ -17,11 +17,14 @@ where it stopped, its computed blocks found again in the prefix cache where they
 prefills, so tokens are taken in that order; (3) while interactive requests run or wait, caps the
 step's batch prefill at `batch_step_tokens` (a step lasts as long as its prefill, and each
 interactive decode waits for the whole step); (4) while only batch waits, admits it only while
-`interactive_slots` slots stay free. Interactive requests are never preempted by it.
+`interactive_slots` slots stay free; (5) with `batch_slowdown_target` set, holds each step's batch
+tokens beside running interactive work to what keeps the step within that many times a step without
+batch, learnt from the steps' own durations (step_governor.py). Interactive requests are never
+preempted by it.
 
 Settings come from vLLM's `additional_config` (it travels to the EngineCore process with the
 config): `{"vllm_fleet_classes": {"batch_priority": 100, "interactive_slots": 8,
-"batch_step_tokens": 256}}`.
+"batch_step_tokens": 256, "batch_slowdown_target": 1.05}}` (the last is off unless given).
 
 vLLM 0.26 and 0.32 differ where this touches them, and both are handled: 0.32 admits up to
 `max_num_active_reqs` and 0.26 up to `max_num_running_reqs`; 0.32's `_preempt_request` takes
@@ -53,6 +56,7 @@ from vllm_fleet.worker.engines.class_policy import (
     may_need_preemption,
     step_token_budget,
 )
+from vllm_fleet.worker.engines.step_governor import StepGovernor
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +84,13 @@ class ClassScheduler(Scheduler):
         # 1/32 of the step by default: 256 of an 8,192-token GPU step. On an 8B H100 engine a full
         # step of batch prefill made online's ITL P99 7.6x its own (benchmarks/RESULTS.md, #52).
         self.batch_step_tokens = int(settings.get("batch_step_tokens", max(16, self.max_num_scheduled_tokens // 32)))
+        target = settings.get("batch_slowdown_target")
+        self._governor = None if target is None else StepGovernor(
+            float(target), ceiling=self.max_num_running_reqs + self.batch_step_tokens)
+        self._step_interactive_ids: tuple[str, ...] = ()
+        self._steps_timed: dict[int, tuple[float, tuple[str, ...]]] = {}  # id(scheduler output) -> (start, interactive ids)
+        self._last_step_end = 0.0
+        self._decode_turn = 0   # where the batch decodes' rotation starts when not all of them fit a step
         self._admission_limit = (
             "max_num_active_reqs" if hasattr(self, "max_num_active_reqs") else "max_num_running_reqs")  # 0.32 | 0.26
         self._by_class = self.policy == SchedulingPolicy.PRIORITY
@@ -89,8 +100,9 @@ class ClassScheduler(Scheduler):
             logger.warning("class scheduler: scheduling policy is %s, not priority: it schedules as vLLM does",
                            self.policy.value)
         logger.info("class scheduler (%s): batch is priority >= %d, %d interactive slot(s) of %d, batch prefill "
-                    "<= %d tokens a step beside interactive", type(self).__name__, self.batch_priority,
-                    self.interactive_slots, self.max_num_running_reqs, self.batch_step_tokens)
+                    "<= %d tokens a step beside interactive, steps with batch held to %s a step without",
+                    type(self).__name__, self.batch_priority, self.interactive_slots, self.max_num_running_reqs,
+                    self.batch_step_tokens, "no limit of" if target is None else f"{float(target):g}x")
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if not self._by_class:
@@ -102,11 +114,36 @@ class ClassScheduler(Scheduler):
         step_budget = self._prepare_step(limit, budget)
         setattr(self, self._admission_limit, self._admission_cap(limit))
         self.max_num_scheduled_tokens = step_budget
+        started = time.monotonic()
         try:
-            return super().schedule(*args, **kwargs)
+            output = super().schedule(*args, **kwargs)
         finally:
             setattr(self, self._admission_limit, limit)
             self.max_num_scheduled_tokens = budget
+        if self._governor is not None:
+            self._steps_timed[id(output)] = (started, self._step_interactive_ids)
+            while len(self._steps_timed) > 16:   # an output never given back (none seen; kept bounded)
+                del self._steps_timed[next(iter(self._steps_timed))]
+        return output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        if self._governor is not None:
+            self._time_step(scheduler_output)
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _time_step(self, scheduler_output: Any) -> None:
+        """Tell the governor how long the step ran and what it carried. A step runs from when it
+        was scheduled or the previous one ended, whichever is later: with async scheduling the next
+        step is scheduled while this one runs."""
+        now = time.monotonic()
+        started, interactive_ids = self._steps_timed.pop(id(scheduler_output), (None, ()))
+        previous_end, self._last_step_end = self._last_step_end, now
+        if started is None:
+            return
+        scheduled = scheduler_output.num_scheduled_tokens
+        interactive = sum(scheduled.get(request_id, 0) for request_id in interactive_ids)
+        self._governor.step_done(now - max(started, previous_end), interactive,
+                                 scheduler_output.total_num_scheduled_tokens - interactive)
 
     def add_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
         self._note_arrival(request)
@@ -153,13 +190,34 @@ class ClassScheduler(Scheduler):
         waiting_tokens = [r.num_tokens - r.num_computed_tokens for r in waiting]
         step_budget = step_token_budget(budget, interactive_due + sum(waiting_tokens), batch_decodes,
                                         self.batch_step_tokens)
+        allowance = None
+        if self._governor is not None:
+            self._step_interactive_ids = tuple(
+                [r.request_id for rank, r, _ in ranked if rank == 0] + [r.request_id for r in waiting])
+            if interactive_due and not waiting:  # a step that admits an interactive prompt is not held back
+                allowance = self._governor.next_allowance()
+                step_budget = min(step_budget, interactive_due + allowance)
         free_slots = max(0, limit - len(self.running) - self.num_waiting_for_streaming_input)
         if may_need_preemption(free_slots, waiting_tokens, step_budget, running_due, interactive_due):
             preempted = self._give_way_to_interactive(ranked, waiting_tokens, free_slots, step_budget)
             ranked = [item for item in ranked if item[1].request_id not in preempted]
         ranked.sort(key=lambda item: item[0])  # stable: vLLM's own order within each rank
+        if allowance is not None and allowance < batch_decodes:
+            ranked = self._rotate_batch_decodes(ranked, allowance)
         self.running[:] = [request for _, request, _ in ranked]
         return step_budget
+
+    def _rotate_batch_decodes(self, ranked: list[tuple[int, Request, int]], allowance: int) -> list[tuple[int, Request, int]]:
+        """When a step's allowance fits fewer batch decodes than run, the ones that fit take turns
+        (vLLM's running loop gives tokens in list order: without turns the same ones would always go)."""
+        first = next((i for i, item in enumerate(ranked) if item[0] == 1), None)
+        if first is None:
+            return ranked   # every batch decode gave way this step
+        end = next((i for i, item in enumerate(ranked) if item[0] == 2), len(ranked))
+        decodes = ranked[first:end]
+        turn = self._decode_turn % len(decodes)
+        self._decode_turn = turn + allowance
+        return ranked[:first] + decodes[turn:] + decodes[:turn] + ranked[end:]
 
     def _waiting_interactive(self) -> list[Request]:
         """The ready interactive requests vLLM will admit first (the priority queue yields them in

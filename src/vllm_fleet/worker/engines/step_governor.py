@@ -1,0 +1,86 @@
+"""How many batch tokens an engine step may carry beside interactive work, learnt from the engine's
+own step times (#52). The class scheduler (class_scheduler.py) asks it before each step and tells it
+how long each step took; it is pure (no vLLM, no clock), so its rules are tables in tests.
+
+Why in the engine: every interactive stream waits for the whole step, so a step's duration *is* the
+inter-token latency batch adds. The router's latency controller sees that only through its streams,
+judged over 1-2 s windows, and can only change how many batch requests it sends; the engine times
+every step and decides every step's tokens, so it can hold steps with batch to a slowdown target and
+move within a few steps (tens of milliseconds on a GPU) when the interactive load moves.
+
+How: a step is *clean* when it carried interactive tokens and no batch token, *mixed* when it carried
+both; a step without interactive tokens is not judged (nothing to protect). Every `probe_every`-th
+step with interactive work is kept clean (allowance 0), so the baseline follows the interactive load
+as it changes. After each `window` mixed steps their mean duration is compared with the clean steps'
+running mean: over `slowdown` times it, the allowance halves; within it, the allowance grows by a
+sixteenth of `ceiling`. Halving backs off within one window; growing by small steps approaches the
+level that interfered one step at a time (as TCP's congestion avoidance does). The allowance never
+falls below `floor` (one batch decode a step by default): mixed steps must keep coming for the
+allowance to be judged again, and batch keeps moving, however slowly.
+
+What it cannot do: with two engines on one GPU each one's clean steps run beside the other's batch,
+so its baseline already carries the other's load; and a mean holds the typical step, not the P99 a
+single slow kernel makes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+PROBE_EVERY = 8       # one step in eight with interactive work is clean: batch keeps 7/8 of them
+WINDOW = 8            # mixed steps per judgement: a few tens of milliseconds on a GPU
+BASELINE_STEPS = 4    # clean steps seen before batch is let in beside interactive work
+SMOOTHING = 0.2       # weight of the newest clean step in the baseline's running mean
+
+
+@dataclass
+class StepGovernor:
+    """The allowance of batch tokens (decodes and prefill together) in a step with interactive work."""
+
+    slowdown: float   # a mixed step may take at most this times a clean one
+    ceiling: int      # what the allowance grows to: the step's batch decodes plus its batch prefill cap
+    floor: int = 1
+    allowance: int = field(init=False)
+    baseline_s: float | None = field(default=None, init=False)
+    clean_steps: int = field(default=0, init=False)
+    halvings: int = field(default=0, init=False)
+    _mixed: list[float] = field(default_factory=list, init=False)
+    _steps_with_interactive: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.slowdown > 1.0:
+            raise ValueError(f"a slowdown target must be above 1.0, got {self.slowdown}")
+        if self.ceiling < 1 or not 0 <= self.floor <= self.ceiling:
+            raise ValueError(f"need 0 <= floor <= ceiling and ceiling >= 1, got floor {self.floor}, ceiling {self.ceiling}")
+        self.allowance = max(self.floor, self.ceiling // 2)
+
+    def next_allowance(self) -> int:
+        """Batch tokens the next step with interactive work may carry: 0 while the baseline is being
+        learnt and on every probe step."""
+        self._steps_with_interactive += 1
+        if self.clean_steps < BASELINE_STEPS or self._steps_with_interactive % PROBE_EVERY == 0:
+            return 0
+        return self.allowance
+
+    def step_done(self, seconds: float, interactive_tokens: int, batch_tokens: int) -> None:
+        """A step ended: how long it ran and what it carried."""
+        if interactive_tokens <= 0 or seconds <= 0 or not math.isfinite(seconds):
+            return
+        if batch_tokens <= 0:
+            self.clean_steps += 1
+            self.baseline_s = seconds if self.baseline_s is None else (
+                (1 - SMOOTHING) * self.baseline_s + SMOOTHING * seconds)
+            return
+        if self.baseline_s is None:
+            return   # nothing to judge against yet
+        self._mixed.append(seconds)
+        if len(self._mixed) < WINDOW:
+            return
+        mean = sum(self._mixed) / len(self._mixed)
+        self._mixed.clear()
+        if mean > self.slowdown * self.baseline_s:
+            self.allowance = max(self.floor, self.allowance // 2)
+            self.halvings += 1
+        else:
+            self.allowance = min(self.ceiling, self.allowance + max(1, self.ceiling // 16))
