@@ -131,9 +131,15 @@ pool8b)
     rm -f /tmp/shared-pool-worker-gpu*.log  # appended to: keep this run's only
     # STEP_TOKENS=N: the engine scheduler's batch prefill per step beside interactive work (its
     # batch_step_tokens; default 1/32 of the step, 256 here), to trace the ITL / batch-share trade-off.
+    # SLOWDOWN=X: its step governor on, holding steps with batch to X times a step without.
+    classes=()
+    [[ -n ${STEP_TOKENS:-} ]] && classes+=("\"batch_step_tokens\": $STEP_TOKENS")
+    [[ -n ${SLOWDOWN:-} ]] && classes+=("\"batch_slowdown_target\": $SLOWDOWN")
     step_args=()
-    [[ -n ${STEP_TOKENS:-} ]] && step_args=(--worker-arg=--engine-arg \
-        "--worker-arg=additional_config={\"vllm_fleet_classes\": {\"batch_step_tokens\": $STEP_TOKENS}}")
+    if ((${#classes[@]})); then
+        joined=$(IFS=,; echo "${classes[*]}")
+        step_args=(--worker-arg=--engine-arg "--worker-arg=additional_config={\"vllm_fleet_classes\": {$joined}}")
+    fi
     $FLEET_PY shared_pool.py --workers vllm --model "$QWEN3_8B" --cuda-devices 0,0 --max-model-len 2048 \
         --worker-arg=--load-format --worker-arg=dummy --worker-arg=--gpu-memory-utilization --worker-arg=0.42 \
         --worker-arg=--no-enforce-eager --worker-arg=--max-num-batched-tokens --worker-arg=8192 "${step_args[@]}" \
