@@ -39,7 +39,7 @@ def _scheduler(max_seqs: int, budget: int = 2048, interactive_slots: int = 0) ->
         kv_cache_manager=FreedBlocks(), encoder_cache_manager=SimpleNamespace(free=lambda request: None),
         defer_block_free=False, _inflight_prefills=set(), log_stats=False, reset_preempted_req_ids=set(),
         aux_output_connector=None, requires_kv_delivery=False, _governor=None, _step_interactive_ids=(),
-        _steps_timed={}, _last_step_end=0.0, _decode_turn=0)
+        _steps_timed={}, _last_step_end=0.0, _decode_turn=0, current_step=0)
     if _is_032():
         scheduler.max_num_active_reqs = max_seqs
         scheduler.requires_kv_delivery = False
@@ -192,27 +192,40 @@ def _governed(scheduler: ClassScheduler, allowance: int) -> StepGovernor:
     return governor
 
 
+def _held(scheduler: ClassScheduler, requests: list[Request]) -> list[str]:
+    """The requests vLLM's running loop skips in the step about to begin (it counts the step up first)."""
+    return [r.request_id for r in requests if scheduler.current_step + 1 < r.next_decode_eligible_step]
+
+
 def test_a_governed_step_carries_only_the_allowance_of_batch_and_the_decodes_take_turns():
     scheduler = _scheduler(max_seqs=8)
     decodes = [_running(scheduler, _request(f"batch-decode-{n}", 100, float(n), outputs=2)) for n in range(4)]
+    prefill = _running(scheduler, _request("batch-prefill", 100, 5.0, prompt=1500))
     chat = _running(scheduler, _request("chat", 0, 9.0, outputs=2))
-    _governed(scheduler, allowance=2)
+    governor = _governed(scheduler, allowance=2)
     assert scheduler._prepare_step(8, 2048) == 1 + 2        # chat's decode and two batch decodes
-    assert scheduler.running == [chat, *decodes]
+    assert scheduler.running == [chat, *decodes, prefill]
+    assert _held(scheduler, decodes + [prefill]) == ["batch-decode-2", "batch-decode-3", "batch-prefill"]
+    scheduler.current_step += 1                            # vLLM's step ran
     assert scheduler._prepare_step(8, 2048) == 1 + 2
-    assert scheduler.running == [chat, decodes[2], decodes[3], decodes[0], decodes[1]]   # the other two's turn
-    assert scheduler._step_interactive_ids == ("chat",)
+    assert _held(scheduler, decodes + [prefill]) == ["batch-decode-0", "batch-decode-1", "batch-prefill"]
+    scheduler.current_step += 1
+    governor.allowance = 4 + 20
+    assert scheduler._prepare_step(8, 2048) == 1 + 4 + 20   # every decode, and 20 tokens of the prefill
+    assert _held(scheduler, decodes + [prefill]) == [] and scheduler._step_interactive_ids == ("chat",)
 
 
-def test_a_step_admitting_an_interactive_prompt_is_not_held_back_by_the_governor():
+def test_a_governed_step_admitting_an_interactive_prompt_lets_in_no_batch_prefill():
     scheduler = _scheduler(max_seqs=8)
-    decodes = [_running(scheduler, _request(f"batch-decode-{n}", 100, float(n), outputs=2)) for n in range(4)]
+    decodes = [_running(scheduler, _request(f"batch-decode-{n}", 100, float(n), outputs=2)) for n in range(2)]
+    prefill = _running(scheduler, _request("batch-prefill", 100, 5.0, prompt=1500))
     _running(scheduler, _request("chat", 0, 9.0, outputs=2))
     scheduler.waiting.add_request(_request("chat-new", 0, 10.0, prompt=30))
-    _governed(scheduler, allowance=1)
-    assert scheduler._prepare_step(8, 2048) == 1 + 30 + 4 + 64   # as without a governor
+    _governed(scheduler, allowance=40)
+    assert scheduler._prepare_step(8, 2048) == 1 + 30 + 2   # chat, the prompt, both batch decodes
+    assert _held(scheduler, decodes + [prefill]) == ["batch-prefill"]
+    assert prefill.status == RequestStatus.RUNNING         # sits the step out: nothing to preempt for
     assert set(scheduler._step_interactive_ids) == {"chat", "chat-new"}
-    assert len(decodes) == 4
 
 
 def test_the_governor_is_told_each_steps_duration_and_its_interactive_and_batch_tokens(monkeypatch):

@@ -90,7 +90,7 @@ class ClassScheduler(Scheduler):
         self._step_interactive_ids: tuple[str, ...] = ()
         self._steps_timed: dict[int, tuple[float, tuple[str, ...]]] = {}  # id(scheduler output) -> (start, interactive ids)
         self._last_step_end = 0.0
-        self._decode_turn = 0   # where the batch decodes' rotation starts when not all of them fit a step
+        self._decode_turn = 0   # where the batch decodes' turns start when not all of them fit a step
         self._admission_limit = (
             "max_num_active_reqs" if hasattr(self, "max_num_active_reqs") else "max_num_running_reqs")  # 0.32 | 0.26
         self._by_class = self.policy == SchedulingPolicy.PRIORITY
@@ -190,34 +190,48 @@ class ClassScheduler(Scheduler):
         waiting_tokens = [r.num_tokens - r.num_computed_tokens for r in waiting]
         step_budget = step_token_budget(budget, interactive_due + sum(waiting_tokens), batch_decodes,
                                         self.batch_step_tokens)
-        allowance = None
         if self._governor is not None:
             self._step_interactive_ids = tuple(
                 [r.request_id for rank, r, _ in ranked if rank == 0] + [r.request_id for r in waiting])
-            if interactive_due and not waiting:  # a step that admits an interactive prompt is not held back
-                allowance = self._governor.next_allowance()
-                step_budget = min(step_budget, interactive_due + allowance)
+            if interactive_due or waiting:
+                ranked, batch_tokens = self._hold_back_batch(ranked, self._governor.next_allowance(), bool(waiting))
+                step_budget = min(step_budget, interactive_due + sum(waiting_tokens) + batch_tokens)
+                running_due = interactive_due + batch_tokens
         free_slots = max(0, limit - len(self.running) - self.num_waiting_for_streaming_input)
         if may_need_preemption(free_slots, waiting_tokens, step_budget, running_due, interactive_due):
             preempted = self._give_way_to_interactive(ranked, waiting_tokens, free_slots, step_budget)
             ranked = [item for item in ranked if item[1].request_id not in preempted]
         ranked.sort(key=lambda item: item[0])  # stable: vLLM's own order within each rank
-        if allowance is not None and allowance < batch_decodes:
-            ranked = self._rotate_batch_decodes(ranked, allowance)
         self.running[:] = [request for _, request, _ in ranked]
         return step_budget
 
-    def _rotate_batch_decodes(self, ranked: list[tuple[int, Request, int]], allowance: int) -> list[tuple[int, Request, int]]:
-        """When a step's allowance fits fewer batch decodes than run, the ones that fit take turns
-        (vLLM's running loop gives tokens in list order: without turns the same ones would always go)."""
-        first = next((i for i, item in enumerate(ranked) if item[0] == 1), None)
-        if first is None:
-            return ranked   # every batch decode gave way this step
-        end = next((i for i, item in enumerate(ranked) if item[0] == 2), len(ranked))
-        decodes = ranked[first:end]
-        turn = self._decode_turn % len(decodes)
-        self._decode_turn = turn + allowance
-        return ranked[:first] + decodes[turn:] + decodes[:turn] + ranked[end:]
+    def _hold_back_batch(self, ranked: list[tuple[int, Request, int]], allowance: int,
+                         prompt_waits: bool) -> tuple[list[tuple[int, Request, int]], int]:
+        """Let `allowance` batch tokens into the step (the governor's, step_governor.py): batch
+        decodes first, taking turns when not all fit, then batch prefill up to the step cap, none
+        of it while an interactive prompt waits (vLLM gives running requests their tokens before it
+        admits a waiting one). The rest sit this step out, as vLLM's own schedulers hold a request
+        back (`next_decode_eligible_step`; vLLM counts the step up as it begins), keeping their
+        slots and blocks. Returns the ranking with 0 tokens due for those, and the batch tokens let in."""
+        decodes = [request for rank, request, _ in ranked if rank == 1]
+        turn = self._decode_turn % len(decodes) if decodes else 0
+        running_decodes = (decodes[turn:] + decodes[:turn])[:allowance]
+        self._decode_turn = turn + len(running_decodes)
+        let_in = {request.request_id for request in running_decodes}
+        batch_tokens = len(running_decodes)
+        room = 0 if prompt_waits else min(allowance - batch_tokens, self.batch_step_tokens)
+        for rank, request, due in ranked:
+            if rank == 2 and room > 0:
+                let_in.add(request.request_id)
+                batch_tokens += min(due, room)
+                room -= min(due, room)
+        held = []
+        for rank, request, due in ranked:
+            if rank and request.request_id not in let_in:
+                request.next_decode_eligible_step = max(request.next_decode_eligible_step, self.current_step + 2)
+                due = 0
+            held.append((rank, request, due))
+        return held, batch_tokens
 
     def _waiting_interactive(self) -> list[Request]:
         """The ready interactive requests vLLM will admit first (the priority queue yields them in
