@@ -118,14 +118,17 @@ def test_vllm_gets_the_async_twin_when_it_schedules_asynchronously(async_schedul
     assert isinstance(made, class_scheduler.ClassScheduler)
 
 
-@pytest.mark.parametrize("interactive_due, batch_decodes, cap, expected", [
-    (0, 40, 256, 8192),        # no interactive request: batch has the whole step
-    (10, 40, 256, 306),        # ten interactive decodes, forty batch decodes, 256 of batch prefill
-    (3000, 0, 256, 3256),      # an interactive prompt arriving is not cut
-    (8000, 100, 256, 8192),    # never above the engine's own budget
+@pytest.mark.parametrize("interactive_due, batch_decodes, cap, solo, expected", [
+    (0, 40, 256, None, 8192),    # no interactive request and no cap alone: batch has the whole step
+    (0, 40, 256, 2048, 2088),    # alone: its decodes and 2,048 of prefill, so a prompt arriving waits less
+    (0, 8000, 256, 2048, 8192),  # never above the engine's own budget
+    (10, 40, 256, 2048, 306),    # ten interactive decodes, forty batch decodes, 256 of batch prefill
+    (3000, 0, 256, 2048, 3256),  # an interactive prompt arriving is not cut
+    (8000, 100, 256, 2048, 8192),
 ])
-def test_batch_prefill_is_capped_only_beside_interactive_work(interactive_due, batch_decodes, cap, expected):
-    assert step_token_budget(8192, interactive_due, batch_decodes, cap) == expected
+def test_batch_prefill_is_capped_beside_interactive_work_and_less_so_alone(interactive_due, batch_decodes, cap, solo,
+                                                                           expected):
+    assert step_token_budget(8192, interactive_due, batch_decodes, cap, solo) == expected
 
 
 @pytest.mark.parametrize("free, waiting, budget, running_due, interactive_due, expected", [

@@ -33,7 +33,7 @@ def _scheduler(max_seqs: int, budget: int = 2048, interactive_slots: int = 0) ->
     scheduler.__dict__.update(
         policy=SchedulingPolicy.PRIORITY, waiting=create_request_queue(SchedulingPolicy.PRIORITY), running=[],
         max_num_running_reqs=max_seqs, max_num_scheduled_tokens=budget, num_waiting_for_streaming_input=0,
-        batch_priority=100, interactive_slots=interactive_slots, batch_step_tokens=64, _by_class=True,
+        batch_priority=100, interactive_slots=interactive_slots, batch_step_tokens=64, batch_solo_step_tokens=512, _by_class=True,
         _batch_arrived=False, _steps_since_check=0,
         _admission_limit="max_num_active_reqs" if _is_032() else "max_num_running_reqs",
         kv_cache_manager=FreedBlocks(), encoder_cache_manager=SimpleNamespace(free=lambda request: None),
@@ -127,7 +127,7 @@ def test_beside_interactive_work_batch_decodes_go_before_batch_prefills_and_pref
     prefill = _running(scheduler, _request("batch-prefill", 100, 1.0, prompt=1500))
     decodes = [_running(scheduler, _request(f"batch-decode-{n}", 100, 2.0 + n, outputs=2)) for n in range(3)]
     scheduler._note_arrival(prefill)
-    assert scheduler._prepare_step(8, 2048) == 2048          # batch alone: the whole step
+    assert scheduler._prepare_step(8, 2048) == 3 + 512       # batch alone: its decodes and 512 of prefill
     chat = _running(scheduler, _request("chat", 0, 9.0, outputs=2))
     chat.num_computed_tokens = chat.num_tokens - 1
     assert scheduler._prepare_step(8, 2048) == 1 + 3 + 64    # chat's decode, three batch decodes, 64 of prefill

@@ -81,14 +81,17 @@ def batch_admission_cap(max_active: int, interactive_slots: int, running_total: 
     return max(running_total, max_active - interactive_slots)
 
 
-def step_token_budget(budget: int, interactive_due: int, batch_decodes: int, batch_prefill_tokens: int) -> int:
-    """The step's token budget while interactive requests run or wait: all their tokens, one for
-    each batch decode, and at most `batch_prefill_tokens` of batch prefill. A step's time grows
-    with its prefill tokens, and every interactive decode waits for the whole step: a full budget
-    of batch prefill (8,192 tokens of an 8B model on an H100) made online's inter-token P99 7.6x
-    its own. With no interactive request there is nothing to protect: the whole budget."""
+def step_token_budget(budget: int, interactive_due: int, batch_decodes: int, batch_prefill_tokens: int,
+                      solo_prefill_tokens: int | None = None) -> int:
+    """The step's token budget once batch has come. While interactive requests run or wait: all
+    their tokens, one for each batch decode, and at most `batch_prefill_tokens` of batch prefill. A
+    step's time grows with its prefill tokens, and every interactive decode waits for the whole
+    step: a full budget of batch prefill (8,192 tokens of an 8B model on an H100) made online's
+    inter-token P99 7.6x its own. With none: batch decodes and at most `solo_prefill_tokens` of
+    prefill (None: the whole budget), since an interactive prompt arriving mid-step waits for the
+    step in flight, and with async scheduling for the one already scheduled after it."""
     if interactive_due == 0:
-        return budget
+        return budget if solo_prefill_tokens is None else min(budget, batch_decodes + solo_prefill_tokens)
     return min(budget, interactive_due + batch_decodes + batch_prefill_tokens)
 
 

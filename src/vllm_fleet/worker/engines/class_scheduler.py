@@ -16,7 +16,8 @@ where it stopped, its computed blocks found again in the prefix cache where they
 (2) puts interactive requests first in the running list, then batch decodes, then batch
 prefills, so tokens are taken in that order; (3) while interactive requests run or wait, caps the
 step's batch prefill at `batch_step_tokens` (a step lasts as long as its prefill, and each
-interactive decode waits for the whole step); (4) while only batch waits, admits it only while
+interactive decode waits for the whole step), and a step of batch alone at `batch_solo_step_tokens`
+of prefill (an interactive prompt arriving mid-step waits for it); (4) while only batch waits, admits it only while
 `interactive_slots` slots stay free; (5) with `batch_slowdown_target` set, holds each step's batch
 tokens beside running interactive work to what keeps the step within that many times a step without
 batch, learnt from the steps' own durations (step_governor.py). Interactive requests are never
@@ -24,7 +25,8 @@ preempted by it.
 
 Settings come from vLLM's `additional_config` (it travels to the EngineCore process with the
 config): `{"vllm_fleet_classes": {"batch_priority": 100, "interactive_slots": 8,
-"batch_step_tokens": 256, "batch_slowdown_target": 1.05}}` (the last is off unless given).
+"batch_step_tokens": 256, "batch_solo_step_tokens": 2048, "batch_slowdown_target": 1.05}}` (the last
+is off unless given).
 
 vLLM 0.26 and 0.32 differ where this touches them, and both are handled: 0.32 admits up to
 `max_num_active_reqs` and 0.26 up to `max_num_running_reqs`; 0.32's `_preempt_request` takes
@@ -84,6 +86,11 @@ class ClassScheduler(Scheduler):
         # 1/32 of the step by default: 256 of an 8,192-token GPU step. On an 8B H100 engine a full
         # step of batch prefill made online's ITL P99 7.6x its own (benchmarks/RESULTS.md, #52).
         self.batch_step_tokens = int(settings.get("batch_step_tokens", max(16, self.max_num_scheduled_tokens // 32)))
+        # A quarter of the step by default (2,048 of 8,192): long enough that prefill runs at the
+        # GPU's full rate on an 8B model, short enough that a prompt arriving beside batch alone
+        # waits tens of milliseconds, not a full step's hundreds.
+        self.batch_solo_step_tokens = int(settings.get(
+            "batch_solo_step_tokens", max(self.batch_step_tokens, self.max_num_scheduled_tokens // 4)))
         target = settings.get("batch_slowdown_target")
         self._governor = None if target is None else StepGovernor(
             float(target), ceiling=self.max_num_running_reqs + self.batch_step_tokens)
@@ -100,9 +107,9 @@ class ClassScheduler(Scheduler):
             logger.warning("class scheduler: scheduling policy is %s, not priority: it schedules as vLLM does",
                            self.policy.value)
         logger.info("class scheduler (%s): batch is priority >= %d, %d interactive slot(s) of %d, batch prefill "
-                    "<= %d tokens a step beside interactive, steps with batch held to %s a step without",
+                    "<= %d tokens a step beside interactive and %d alone, steps with batch held to %s a step without",
                     type(self).__name__, self.batch_priority, self.interactive_slots, self.max_num_running_reqs,
-                    self.batch_step_tokens, "no limit of" if target is None else f"{float(target):g}x")
+                    self.batch_step_tokens, self.batch_solo_step_tokens, "no limit of" if target is None else f"{float(target):g}x")
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if not self._by_class:
@@ -189,7 +196,7 @@ class ClassScheduler(Scheduler):
         waiting = self._waiting_interactive()
         waiting_tokens = [r.num_tokens - r.num_computed_tokens for r in waiting]
         step_budget = step_token_budget(budget, interactive_due + sum(waiting_tokens), batch_decodes,
-                                        self.batch_step_tokens)
+                                        self.batch_step_tokens, self.batch_solo_step_tokens)
         if self._governor is not None:
             self._step_interactive_ids = tuple(
                 [r.request_id for rank, r, _ in ranked if rank == 0] + [r.request_id for r in waiting])
