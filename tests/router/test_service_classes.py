@@ -5,6 +5,7 @@ and a starvation guard. Rules first (pure), then a Router over a real mock worke
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,7 +15,7 @@ from vllm_fleet.client import WorkerClient
 from vllm_fleet.errors import InvalidRequestError
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
-from vllm_fleet.protocol.types import WorkerLoad
+from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.classes.batch_gate import BatchGate
 from vllm_fleet.router.classes.service_class import ServiceClassConfig, guaranteed_batch, has_room, has_slack
@@ -352,3 +353,25 @@ async def test_a_router_with_only_batch_backs_off_when_the_worker_reports_slow_i
         assert executor._batch.cap(worker.address, share) < share
         assert executor.snapshot().get(worker.address).load.interactive_itl_p90_ms > 10
         await live
+
+
+def _governed_worker(target: str) -> SimpleNamespace:
+    """A worker as the pool tracks it, its Info saying whether its engine governs its steps."""
+    return SimpleNamespace(address="w", info=WorkerInfo(model="m", max_model_len=2048, engine="vllm",
+                                                        settings={"batch_slowdown_target": target}))
+
+
+@pytest.mark.parametrize("control, target, cuts", [
+    ("auto", "1.1", 0),     # the engine holds its own steps: the router leaves batch alone there
+    ("auto", "", 1),        # a stock or mock engine: the router's controller is all there is
+    ("router", "1.1", 1),   # asked to steer everywhere, as before the engine could
+])
+def test_the_router_cuts_batch_for_latency_only_where_the_engine_does_not_govern_its_steps(control, target, cuts):
+    gate = BatchGate(ServiceClassConfig(latency_control=control, interactive_targets="absolute",
+                                        interactive_itl_target_ms=100), Clock())
+    gate.info(_governed_worker(target))
+    gate.reported("w", ttft_ms=0, itl_ms=500, share=lambda: 8)   # the worker's own P90: five times the target
+    assert gate.cuts == cuts
+    gate.info(_governed_worker(""))    # restarted without a governor: the router steers again
+    gate.left("w")
+    assert "w" not in gate._engine_governed

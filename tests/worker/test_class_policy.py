@@ -4,11 +4,13 @@ asks vLLM for the scheduler (vllm_args.py) and which scheduler vLLM builds from 
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
 
 from vllm_fleet.config import EngineConfig
+from vllm_fleet.errors import ConfigError
 from vllm_fleet.worker.engines.class_policy import (
     Running,
     Step,
@@ -17,6 +19,7 @@ from vllm_fleet.worker.engines.class_policy import (
     may_need_preemption,
     step_token_budget,
 )
+from vllm_fleet.worker.engines.step_governor import DEFAULT_SLOWDOWN_TARGET, slowdown_target
 from vllm_fleet.worker.engines.vllm_args import CLASS_SCHEDULER, engine_kwargs
 
 
@@ -100,6 +103,27 @@ def test_the_class_scheduler_is_off_when_asked_or_without_priority(engine_arg):
 def test_an_operators_scheduler_is_kept():
     kwargs = engine_kwargs(EngineConfig(engine_arg=["scheduler_cls=my.Scheduler"]), "/m", "m")
     assert kwargs["scheduler_cls"] == "my.Scheduler"
+
+
+@pytest.mark.parametrize("classes, message", [
+    ('{"batch_slowdown_target": 0.9}', "batch_slowdown_target must be a number above 1"),
+    ('{"batch_step_tokens": "many"}', "batch_step_tokens must be an integer >= 1"),
+    ('{"batch_stepp_tokens": 64}', "unknown vllm_fleet_classes setting(s) batch_stepp_tokens"),
+    ('[1, 2]', "must be an object"),
+])
+def test_class_settings_the_scheduler_would_not_honour_are_refused_by_name(classes, message):
+    arg = f'additional_config={{"vllm_fleet_classes": {classes}}}'
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        engine_kwargs(EngineConfig(engine_arg=[arg]), "/m", "m")
+
+
+def test_the_step_governor_is_on_unless_its_target_is_null():
+    assert slowdown_target({}) == DEFAULT_SLOWDOWN_TARGET
+    assert slowdown_target({"batch_slowdown_target": 1.3}) == 1.3
+    assert slowdown_target({"batch_slowdown_target": None}) is None
+    kwargs = engine_kwargs(EngineConfig(engine_arg=['additional_config={"vllm_fleet_classes": '
+                                                    '{"batch_slowdown_target": null, "batch_step_tokens": 64}}']), "/m", "m")
+    assert kwargs["additional_config"] == {"vllm_fleet_classes": {"batch_slowdown_target": None, "batch_step_tokens": 64}}
 
 
 @pytest.mark.parametrize("async_scheduling, expected", [(False, "ClassScheduler"), (True, "AsyncClassScheduler")])

@@ -55,6 +55,7 @@ async def _run(client: WorkerClient, request_id: str, prompt: str, tokens: int, 
 @dataclass
 class Run:
     scheduler: str              # as the worker's Info names it
+    governor: str               # the step governor's target as Info reports it ("": none)
     interactive: Stream         # beside two decoding batch requests holding both slots
     batch: list[Stream]
     chat: Stream                # beside one batch request prefilling a long prompt, a slot free
@@ -68,7 +69,8 @@ async def _interactive_beside_batch(*worker_options: str) -> Run:
     try:
         await worker.wait_serving(600)
         async with WorkerClient(worker.address) as client:
-            scheduler = (await client.info()).settings["scheduler_cls"]
+            settings = (await client.info()).settings
+            scheduler, governor = settings["scheduler_cls"], settings["batch_slowdown_target"]
             # Slots: both held by batch, both decoding.
             batch = [Stream() for _ in PROMPTS]
             tasks = [asyncio.create_task(_run(client, f"batch-{i}", prompt, BATCH_TOKENS, BATCH_PRIORITY, stream))
@@ -87,7 +89,7 @@ async def _interactive_beside_batch(*worker_options: str) -> Run:
             chat = Stream()
             await _run(client, "chat", "What is the capital of Italy?", 4, 0, chat)
             await task
-        return Run(scheduler, interactive, batch, chat, prefill)
+        return Run(scheduler, governor, interactive, batch, chat, prefill)
     finally:
         worker.stop()
 
@@ -103,10 +105,17 @@ def _assert_whole(stream: Stream) -> None:
     assert stream.text.strip()
 
 
-async def test_an_interactive_request_takes_a_step_from_a_full_batch_and_batch_resumes_whole():
-    run = await _interactive_beside_batch()   # the worker's default
+# The step governor (step_governor.py), on by default: batch over its allowance sits steps out
+# beside the interactive requests (vLLM's next_decode_eligible_step), and every step is timed
+# through update_from_output; the same guarantees must hold with it and without it.
+UNGOVERNED = ("--engine-arg", 'additional_config={"vllm_fleet_classes": {"batch_slowdown_target": null}}')
+
+
+@pytest.mark.parametrize("options", [(), UNGOVERNED], ids=["default", "no-step-governor"])
+async def test_an_interactive_request_takes_a_step_from_a_full_batch_and_batch_resumes_whole(options):
+    run = await _interactive_beside_batch(*options)
     interactive, batch = run.interactive, run.batch
-    assert run.scheduler == CLASS_SCHEDULER
+    assert run.scheduler == CLASS_SCHEDULER and run.governor == ("" if options else "1.1")
     assert interactive.finish_reason == "length" and len(interactive.ids) == 8
     # It ran to its end while both batch requests were still running; with two slots, one of them
     # was out of the running set meanwhile: preempted, and resumed after.

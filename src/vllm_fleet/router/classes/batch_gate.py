@@ -5,7 +5,14 @@ this module keeps the count of batch attempts per worker, makes them step aside 
 pause, the two steps classes/service_class.py describes) for interactive work, wakes batch waiting for slack,
 and holds the latency controller.
 
-The latency controller: each worker has a cap on this router's batch requests there.
+The latency controller: each worker has a cap on this router's batch requests there. With
+`latency_control: auto` (the default) it steers only workers whose engine does not govern its own
+steps (Info's `batch_slowdown_target` empty: stock or mock engines, or the class scheduler's
+governor turned off); where the engine does, it holds every step with batch to that target itself
+(worker/engines/step_governor.py), step by step, and a router cutting on 1-2 s windows of its
+streams on top of it only took batch away: on a 2-core CPU run the engine alone held online ITL P99
+to 1.10x with batch at 89% of the idle capacity, the router's controller to 1.19x at ~40%
+(benchmarks/RESULTS.md, #52). The controller below is what stays for the other engines.
 
 * **A miss** is a window (`MISS_WINDOW_S`: 2 s of that worker's interactive first tokens,
   which are fewer, or 1 s of the gaps between its interactive streams' tokens) whose P90 is over the target beyond
@@ -127,6 +134,8 @@ class BatchGate:
         self._reported_baselines: dict[str, tuple[float | None, float | None]] = {}
         # address -> baselines of (TTFT, ITL) without this router's batch there (relative targets)
         self._baselines: dict[str, tuple[LatencyBaseline, LatencyBaseline]] = {}
+        # workers whose engine holds each step with batch to a slowdown target itself (Info)
+        self._engine_governed: set[str] = set()
 
     def cap(self, address: str, share: int) -> float:
         """The controller's cap on batch requests at `address` now (at most `share`)."""
@@ -197,6 +206,8 @@ class BatchGate:
         did. With relative targets, a sample taken while no batch of this router ran there (for
         as long as it covers) teaches that worker's baseline instead."""
         config = self.config
+        if config.latency_control == "auto" and address in self._engine_governed:
+            return False   # the engine holds its steps to the target, step by step: nothing to cut here
         if config.interactive_targets == "relative":
             covers = self.REPORTED_EVERY_S if judged else max(ttft_s or 0.0, itl_s or 0.0)
             if self._batch_free_for(address) >= covers:
@@ -269,10 +280,15 @@ class BatchGate:
         pass
 
     def left(self, address: str) -> None:
-        pass
+        self._engine_governed.discard(address)
 
     def info(self, worker: WorkerState) -> None:
-        return None
+        """An Info came: whether the worker's engine governs its steps (a restarted worker may not)."""
+        settings = worker.info.settings if worker.info is not None else {}
+        if settings.get("batch_slowdown_target"):
+            self._engine_governed.add(worker.address)
+        else:
+            self._engine_governed.discard(worker.address)
 
     def loaded(self, worker: WorkerState) -> None:
         """A Load came: the worker's latency report steers its cap, and it may show slack."""

@@ -82,6 +82,11 @@ class ServiceClassConfig(FleetModel):
         "the worker's new batch cap (off: only those without a first token step aside, and the rest end as they "
         "would; each paused request prefills again when it resumes, which on compute-bound engines is more "
         "interference)")
+    latency_control: Literal["auto", "router"] = Field(
+        "auto", description="Who holds interactive latency against batch: auto: the engine where the worker's "
+        "engine governs its own steps (its Info reports a batch_slowdown_target: vLLM workers with the class "
+        "scheduler, by default), this router's cut-and-grow controller elsewhere (stock or mock engines); "
+        "router: this router's controller everywhere, as before the engine could")
     interactive_targets: Literal["relative", "absolute"] = Field(
         "relative", description="relative: batch backs off a worker where interactive latency passes "
         "interactive_slowdown_target x what it is there without batch (the worker's own baseline, learnt while no "

@@ -18,15 +18,15 @@ prefills, so tokens are taken in that order; (3) while interactive requests run 
 step's batch prefill at `batch_step_tokens` (a step lasts as long as its prefill, and each
 interactive decode waits for the whole step), and a step of batch alone at `batch_solo_step_tokens`
 of prefill (an interactive prompt arriving mid-step waits for it); (4) while only batch waits, admits it only while
-`interactive_slots` slots stay free; (5) with `batch_slowdown_target` set, holds each step's batch
+`interactive_slots` slots stay free; (5) unless `batch_slowdown_target` is null, holds each step's batch
 tokens beside running interactive work to what keeps the step within that many times a step without
 batch, learnt from the steps' own durations (step_governor.py). Interactive requests are never
 preempted by it.
 
 Settings come from vLLM's `additional_config` (it travels to the EngineCore process with the
 config): `{"vllm_fleet_classes": {"batch_priority": 100, "interactive_slots": 8,
-"batch_step_tokens": 256, "batch_solo_step_tokens": 2048, "batch_slowdown_target": 1.05}}` (the last
-is off unless given).
+"batch_step_tokens": 256, "batch_solo_step_tokens": 2048, "batch_slowdown_target": 1.1}}` (null
+for the last: no step governor).
 
 vLLM 0.26 and 0.32 differ where this touches them, and both are handled: 0.32 admits up to
 `max_num_active_reqs` and 0.26 up to `max_num_running_reqs`; 0.32's `_preempt_request` takes
@@ -58,7 +58,7 @@ from vllm_fleet.worker.engines.class_policy import (
     may_need_preemption,
     step_token_budget,
 )
-from vllm_fleet.worker.engines.step_governor import StepGovernor
+from vllm_fleet.worker.engines.step_governor import StepGovernor, slowdown_target
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class ClassScheduler(Scheduler):
         # waits tens of milliseconds, not a full step's hundreds.
         self.batch_solo_step_tokens = int(settings.get(
             "batch_solo_step_tokens", max(self.batch_step_tokens, self.max_num_scheduled_tokens // 4)))
-        target = settings.get("batch_slowdown_target")
+        target = slowdown_target(settings)
         self._governor = None if target is None else StepGovernor(
             float(target), ceiling=self.max_num_running_reqs + self.batch_step_tokens)
         self._step_interactive_ids: tuple[str, ...] = ()

@@ -26,12 +26,28 @@ single slow kernel makes.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 PROBE_EVERY = 8       # one step in eight with interactive work is clean: batch keeps 7/8 of them
 WINDOW = 8            # mixed steps per judgement: a few tens of milliseconds on a GPU
 BASELINE_STEPS = 4    # clean steps seen before batch is let in beside interactive work
 SMOOTHING = 0.2       # weight of the newest clean step in the baseline's running mean
+# The router's own default slowdown target (interactive_slowdown_target): batch may make
+# interactive work at most 10% slower. On a 2-core CPU run the engine held ITL P99 to 1.10x with
+# batch at 89% of the idle capacity where the router's cut gave 1.19x at ~40% (benchmarks/RESULTS.md).
+DEFAULT_SLOWDOWN_TARGET = 1.1
+SETTING = "batch_slowdown_target"
+
+
+def slowdown_target(settings: Mapping[str, Any]) -> float | None:
+    """The governor's target from the engine's class settings: the default when not given, None
+    (no governor) when given as null."""
+    if SETTING not in settings:
+        return DEFAULT_SLOWDOWN_TARGET
+    value = settings[SETTING]
+    return None if value is None else float(value)
 
 
 @dataclass

@@ -59,7 +59,37 @@ def engine_kwargs(config: EngineConfig, model_path: str, served_name: str) -> di
         kwargs.pop("scheduler_cls", None)
     if config.adapter_slots:  # LoRA costs memory and a slower step: on only when asked for
         kwargs.update(enable_lora=True, max_loras=config.adapter_slots, max_lora_rank=config.max_lora_rank)
+    check_class_settings(kwargs.get("additional_config"))
     return kwargs
+
+
+# The class scheduler's settings (class_scheduler.py) and what each must be: checked here, where a
+# mistake is a clear ConfigError, not an exception in vLLM's engine process as it starts.
+_CLASS_SETTINGS = {
+    "batch_priority": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "interactive_slots": ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "batch_step_tokens": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "batch_solo_step_tokens": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "batch_slowdown_target": ("a number above 1, or null for no step governor",
+                              lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and v > 1)),
+}
+
+
+def check_class_settings(additional_config: Any) -> None:
+    """Refuse class settings the scheduler would not honour, naming them."""
+    if not isinstance(additional_config, dict) or "vllm_fleet_classes" not in additional_config:
+        return
+    settings = additional_config["vllm_fleet_classes"]
+    if not isinstance(settings, dict):
+        raise ConfigError(f"additional_config's vllm_fleet_classes must be an object, got {settings!r}")
+    unknown = sorted(set(settings) - set(_CLASS_SETTINGS))
+    if unknown:
+        raise ConfigError(f"unknown vllm_fleet_classes setting(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(_CLASS_SETTINGS)}")
+    for name, value in settings.items():
+        expected, valid = _CLASS_SETTINGS[name]
+        if not valid(value):
+            raise ConfigError(f"vllm_fleet_classes.{name} must be {expected}, got {value!r}")
 
 
 def set_core_environment(config: EngineConfig) -> None:

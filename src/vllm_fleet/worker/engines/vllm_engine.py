@@ -214,6 +214,8 @@ class VllmEngine(Engine):
             "max_num_seqs": str(cfg.scheduler_config.max_num_seqs),
             "scheduling_policy": str(cfg.scheduler_config.policy),
             "scheduler_cls": str(cfg.scheduler_config.scheduler_cls or "vllm"),   # vllm_args: ours by default
+            # Empty when the engine does not govern its steps: a router then steers batch by latency itself.
+            "batch_slowdown_target": _governed_slowdown(cfg),
             "block_size": str(cfg.cache_config.block_size),
             "num_kv_blocks": str(cfg.cache_config.num_gpu_blocks or 0),
             "enable_prefix_caching": str(cfg.cache_config.enable_prefix_caching),
@@ -333,3 +335,15 @@ class VllmEngine(Engine):
         if self._llm is not None:
             llm, self._llm = self._llm, None
             await asyncio.to_thread(llm.shutdown)
+
+
+def _governed_slowdown(cfg: Any) -> str:
+    """The step governor's target (class_scheduler.py, step_governor.py) as the engine runs it, or ""."""
+    from vllm_fleet.worker.engines.class_scheduler import SETTINGS_KEY
+    from vllm_fleet.worker.engines.step_governor import slowdown_target
+    from vllm_fleet.worker.engines.vllm_args import CLASS_SCHEDULER
+
+    if str(cfg.scheduler_config.scheduler_cls) != CLASS_SCHEDULER or str(cfg.scheduler_config.policy) != "priority":
+        return ""
+    target = slowdown_target((cfg.additional_config or {}).get(SETTINGS_KEY, {}))
+    return "" if target is None else f"{target:g}"
