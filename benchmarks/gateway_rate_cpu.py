@@ -22,6 +22,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,7 +97,19 @@ def _run_load(port: int, args: argparse.Namespace) -> list[dict]:
     return parts
 
 
-async def one_side(src: str | None, args: argparse.Namespace) -> dict:
+def _profile(pid: int, args: argparse.Namespace, label: str) -> subprocess.Popen | None:
+    """py-spy on the gateway for the measured load (it costs the gateway CPU: such a run measures nothing)."""
+    if not args.py_spy:
+        return None
+    out = Path(args.py_spy_out) / f"gateway-{label}-{time.strftime('%H%M%S')}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([args.py_spy, "record", "--pid", str(pid), "--rate", "200", "--duration",
+                             str(int(args.seconds)), "--format", "raw", "--nonblocking", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def one_side(src: str | None, args: argparse.Namespace, extra_gateway_args: list[str] = (),
+                   label: str = "defaults") -> dict:
     env = {**overhead.QUIET, **({"PYTHONPATH": with_src(src)} if src else {})}
     workers = [WorkerProcess(["--engine", "mock", "--served-model-name", overhead.MODEL, "--mock-ttft-ms", "20",
                               "--mock-tokens-per-s", "100", "--mock-batched-steps", "--mock-max-model-len", "65536"],
@@ -107,14 +120,17 @@ async def one_side(src: str | None, args: argparse.Namespace) -> dict:
         for worker in workers:
             await worker.wait_serving(120)
         gateway_args = ["--workers", ",".join(w.address for w in workers), "--no-access-log",
-                        *(["--processes", str(args.processes)] if args.processes != 1 else [])]
+                        *(["--processes", str(args.processes)] if args.processes != 1 else []), *extra_gateway_args]
         async with GatewayProcess(gateway_args, env, stop_grace_s=20) as gateway:
             await gateway.wait_ready(120)
             await asyncio.to_thread(_run_load, gateway.port, argparse.Namespace(
                 rate=min(args.rate, 20), seconds=1.0, tokens=16, client_processes=1))  # warm-up
             g0, w0 = cpu_seconds(gateway.pid), sum(cpu_seconds(w.pid) for w in workers)
             c0, started = _children_cpu(), time.perf_counter()
+            profiler = _profile(gateway.pid, args, label)
             parts = await asyncio.to_thread(_run_load, gateway.port, args)
+            if profiler is not None:
+                profiler.wait(timeout=args.seconds + 60)
             elapsed = time.perf_counter() - started
             g_cpu = cpu_seconds(gateway.pid) - g0
             w_cpu = sum(cpu_seconds(w.pid) for w in workers) - w0
@@ -143,11 +159,15 @@ def _children_cpu() -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    srcs = args.src or [None]
+    # Sides: each --src with the gateway's defaults, then each --gateway-variant on the first src.
+    sides = [(src, "defaults", []) for src in (args.src or [None])]
+    for variant in args.gateway_variant or []:
+        label, _, gateway_args = variant.partition("=")
+        sides.append((sides[0][0], label, gateway_args.split()))
     for round_ in range(args.rounds):
-        for src in (srcs if round_ % 2 == 0 else srcs[::-1]):
-            result = await one_side(src, args)
-            print(json.dumps({"round": round_, "src": src or "this checkout", **result}), flush=True)
+        for src, label, extra in (sides if round_ % 2 == 0 else sides[::-1]):
+            result = await one_side(src, args, extra, label)
+            print(json.dumps({"round": round_, "src": src or "this checkout", "gateway": label, **result}), flush=True)
 
 
 if __name__ == "__main__":
@@ -160,4 +180,9 @@ if __name__ == "__main__":
     parser.add_argument("--client-processes", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--src", action="append", help="a checkout's src/ (repeat to compare; default: this one)")
+    parser.add_argument("--gateway-variant", action="append", metavar="LABEL=ARGS",
+                        help="one more side: the gateway with these arguments (e.g. 'grouped=--stream-interval-ms 50')")
+    parser.add_argument("--py-spy", metavar="PY_SPY", help="profile the gateway with this py-spy (a diagnosis: "
+                        "the profiler's own CPU lands on the gateway, so the run's figures compare nothing)")
+    parser.add_argument("--py-spy-out", default="py-spy", help="folder for the collapsed stacks")
     overhead.run_on_uvloop(main(parser.parse_args()))
