@@ -54,6 +54,11 @@ class ClientOptions:
     # Short backoff so a restarted worker is reachable again within a second or two.
     initial_reconnect_backoff_ms: int = 200
     max_reconnect_backoff_ms: int = 2_000
+    # How long one connection attempt may take to finish its handshake. gRPC reads this from
+    # `grpc.min_reconnect_backoff_ms` (its MIN_CONNECT_TIMEOUT; 20 s unset); when it was the 200 ms
+    # backoff, a worker slow to answer its first SETTINGS frame on a loaded host failed the call.
+    # A dead local worker still fails at once (the connection is refused, not timed out).
+    min_connect_timeout_ms: int = 5_000
     tls_ca: bytes | None = None            # PEM of the CA that signed the workers' certificates
     tls_cert: bytes | None = None          # our certificate, for mTLS
     tls_key: bytes | None = None
@@ -72,7 +77,7 @@ class ClientOptions:
             ("grpc.max_send_message_length", size),
             ("grpc.max_receive_message_length", size),
             ("grpc.initial_reconnect_backoff_ms", self.initial_reconnect_backoff_ms),
-            ("grpc.min_reconnect_backoff_ms", self.initial_reconnect_backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", self.min_connect_timeout_ms),
             ("grpc.max_reconnect_backoff_ms", self.max_reconnect_backoff_ms),
             # Each worker address gets its own subchannel; do not share one across clients.
             ("grpc.use_local_subchannel_pool", 1),
