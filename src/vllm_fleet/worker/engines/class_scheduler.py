@@ -198,9 +198,10 @@ class ClassScheduler(Scheduler):
         step_budget = step_token_budget(budget, interactive_due + sum(waiting_tokens), batch_decodes,
                                         self.batch_step_tokens, self.batch_solo_step_tokens)
         if self._governor is not None:
-            self._step_interactive_ids = tuple(
-                [r.request_id for rank, r, _ in ranked if rank == 0] + [r.request_id for r in waiting])
-            if interactive_due or waiting:
+            self._step_interactive_ids = ()
+            if interactive_due or waiting:   # else nothing to protect: no extra pass over the running list
+                self._step_interactive_ids = tuple(
+                    [r.request_id for rank, r, _ in ranked if rank == 0] + [r.request_id for r in waiting])
                 ranked, batch_tokens = self._hold_back_batch(ranked, self._governor.next_allowance(), bool(waiting))
                 step_budget = min(step_budget, interactive_due + sum(waiting_tokens) + batch_tokens)
                 running_due = interactive_due + batch_tokens

@@ -65,13 +65,17 @@ def engine_kwargs(config: EngineConfig, model_path: str, served_name: str) -> di
 
 # The class scheduler's settings (class_scheduler.py) and what each must be: checked here, where a
 # mistake is a clear ConfigError, not an exception in vLLM's engine process as it starts.
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 _CLASS_SETTINGS = {
-    "batch_priority": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    "interactive_slots": ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-    "batch_step_tokens": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-    "batch_solo_step_tokens": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "batch_priority": ("an integer", lambda v: _number(v) and isinstance(v, int)),
+    "interactive_slots": ("an integer >= 0", lambda v: _number(v) and isinstance(v, int) and v >= 0),
+    "batch_step_tokens": ("an integer >= 1", lambda v: _number(v) and isinstance(v, int) and v >= 1),
+    "batch_solo_step_tokens": ("an integer >= 1", lambda v: _number(v) and isinstance(v, int) and v >= 1),
     "batch_slowdown_target": ("a number above 1, or null for no step governor",
-                              lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and v > 1)),
+                              lambda v: v is None or (_number(v) and v > 1)),
 }
 
 
