@@ -26,9 +26,13 @@ from vllm_fleet.router import Router, RouterConfig
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 QUESTION = [GenerateInput(messages=[ChatMessage("user", "Describe Paris in two sentences.")])]
-TOKENS = 32
+TOKENS = 48
 STOP_BEGINS_IN_TOKEN = 3    # the stop string starts with the last character of this token
-STOP_TOKENS = 8             # and runs through this many more tokens
+# and runs through this many more tokens. The victim is frozen when the *client* has seen
+# KILL_AFTER ids; on a loaded machine the client reads behind the worker, and what the worker had
+# already sent still arrives after the freeze. A stop string a few tokens long let the whole answer
+# through that way in one fresh-clone suite run ("nothing migrated"); twenty tokens of margin do not.
+STOP_TOKENS = 24
 KILL_AFTER = STOP_BEGINS_IN_TOKEN + 2   # token ids out: the stop string has begun, far from complete
 
 
