@@ -4,6 +4,9 @@
 
 Shares are of all samples of the process (idle threads included only if py-spy ran with --idle).
 `--match TEXT` keeps functions whose name or file contains TEXT (e.g. vllm_fleet).
+A profile recorded with `py-spy record --subprocesses` holds one profile per thread of every
+process ("Process PID Thread TID ..."): the samples per process are printed first, and
+`--process PID` keeps one process (e.g. the EngineCore under a worker).
 """
 
 from __future__ import annotations
@@ -13,13 +16,27 @@ import json
 from collections import Counter
 
 
-def summarize(path: str) -> tuple[Counter, Counter, int]:
+def process_of(profile: dict) -> str:
+    words = profile.get("name", "").split()
+    return words[1] if len(words) > 1 and words[0] == "Process" else "?"
+
+
+def samples_by_process(path: str) -> Counter:
+    weights: Counter = Counter()
+    for profile in json.load(open(path))["profiles"]:
+        weights[process_of(profile)] += sum(profile["weights"])
+    return weights
+
+
+def summarize(path: str, process: str = "") -> tuple[Counter, Counter, int]:
     data = json.load(open(path))
     frames = data["shared"]["frames"]
     own: Counter = Counter()
     total: Counter = Counter()
     samples = 0
     for profile in data["profiles"]:
+        if process and process_of(profile) != process:
+            continue
         for stack, weight in zip(profile["samples"], profile["weights"]):
             samples += weight
             if stack:
@@ -36,8 +53,12 @@ def main() -> None:
     parser.add_argument("profile")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--match", default="")
+    parser.add_argument("--process", default="", help="only this process's samples (its PID)")
     args = parser.parse_args()
-    own, total, samples = summarize(args.profile)
+    per_process = samples_by_process(args.profile)
+    if len(per_process) > 1:
+        print("samples per process: " + ", ".join(f"{pid} {n:g}" for pid, n in per_process.most_common()))
+    own, total, samples = summarize(args.profile, args.process)
     print(f"{samples} samples")
     for title, counter in (("own", own), ("total", total)):
         print(f"--- {title}")

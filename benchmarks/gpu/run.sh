@@ -406,7 +406,9 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
     gateway $((BASE + 43)) 127.0.0.1:$((BASE + 42)) ${GRID_GATEWAY_ARGS:-}
     profiles+=(--profile "ours=${PIDS[-1]}")
     wait_http http://127.0.0.1:$((BASE + 43)) 60 || return 1
-    if [[ -n ${GRID_VARIANT:-} ]]; then  # a third system: our worker with these options added (e.g. a cost's off switch)
+    # a third system: our worker with GRID_VARIANT's options added (e.g. a cost's off switch), and/or
+    # its gateway with GRID_VARIANT_GATEWAY's
+    if [[ -n ${GRID_VARIANT:-}${GRID_VARIANT_GATEWAY:-} ]]; then
         FLEET_EXTRA="$FLEET_EXTRA $GRID_VARIANT" fleet_worker worker-variant 0 $((BASE + 44))
         profiles+=(--profile "variant=${PIDS[-1]}")
         wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 44)) || return 1
@@ -414,7 +416,7 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
         gateway $((BASE + 45)) 127.0.0.1:$((BASE + 44)) ${GRID_GATEWAY_ARGS:-} ${GRID_VARIANT_GATEWAY:-}
         wait_http http://127.0.0.1:$((BASE + 45)) 60 || return 1
         extra+=(--system "variant=http://127.0.0.1:$((BASE + 45))")
-        log "grid: variant = our worker with: $GRID_VARIANT; its gateway with: ${GRID_VARIANT_GATEWAY:-nothing more}"
+        log "grid: variant = our worker with: ${GRID_VARIANT:-nothing more}; its gateway with: ${GRID_VARIANT_GATEWAY:-nothing more}"
     fi
     [[ -n ${GRID_PY_SPY:-} ]] && extra+=(--py-spy "$GRID_PY_SPY" "${profiles[@]}")
     $VLLM_PY benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:$((BASE + 41)) \

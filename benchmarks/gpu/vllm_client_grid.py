@@ -84,7 +84,7 @@ def profile(py_spy: str, pid: int, out: Path, seconds: int) -> threading.Thread:
         wait_until_busy(pid)
         time.sleep(1.0)  # past the first requests' prefill: the steady state
         subprocess.run([py_spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200",
-                        "--format", "speedscope", "--output", str(out), "--nonblocking"],
+                        "--format", "speedscope", "--output", str(out), "--nonblocking", "--subprocesses"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=False)
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
