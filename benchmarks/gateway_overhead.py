@@ -90,6 +90,7 @@ class HttpConnection:
         self.writer: asyncio.StreamWriter | None = None
         self.answered = False  # whether the current request got a status line
         self.events = 0  # SSE data events received over this connection
+        self.last_text_at: float | None = None  # perf_counter of the current request's last text event
 
     async def open(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
@@ -121,14 +122,16 @@ class HttpConnection:
             await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
             raise RuntimeError(f"HTTP {status}")
         ttft, tokens, pending = None, 0, b""
+        self.last_text_at = None
         while True:  # chunked transfer encoding
             size = int((await self.reader.readuntil(b"\r\n"))[:-2], 16)
             data = await self.reader.readexactly(size + 2)
             if size == 0:
                 return ttft, tokens
             self.events += data.count(b"data: {")
-            if ttft is None and b'"text":"' in data and b'"text":""' not in data:
-                ttft = time.perf_counter() - started
+            if b'"text":"' in data and b'"text":""' not in data:
+                self.last_text_at = time.perf_counter()
+                ttft = self.last_text_at - started if ttft is None else ttft
             pending += data[:-2]
             if b'"usage":{' in pending:
                 usage = pending[pending.index(b'"usage":{') + 8:]

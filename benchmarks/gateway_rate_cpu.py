@@ -8,7 +8,8 @@ load generators), each a streamed completion of exactly `--tokens` tokens. Behin
 (`--processes N`), `--mock-workers` mock workers step every running sequence together every
 10 ms (`--mock-batched-steps`, one token per sequence per step: 100 tokens/s, a small model's
 decode pace on a GPU), so a worker message carries one step of all its streams, as a vLLM
-worker's does. Per side: achieved rate, errors, TTFT P50/P90/P99 (pooled over the load
+worker's does (`--mock-tokens-per-s` sets that pace: TPOT's floor). Per side: achieved rate, errors,
+TTFT P50/P90/P99, TPOT and E2E P50/P99 beside the engine's own token time (pooled over the load
 generators), output tokens/s, SSE events per token, and the gateway's CPU (all its processes,
 /proc) per token and tokens per gateway CPU-second. With several `--src`, the sides alternate
 order each round. The load generators and mock workers run on the same host: the command prints
@@ -47,6 +48,8 @@ async def _load(port: int, rate: float, seconds: float, tokens: int, seed: int) 
                        "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
     times = ArrivalProcess(rate, seed=seed).times(max(1, int(rate * seconds)))
     ttfts: list[float] = []
+    tpots: list[float] = []   # (last text event - first) / (tokens - 1), as vLLM's bench client counts it
+    e2es: list[float] = []
     got_tokens, errors, events = 0, 0, 0
 
     async def one() -> None:
@@ -54,12 +57,16 @@ async def _load(port: int, rate: float, seconds: float, tokens: int, seed: int) 
         conn = overhead.HttpConnection("127.0.0.1", port)
         try:
             await conn.open()
-            ttft, n = await conn.stream("/v1/completions", body, time.perf_counter())
+            sent_at = time.perf_counter()
+            ttft, n = await conn.stream("/v1/completions", body, sent_at)
             events += conn.events
             if ttft is None or n != tokens:
                 errors += 1
             else:
                 ttfts.append(ttft)
+                e2es.append(conn.last_text_at - sent_at)
+                if n > 1:
+                    tpots.append((conn.last_text_at - sent_at - ttft) / (n - 1))
                 got_tokens += n
         except Exception:
             errors += 1
@@ -75,7 +82,7 @@ async def _load(port: int, rate: float, seconds: float, tokens: int, seed: int) 
         tasks.append(asyncio.ensure_future(one()))
     sent_over = time.perf_counter() - start
     await asyncio.gather(*tasks)
-    return {"ttfts": ttfts, "tokens": got_tokens, "errors": errors, "events": events, "sent": len(times),
+    return {"ttfts": ttfts, "tpots": tpots, "e2es": e2es, "tokens": got_tokens, "errors": errors, "events": events, "sent": len(times),
             "sent_over_s": sent_over, "elapsed_s": time.perf_counter() - start}
 
 
@@ -111,8 +118,8 @@ def _profile(pid: int, args: argparse.Namespace, label: str) -> subprocess.Popen
 async def one_side(src: str | None, args: argparse.Namespace, extra_gateway_args: list[str] = (),
                    label: str = "defaults") -> dict:
     env = {**overhead.QUIET, **({"PYTHONPATH": with_src(src)} if src else {})}
-    workers = [WorkerProcess(["--engine", "mock", "--served-model-name", overhead.MODEL, "--mock-ttft-ms", "20",
-                              "--mock-tokens-per-s", "100", "--mock-batched-steps", "--mock-max-model-len", "65536"],
+    workers = [WorkerProcess(["--engine", "mock", "--served-model-name", overhead.MODEL, "--mock-ttft-ms",
+                              str(args.mock_ttft_ms), "--mock-tokens-per-s", str(args.mock_tokens_per_s), "--mock-batched-steps", "--mock-max-model-len", "65536"],
                              env, stop_grace_s=20) for _ in range(args.mock_workers)]
     for worker in workers:
         await worker.__aenter__()
@@ -141,10 +148,14 @@ async def one_side(src: str | None, args: argparse.Namespace, extra_gateway_args
     ttfts = [t for p in parts for t in p["ttfts"]]
     tokens = sum(p["tokens"] for p in parts)
     sent = sum(p["sent"] for p in parts)
-    ms = lambda q: round(percentile(ttfts, q) * 1000, 1) if ttfts else None  # noqa: E731
+    tpots = [t for p in parts for t in p["tpots"]]
+    e2es = [t for p in parts for t in p["e2es"]]
+    ms = lambda q, values=ttfts: round(percentile(values, q) * 1000, 2) if values else None  # noqa: E731
     return {"rate": args.rate, "achieved_rate": round(sent / max(p["sent_over_s"] for p in parts), 1),
             "requests": sent, "errors": sum(p["errors"] for p in parts), "processes": args.processes,
             "mock_workers": args.mock_workers, "ttft_p50_ms": ms(50), "ttft_p90_ms": ms(90), "ttft_p99_ms": ms(99),
+            "engine_token_ms": round(1000 / args.mock_tokens_per_s, 2), "tpot_p50_ms": ms(50, tpots),
+            "tpot_p99_ms": ms(99, tpots), "e2e_p50_ms": ms(50, e2es), "e2e_p99_ms": ms(99, e2es),
             "tokens": tokens, "tokens_per_s": round(tokens / elapsed), "events_per_token":
             round(sum(p["events"] for p in parts) / max(tokens, 1), 3), "gateway_cpu_s": round(g_cpu, 2),
             "gateway_us_per_token": round(g_cpu / max(tokens, 1) * 1e6, 1),
@@ -178,6 +189,9 @@ if __name__ == "__main__":
     parser.add_argument("--processes", type=int, default=1, help="gateway --processes N")
     parser.add_argument("--mock-workers", type=int, default=1)
     parser.add_argument("--client-processes", type=int, default=1)
+    parser.add_argument("--mock-tokens-per-s", type=float, default=100.0,
+                        help="the mock engine's decode pace (one step of every sequence per 1/N s): TPOT's floor")
+    parser.add_argument("--mock-ttft-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--src", action="append", help="a checkout's src/ (repeat to compare; default: this one)")
     parser.add_argument("--gateway-variant", action="append", metavar="LABEL=ARGS",

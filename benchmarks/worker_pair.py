@@ -15,8 +15,9 @@ from vllm_fleet.protocol.types import WorkerInfo
 
 @contextlib.asynccontextmanager
 async def worker_pair(make: Callable[[str], WorkerProcess], *, start_timeout_s: float = 900,
-                      one_after_another: bool = False) -> AsyncIterator[tuple[list[str], WorkerInfo]]:
-    """`make(cores)` builds each worker; yields their addresses and the first one's Info.
+                      one_after_another: bool = False, count: int = 2) -> AsyncIterator[tuple[list[str], WorkerInfo]]:
+    """`make(cores)` builds each worker (`count` of them: two, or one that has a GPU to itself);
+    yields their addresses and the first one's Info.
 
     one_after_another: start the second once the first serves. Two vLLM engines sharing one GPU
     must: each one's start-up memory profiling counts what the other allocates meanwhile as its
@@ -26,7 +27,7 @@ async def worker_pair(make: Callable[[str], WorkerProcess], *, start_timeout_s: 
         loop.add_signal_handler(sig, task.cancel)
     async with contextlib.AsyncExitStack() as stack:
         workers = []
-        for cores in ("0", "1"):
+        for cores in ("0", "1")[:count]:
             workers.append(await stack.enter_async_context(make(cores)))
             if one_after_another:
                 await workers[-1].wait_serving(start_timeout_s)

@@ -51,7 +51,11 @@
 #        and drains: ~5.5 min, 7 at worst.
 # TARGETS=relative|absolute (jobs, pool, pool8b): the controller's --interactive-targets. relative
 #        (the default) cuts batch at 1.1x a P90 learnt without it; the ms targets only stand in until then.
-# The issue asks for one worker per H200; only the one-GPU machine is lent, so both share GPU 0.
+# The issue asks for one worker per H200; only the one-GPU machine is lent, so both share GPU 0,
+# unless ONE_WORKER=1 (jobs, pool8b): then one worker has GPU 0 to itself (twice the memory share
+# and sequences, the same load), so each step's time is its own engine's, not also the other's.
+ONE_WORKER=${ONE_WORKER:-0}
+devices=$( ((ONE_WORKER)) && echo 0 || echo 0,0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the results folder}
@@ -117,8 +121,8 @@ shared)
     done
     if [[ -d /tmp/cache-bench-smg ]]; then tar -C /tmp -cJf "$OUT/shared-smg-logs.tar.xz" cache-bench-smg; fi ;;
 jobs)
-    $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
-        --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 \
+    $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices $devices --max-model-len 2048 \
+        --worker-arg=--gpu-memory-utilization --worker-arg=$( ((ONE_WORKER)) && echo 0.4 || echo 0.2) --max-num-seqs $((ONE_WORKER ? 128 : 64)) \
         --seconds 30 --rate ${RATE:-8} --rows ${ROWS:-3000} --max-tokens 64 --batch-words 200 \
         --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 --phases ${PHASES:-spark,api,no-classes} "${api_variant_args[@]}" \
         --targets ${TARGETS:-relative} --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
@@ -140,10 +144,10 @@ pool8b)
         joined=$(IFS=,; echo "${classes[*]}")
         step_args=(--worker-arg=--engine-arg "--worker-arg=additional_config={\"vllm_fleet_classes\": {$joined}}")
     fi
-    $FLEET_PY shared_pool.py --workers vllm --model "$QWEN3_8B" --cuda-devices 0,0 --max-model-len 2048 \
-        --worker-arg=--load-format --worker-arg=dummy --worker-arg=--gpu-memory-utilization --worker-arg=0.42 \
+    $FLEET_PY shared_pool.py --workers vllm --model "$QWEN3_8B" --cuda-devices $devices --max-model-len 2048 \
+        --worker-arg=--load-format --worker-arg=dummy --worker-arg=--gpu-memory-utilization --worker-arg=$( ((ONE_WORKER)) && echo 0.85 || echo 0.42) \
         --worker-arg=--no-enforce-eager --worker-arg=--max-num-batched-tokens --worker-arg=8192 "${step_args[@]}" \
-        --completions --stand-in-words --max-num-seqs 64 --seconds ${SECONDS_PER_PHASE:-30} --rate ${RATE:-8} \
+        --completions --stand-in-words --max-num-seqs $((ONE_WORKER ? 128 : 64)) --seconds ${SECONDS_PER_PHASE:-30} --rate ${RATE:-8} \
         --online-words 256 --online-max-tokens 64 --batch-in-flight 128 --batch-words 512 --batch-max-tokens 128 \
         --targets ${TARGETS:-relative} --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} \
         2>&1 | tee "$OUT/shared-pool-8b.txt"
