@@ -409,7 +409,7 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
     # a third system: our worker with GRID_VARIANT's options added (e.g. a cost's off switch), and/or
     # its gateway with GRID_VARIANT_GATEWAY's
     if [[ -n ${GRID_VARIANT:-}${GRID_VARIANT_GATEWAY:-} ]]; then
-        FLEET_EXTRA="$FLEET_EXTRA $GRID_VARIANT" fleet_worker worker-variant 0 $((BASE + 44))
+        FLEET_EXTRA="$FLEET_EXTRA ${GRID_VARIANT:-}" fleet_worker worker-variant 0 $((BASE + 44))
         profiles+=(--profile "variant=${PIDS[-1]}")
         wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 44)) || return 1
         # GRID_VARIANT_GATEWAY: options for the variant's gateway only (e.g. --policy cache_aware, #49 goal 2)

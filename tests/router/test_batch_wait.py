@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
 from support import wait_until
 from vllm_fleet.protocol import GenerateInput, SamplingParams
 from vllm_fleet.protocol.sampling import build_request
-from vllm_fleet.protocol.types import WorkerLoad
+from vllm_fleet.protocol.types import WorkerInfo, WorkerLoad
 from vllm_fleet.registry import StaticRegistry, WorkerRecord
 from vllm_fleet.router import Router, RouterConfig
 from vllm_fleet.router.classes.batch_gate import BatchGate
@@ -59,6 +60,14 @@ def test_the_reason_names_what_keeps_batch_off_each_worker():
     assert why_no_slack(PoolSnapshot((view("w5", state=DOWN, health="UNREACHABLE"),)), gate, "m", None) == \
         "no worker of model 'm' has batch slack: w5 is down (health UNREACHABLE)"
     assert why_no_slack(snapshot, gate, "gone", None) == "no worker serves model 'gone'"
+
+
+def test_requests_waiting_in_an_engine_that_schedules_by_class_are_no_reason():
+    gate = BatchGate(CONFIG, Clock())
+    gate.info(SimpleNamespace(address="w1", info=WorkerInfo(model="m", max_model_len=2048, engine="vllm",
+                                                            settings={"batch_slowdown_target": "1.1"})))
+    reason = why_no_slack(PoolSnapshot((view("w1", running=14, waiting=3),)), gate, "m", None)
+    assert "waiting in its engine" not in reason and "w1 running 17 >= batch cap 12" in reason  # 14 + 3 waiting
 
 
 FAST = dict(load_poll_interval_s=0.1, health_poll_interval_s=0.2, stall_timeout_s=30.0, first_chunk_timeout_s=30.0)

@@ -38,6 +38,14 @@ def test_batch_needs_slack_and_leaves_the_interactive_reserve():
     assert not has_slack(WorkerView("w", load=None, max_num_seqs=8), CONFIG)  # nothing known yet
 
 
+def test_requests_waiting_in_an_engine_that_schedules_by_class_do_not_hold_batch_back():
+    # Its queue hands interactive work the next slot whatever batch waits there; the reserve and
+    # the KV bound still hold.
+    assert has_slack(worker(running=1, waiting=3), CONFIG, engine_schedules=True)
+    assert not has_slack(worker(running=6, waiting=3), CONFIG, engine_schedules=True)
+    assert not has_slack(worker(running=1, waiting=3, kv=0.9), CONFIG, engine_schedules=True)
+
+
 def test_room_for_interactive_and_the_guard():
     assert has_room(worker(running=7)) and not has_room(worker(running=8))
     assert not has_room(worker(running=2, waiting=1))
@@ -375,3 +383,20 @@ def test_the_router_cuts_batch_for_latency_only_where_the_engine_does_not_govern
     gate.info(_governed_worker(""))    # restarted without a governor: the router steers again
     gate.left("w")
     assert "w" not in gate._engine_governed
+
+
+@pytest.mark.parametrize("control, target, stepped_aside", [
+    ("auto", "1.1", 0),     # the engine admits interactive first and preempts batch itself
+    ("auto", "", 1),        # a stock or mock engine: withdrawing here is what makes room
+    ("router", "1.1", 1),
+])
+def test_batch_steps_aside_for_interactive_work_only_where_the_engine_does_not_schedule_by_class(
+        control, target, stepped_aside):
+    gate = BatchGate(ServiceClassConfig(latency_control=control), Clock())
+    gate.info(_governed_worker(target))
+    withdrawn = []
+    gate.started("w", 1, lambda: withdrawn.append(1))    # a batch attempt without a first token
+    full = WorkerView("w", in_flight=1, batch_in_flight=1, max_num_seqs=8,
+                      load=WorkerLoad(running=1, waiting=2, kv_cache_usage=0.1))   # requests wait there
+    assert gate.interactive_arrives(full) == stepped_aside
+    assert len(withdrawn) == stepped_aside and gate.withdrawn == stepped_aside

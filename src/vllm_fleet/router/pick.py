@@ -118,7 +118,8 @@ async def pick_batch(ctx: StreamContext, request: GenerateRequest, features: Req
             views = {a: snapshot.get(a) for a in ranked}
             gate = ctx.batch
             open_ = [a for a in ranked
-                     if has_slack(views[a], config, gate.cap(a, batch_share(views[a], config)))]
+                     if has_slack(views[a], config, gate.cap(a, batch_share(views[a], config)),
+                                  engine_schedules=gate.engine_schedules(a))]
             if not open_ and ctx.batch.total < guaranteed_batch(views.values(), config):
                 open_ = ranked  # starvation guard
             for address in [a for a in open_ if a not in tried] + [a for a in open_ if a in tried]:

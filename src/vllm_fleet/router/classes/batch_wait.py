@@ -151,7 +151,7 @@ def _why_not(view: WorkerView, gate: BatchGate, config: ServiceClassConfig) -> s
     load = view.load
     if load is None:
         return f"{name} has not reported its load yet"
-    if load.waiting > 0:
+    if load.waiting > 0 and not gate.engine_schedules(name):
         return f"{name} has {load.waiting} request(s) waiting in its engine"
     if load.kv_cache_usage >= config.batch_max_kv_usage:
         return f"{name} KV-cache usage {load.kv_cache_usage:.2f} >= batch_max_kv_usage {config.batch_max_kv_usage}"

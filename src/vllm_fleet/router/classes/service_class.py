@@ -29,6 +29,13 @@ class is batch). The classes differ in three places:
   grammar-constrained batch request is never paused (it cannot resume, as it cannot migrate).
   Neither costs retry budget or a breaker verdict. The latency controller (classes/batch_gate.py) uses
   the same two steps to bring a worker's batch down to its cap at once, and only down to it.
+* **Where the engine schedules by class** (a vLLM worker with the class scheduler and its step
+  governor, the default, under `latency_control: auto`): none of the above guesses is made for
+  it. Requests waiting in that engine do not hold batch back, nothing is withdrawn or paused
+  for interactive work there, and the latency controller does not cut it: the engine admits
+  interactive work first, preempts batch for it when its slots are full (keeping the batch
+  request's place and tokens), and holds each step's batch to its slowdown target. The reserve,
+  the KV-cache bound and the starvation guard stay.
 * **In the engine.** On a worker that schedules by priority (vLLM's `--scheduling-policy
   priority`, the worker's default), a batch request runs with `batch_priority` added to its
   vLLM priority (lower runs first), so under KV pressure vLLM preempts batch first. A request's
@@ -85,8 +92,10 @@ class ServiceClassConfig(FleetModel):
     latency_control: Literal["auto", "router"] = Field(
         "auto", description="Who holds interactive latency against batch: auto: the engine where the worker's "
         "engine governs its own steps (its Info reports a batch_slowdown_target: vLLM workers with the class "
-        "scheduler, by default), this router's cut-and-grow controller elsewhere (stock or mock engines); "
-        "router: this router's controller everywhere, as before the engine could")
+        "scheduler, by default), which also admits interactive work first and preempts batch for it, so there "
+        "this router neither cuts batch nor withdraws or pauses it, nor holds it back while requests wait in the "
+        "engine; elsewhere (stock or mock engines) this router's controller, withdrawal and pause; "
+        "router: this router's rules everywhere, as before the engine could")
     interactive_targets: Literal["relative", "absolute"] = Field(
         "relative", description="relative: batch backs off a worker where interactive latency passes "
         "interactive_slowdown_target x what it is there without batch (the worker's own baseline, learnt while no "
@@ -122,11 +131,15 @@ def batch_share(view: WorkerView, config: ServiceClassConfig) -> int:
     return math.floor(slots(view) * (1 - config.interactive_reserve))
 
 
-def has_slack(view: WorkerView, config: ServiceClassConfig, cap: float | None = None) -> bool:
+def has_slack(view: WorkerView, config: ServiceClassConfig, cap: float | None = None, *,
+              engine_schedules: bool = False) -> bool:
     """Whether a batch request may start on this worker now. `cap`: the latency controller's
-    limit on this router's batch requests there (batch_gate.BatchGate.cap), None for no limit."""
+    limit on this router's batch requests there (batch_gate.BatchGate.cap), None for no limit.
+    `engine_schedules`: the worker's engine schedules by class (BatchGate.engine_schedules), so
+    requests waiting in it do not hold batch back: its queue hands interactive work the next
+    slot whatever batch waits beside it, and batch queued there is ready the step a slot frees."""
     load = view.load
-    if load is None or load.waiting > 0 or load.kv_cache_usage >= config.batch_max_kv_usage:
+    if load is None or (load.waiting > 0 and not engine_schedules) or load.kv_cache_usage >= config.batch_max_kv_usage:
         return False
     if cap is not None and view.batch_in_flight >= cap:
         return False
