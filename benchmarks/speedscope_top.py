@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 from collections import Counter
+
+
+def _load(path: str) -> dict:
+    """A profile, xz-compressed (as benchmarks/results keeps them) or not."""
+    return json.load(lzma.open(path) if path.endswith(".xz") else open(path))
 
 
 def process_of(profile: dict) -> str:
@@ -23,13 +29,13 @@ def process_of(profile: dict) -> str:
 
 def samples_by_process(path: str) -> Counter:
     weights: Counter = Counter()
-    for profile in json.load(open(path))["profiles"]:
+    for profile in _load(path)["profiles"]:
         weights[process_of(profile)] += sum(profile["weights"])
     return weights
 
 
 def summarize(path: str, process: str = "") -> tuple[Counter, Counter, int]:
-    data = json.load(open(path))
+    data = _load(path)
     frames = data["shared"]["frames"]
     own: Counter = Counter()
     total: Counter = Counter()
