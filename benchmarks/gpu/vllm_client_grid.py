@@ -99,7 +99,9 @@ def bench(url: str, name: str, rate: str, args: argparse.Namespace, profiles: li
                "--random-input-len", str(args.in_len), "--random-output-len", str(args.out_len), "--ignore-eos",
                "--num-prompts", str(args.num_prompts), "--request-rate", rate, "--seed", "0",
                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-               "--save-result", "--result-dir", str(out), "--result-filename", f"{name}.json"]
+               "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", f"{name}.json"]
+    # --save-detailed: every request's TTFT and gaps, so a gap between sides can be placed in time
+    # (a burst of slow steps, or all of them slower) and not only read off the percentiles.
     threads = [profile(args.py_spy, pid, out / f"{name}-{label}.speedscope.json", 5) for label, pid in profiles]
     before, started = cpu_by_process(), time.monotonic()
     subprocess.run(command, check=True)
