@@ -16,6 +16,7 @@ from vllm_fleet.worker.engines.class_policy import (
     Step,
     batch_admission_cap,
     batch_to_preempt,
+    default_solo_step_tokens,
     may_need_preemption,
     step_token_budget,
 )
@@ -153,6 +154,16 @@ def test_vllm_gets_the_async_twin_when_it_schedules_asynchronously(async_schedul
 def test_batch_prefill_is_capped_beside_interactive_work_and_less_so_alone(interactive_due, batch_decodes, cap, solo,
                                                                            expected):
     assert step_token_budget(8192, interactive_due, batch_decodes, cap, solo) == expected
+
+
+@pytest.mark.parametrize("budget, step_tokens, on_cpu, expected", [
+    (8192, 256, False, 2048),   # a GPU: a quarter of the step, where an 8B prefill runs at full rate
+    (2048, 64, False, 512),
+    (512, 256, False, 256),     # never under what batch may prefill beside interactive work
+    (2048, 64, True, 128),      # a CPU: a step's time grows with its tokens, so keep the arriving prompt's wait short
+])
+def test_a_batch_alone_step_is_capped_by_what_the_device_gains_from_a_big_step(budget, step_tokens, on_cpu, expected):
+    assert default_solo_step_tokens(budget, step_tokens, on_cpu) == expected
 
 
 @pytest.mark.parametrize("free, waiting, budget, running_due, interactive_due, expected", [

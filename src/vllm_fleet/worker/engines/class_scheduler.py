@@ -54,6 +54,7 @@ from vllm_fleet.worker.engines.class_policy import (
     Step,
     batch_admission_cap,
     batch_to_preempt,
+    default_solo_step_tokens,
     is_batch,
     may_need_preemption,
     step_token_budget,
@@ -86,11 +87,11 @@ class ClassScheduler(Scheduler):
         # 1/32 of the step by default: 256 of an 8,192-token GPU step. On an 8B H100 engine a full
         # step of batch prefill made online's ITL P99 7.6x its own (benchmarks/RESULTS.md, #52).
         self.batch_step_tokens = int(settings.get("batch_step_tokens", max(16, self.max_num_scheduled_tokens // 32)))
-        # A quarter of the step by default (2,048 of 8,192): long enough that prefill runs at the
-        # GPU's full rate on an 8B model, short enough that a prompt arriving beside batch alone
-        # waits tens of milliseconds, not a full step's hundreds.
-        self.batch_solo_step_tokens = int(settings.get(
-            "batch_solo_step_tokens", max(self.batch_step_tokens, self.max_num_scheduled_tokens // 4)))
+        # By default a quarter of a GPU step (2,048 of 8,192), twice batch_step_tokens on CPU
+        # (class_policy.default_solo_step_tokens says why).
+        on_cpu = getattr(getattr(self.vllm_config, "device_config", None), "device_type", "") == "cpu"
+        self.batch_solo_step_tokens = int(settings.get("batch_solo_step_tokens", default_solo_step_tokens(
+            self.max_num_scheduled_tokens, self.batch_step_tokens, on_cpu)))
         target = slowdown_target(settings)
         self._governor = None if target is None else StepGovernor(
             float(target), ceiling=self.max_num_running_reqs + self.batch_step_tokens)
