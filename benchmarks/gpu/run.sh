@@ -419,6 +419,8 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
         log "grid: variant = our worker with: ${GRID_VARIANT:-nothing more}; its gateway with: ${GRID_VARIANT_GATEWAY:-nothing more}"
     fi
     [[ -n ${GRID_PY_SPY:-} ]] && extra+=(--py-spy "$GRID_PY_SPY" "${profiles[@]}")
+    # GRID_PROFILE_RATE: profile round 1's bench at this rate (default: the first of GRID_RATES)
+    [[ -n ${GRID_PY_SPY:-} && -n ${GRID_PROFILE_RATE:-} ]] && extra+=(--profile-rate "$GRID_PROFILE_RATE")
     $VLLM_PY benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:$((BASE + 41)) \
         --ours http://127.0.0.1:$((BASE + 43)) "${extra[@]}" --model "$MODEL" --served-name "$NAME" \
         --rates "${GRID_RATES:-100,200,400}" --rounds "${GRID_ROUNDS:-2}" --out-len "${GRID_OUT:-64}" \

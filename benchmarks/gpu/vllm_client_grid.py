@@ -131,6 +131,8 @@ def main() -> None:
     parser.add_argument("--py-spy", help="py-spy binary: sample the --profile processes once per system")
     parser.add_argument("--profile", action="append", default=[], metavar="SYSTEM=PID",
                         help="a process to sample while SYSTEM runs its first bench (needs --py-spy)")
+    parser.add_argument("--profile-rate", help="sample in round 1's bench at this rate instead of the first "
+                        "rate's (e.g. 200: where a gap shows)")
     args = parser.parse_args()
     sides = [("stock", args.stock), ("ours", args.ours)] + [tuple(s.split("=", 1)) for s in args.system]
     wanted: dict[str, list[tuple[str, int]]] = {}
@@ -138,11 +140,13 @@ def main() -> None:
         system, pid = item.split("=", 1)
         wanted.setdefault(system, []).append((f"pid{pid}", int(pid)))
     rates = args.rates.split(",")
+    if args.profile_rate and args.profile_rate not in rates:
+        parser.error(f"--profile-rate {args.profile_rate} is not one of --rates {args.rates}")
     results: dict[tuple[int, str, str], dict] = {}
     for round_ in range(1, args.rounds + 1):
         for rate in rates:
             for side, url in (sides if round_ % 2 else sides[::-1]):
-                first = round_ == 1 and rate == rates[0]
+                first = round_ == 1 and rate == (args.profile_rate or rates[0])
                 results[(round_, rate, side)] = bench(url, f"{side}-rate{rate}-r{round_}", rate, args,
                                                       wanted.get(side, []) if first else [])
     for side, _ in sides[1:]:
