@@ -79,5 +79,4 @@ def worker(cores: str, args: argparse.Namespace) -> WorkerProcess:
 
 def cache_pair(args: argparse.Namespace) -> contextlib.AbstractAsyncContextManager:
     """worker_pair of `worker`s. Two vLLM engines on one GPU start one after another (worker_pair says why)."""
-    sharing_a_gpu = bool(args.cuda_devices) and len(set(args.cuda_devices)) == 1
-    return worker_pair(lambda cores: worker(cores, args), one_after_another=sharing_a_gpu)
+    return worker_pair(lambda cores: worker(cores, args), cuda_devices=args.cuda_devices)

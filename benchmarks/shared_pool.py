@@ -58,7 +58,7 @@ import time
 import zlib
 
 from vllm_fleet.bench import percentile
-from worker_pair import worker_pair
+from worker_pair import cuda_devices_arg, worker_pair
 from vllm_fleet.fleet.worker_process import WorkerProcess, small_vllm_args
 from vllm_fleet.protocol.sampling import SamplingParams, build_request
 from vllm_fleet.protocol.types import GenerateInput
@@ -271,10 +271,8 @@ def worker_process(kind: str, cores: str, args) -> WorkerProcess:
 
 async def main(args: argparse.Namespace) -> None:
     # Two engines on one GPU start in turn (worker_pair's docstring says why).
-    sharing_a_gpu = bool(args.cuda_devices) and len(args.cuda_devices) == 2 and len(set(args.cuda_devices)) == 1
     async with worker_pair(lambda cores: worker_process(args.workers, cores, args),
-                           one_after_another=sharing_a_gpu,
-                           count=len(args.cuda_devices) if args.cuda_devices else 2) as (addresses, info):
+                           cuda_devices=args.cuda_devices) as (addresses, info):
         placement = f"CUDA_VISIBLE_DEVICES {','.join(args.cuda_devices)}" if args.cuda_devices else "cores 0,1"
         print(f"workers: {args.workers} {addresses} ({placement}) model={info.model} "
               f"max_num_seqs={info.settings.get('max_num_seqs')} scheduling={info.settings.get('scheduling_policy', 'fcfs')} "
@@ -358,7 +356,7 @@ def add_worker_options(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                      help="Passed through to each worker's command line, in order; repeatable, e.g. "
                           "--worker-arg=--load-format --worker-arg=dummy --worker-arg=--engine-arg=language_model_only=true")
-    gpu.add_argument("--cuda-devices", type=lambda s: s.split(","), default=None, metavar="D0,D1",
+    gpu.add_argument("--cuda-devices", type=cuda_devices_arg, default=None, metavar="D0,D1",
                      help="One CUDA_VISIBLE_DEVICES value per worker (e.g. 0,0: both on GPU 0; 0: one worker "
                           "with GPU 0 to itself) instead of CPU core pinning")
     gpu.add_argument("--python", default=sys.executable, help="Interpreter that runs the workers (default: this one)")
@@ -395,8 +393,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=11)
     add_worker_options(parser)
     args = parser.parse_args()
-    if args.cuda_devices is not None and len(args.cuda_devices) not in (1, 2):
-        parser.error("--cuda-devices takes one value per worker: one or two, e.g. 0, 0,0 or 0,1")
     if any("=" not in item for item in args.env):
         parser.error("--env takes KEY=VALUE")
     args.vocabulary = [stand_in(w) for w in WORDS] if args.stand_in_words else list(WORDS)

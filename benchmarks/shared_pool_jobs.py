@@ -203,12 +203,10 @@ async def with_online(http, model: str, args, salt: str, job) -> dict:
 
 
 async def run(args: argparse.Namespace) -> list[dict]:
-    sharing_a_gpu = bool(args.cuda_devices) and len(args.cuda_devices) == 2 and len(set(args.cuda_devices)) == 1
     # Only phases with a Spark job start Spark: the Batch API phases then run where no JVM is staged.
     session = spark_session(args.spark_cores, args.spark_nice) if set(args.phases) & SPARK_PHASES else None
     async with worker_pair(lambda cores: worker_process(args.workers, cores, args),
-                           one_after_another=sharing_a_gpu,
-                           count=len(args.cuda_devices) if args.cuda_devices else 2) as (addresses, info):
+                           cuda_devices=args.cuda_devices) as (addresses, info):
         print(f"workers: {args.workers} {addresses} model={info.model} max_num_seqs={info.settings.get('max_num_seqs')} "
               f"scheduling={info.settings.get('scheduling_policy', 'fcfs')}; "
               + (f"spark {session.version} local[{args.spark_cores}]" + (f" at nice {args.spark_nice}" if args.spark_nice else "")
@@ -387,8 +385,6 @@ def parse_args() -> argparse.Namespace:
     for variants, phase in ((args.spark_variant, "spark"), (args.api_variant, "api")):
         if variants and phase not in args.phases:
             parser.error(f"--{phase}-variant needs the {phase} phase (its capacity C and the default to compare with)")
-    if args.cuda_devices is not None and len(args.cuda_devices) not in (1, 2):
-        parser.error("--cuda-devices takes one value per worker: one or two, e.g. 0, 0,0 or 0,1")
     return args
 
 

@@ -369,34 +369,23 @@ def _governed_worker(target: str) -> SimpleNamespace:
                                                         settings={"batch_slowdown_target": target}))
 
 
-@pytest.mark.parametrize("control, target, cuts", [
-    ("auto", "1.1", 0),     # the engine holds its own steps: the router leaves batch alone there
-    ("auto", "", 1),        # a stock or mock engine: the router's controller is all there is
-    ("router", "1.1", 1),   # asked to steer everywhere, as before the engine could
+@pytest.mark.parametrize("control, target, router_acts", [
+    ("auto", "1.1", False),   # the engine holds its steps, admits interactive first, preempts batch itself
+    ("auto", "", True),       # a stock or mock engine: the router's rules are all there is
+    ("router", "1.1", True),  # asked to steer everywhere, as before the engine could
 ])
-def test_the_router_cuts_batch_for_latency_only_where_the_engine_does_not_govern_its_steps(control, target, cuts):
+def test_the_router_cuts_and_moves_batch_aside_only_where_the_engine_does_not_schedule_by_class(
+        control, target, router_acts):
     gate = BatchGate(ServiceClassConfig(latency_control=control, interactive_targets="absolute",
                                         interactive_itl_target_ms=100), Clock())
-    gate.info(_governed_worker(target))
-    gate.reported("w", ttft_ms=0, itl_ms=500, share=lambda: 8)   # the worker's own P90: five times the target
-    assert gate.cuts == cuts
-    gate.info(_governed_worker(""))    # restarted without a governor: the router steers again
-    gate.left("w")
-    assert "w" not in gate._engine_governed
-
-
-@pytest.mark.parametrize("control, target, stepped_aside", [
-    ("auto", "1.1", 0),     # the engine admits interactive first and preempts batch itself
-    ("auto", "", 1),        # a stock or mock engine: withdrawing here is what makes room
-    ("router", "1.1", 1),
-])
-def test_batch_steps_aside_for_interactive_work_only_where_the_engine_does_not_schedule_by_class(
-        control, target, stepped_aside):
-    gate = BatchGate(ServiceClassConfig(latency_control=control), Clock())
     gate.info(_governed_worker(target))
     withdrawn = []
     gate.started("w", 1, lambda: withdrawn.append(1))    # a batch attempt without a first token
     full = WorkerView("w", in_flight=1, batch_in_flight=1, max_num_seqs=8,
                       load=WorkerLoad(running=1, waiting=2, kv_cache_usage=0.1))   # requests wait there
-    assert gate.interactive_arrives(full) == stepped_aside
-    assert len(withdrawn) == stepped_aside and gate.withdrawn == stepped_aside
+    assert gate.interactive_arrives(full) == int(router_acts) == len(withdrawn) == gate.withdrawn
+    gate.reported("w", ttft_ms=0, itl_ms=500, share=lambda: 8)   # the worker's own P90: five times the target
+    assert gate.cuts == int(router_acts)
+    gate.info(_governed_worker(""))    # restarted without a governor: the router steers again
+    gate.left("w")
+    assert "w" not in gate._engine_governed

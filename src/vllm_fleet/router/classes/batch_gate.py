@@ -323,13 +323,9 @@ class BatchGate:
         requests waiting in the engine, one batch attempt there without a first token is withdrawn
         (cheap: nothing to redo; with free slots, the engine's priority order already puts the
         interactive request first). A running one is paused only when every slot is taken, so the
-        interactive request would wait for a batch answer to end. How many stepped aside.
-
-        Nothing steps aside on a worker whose engine schedules by class: it admits the interactive
-        request ahead of waiting batch and preempts running batch for it when the slots are full,
-        keeping the batch request's place and computed tokens, where a withdrawal here throws its
-        place away and a pause its KV (on one H100 the router withdrew 94 of 197 batch requests in
-        20 s of online traffic at 8/s, the engine already doing both; benchmarks/RESULTS.md, #52)."""
+        interactive request would wait for a batch answer to end. How many stepped aside. None
+        where the engine schedules by class: it does both itself, keeping the batch request's place
+        and tokens (on one H100 this withdrew 94 of 197 batch requests in 20 s; RESULTS.md, #52)."""
         if (not self.config.withdraw_batch or not view.batch_in_flight or has_room(view)
                 or self.engine_schedules(view.address)):
             return 0
