@@ -60,6 +60,7 @@ from vllm_fleet.worker.engines.class_policy import (
     step_token_budget,
 )
 from vllm_fleet.worker.engines.step_governor import StepGovernor, slowdown_target
+from vllm_fleet.worker.engines.vllm_args import on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +90,8 @@ class ClassScheduler(Scheduler):
         self.batch_step_tokens = int(settings.get("batch_step_tokens", max(16, self.max_num_scheduled_tokens // 32)))
         # By default a quarter of a GPU step (2,048 of 8,192), twice batch_step_tokens on CPU
         # (class_policy.default_solo_step_tokens says why).
-        on_cpu = getattr(getattr(self.vllm_config, "device_config", None), "device_type", "") == "cpu"
         self.batch_solo_step_tokens = int(settings.get("batch_solo_step_tokens", default_solo_step_tokens(
-            self.max_num_scheduled_tokens, self.batch_step_tokens, on_cpu)))
+            self.max_num_scheduled_tokens, self.batch_step_tokens, on_cpu())))
         target = slowdown_target(settings)
         self._governor = None if target is None else StepGovernor(
             float(target), ceiling=self.max_num_running_reqs + self.batch_step_tokens)
