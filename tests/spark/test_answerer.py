@@ -20,8 +20,10 @@ from test_retry_safety import TABLE as RETRY_TABLE, make as make_error
 
 
 async def test_a_retried_task_waits_for_its_first_attempt_instead_of_failing_the_row(mock_worker_factory):
+    # The copy must reach the worker while the first attempt still runs: 200 tokens at 100/s gives
+    # it 2 s, which a loaded CI machine needs (30 tokens, 0.3 s, once let the first attempt finish).
     worker = await mock_worker_factory.start(mock_tokens_per_s=100, mock_ttft_ms=5)
-    config = build_config(prompt_col="p", workers=[worker.address], params={"max_tokens": 30}, retry_backoff_s=0.2,
+    config = build_config(prompt_col="p", workers=[worker.address], params={"max_tokens": 200}, retry_backoff_s=0.2,
                           row_attempts=10)
     router = Router(StaticRegistry.from_spec(worker.address), config.router_config(), metrics_registry=CollectorRegistry())
     client = WorkerClient(worker.address)
@@ -29,7 +31,7 @@ async def test_a_retried_task_waits_for_its_first_attempt_instead_of_failing_the
     try:
         await router.wait_ready(10)
         item = GenerateInput(text="the same row sent twice")
-        first = build_request(request_id="spk-row-1", inputs=[item], params=SamplingParams(max_tokens=30))
+        first = build_request(request_id="spk-row-1", inputs=[item], params=SamplingParams(max_tokens=200))
         chunks = client.generate(first, timeout=30)
         head = await chunks.__anext__()  # the first attempt is running on the worker now
         copy = asyncio.ensure_future(Answerer(router, config).answer(item, "spk-row-1"))
