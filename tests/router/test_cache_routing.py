@@ -88,7 +88,8 @@ async def test_one_models_unique_prompts_leave_another_models_home_its_worth(moc
     """What a home is worth is each model's own: beside a model whose prompts share nothing, one
     whose documents come back keeps the full home (router/cache/prefix_reuse.py)."""
     common = dict(mock_kv_blocks=1024, block_size=BS, mock_ttft_ms=1, mock_tokens_per_s=500)
-    workers = [await mock_worker_factory.start(served_model_name=name, **common) for name in ("docs", "unique")]
+    # Two workers a model: a model's only worker leaves nothing to decide, and nothing is keyed.
+    workers = [await mock_worker_factory.start(served_model_name=name, **common) for name in ("docs", "unique") * 2]
     async with routed([w.address for w in workers]) as router:
         await wait_until(lambda: all(w.kv_events_fresh for w in router.snapshot()), timeout=30,
                          message="both workers' events followed")

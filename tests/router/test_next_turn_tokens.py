@@ -68,14 +68,16 @@ def test_an_answer_with_nothing_known_of_its_prompt_is_not_tokenized(folder):
 
 
 async def test_a_streamed_chat_answer_reaches_the_piece_cache(mock_worker_factory, folder, monkeypatch):
-    worker = await mock_worker_factory.start(mock_kv_blocks=512, block_size=16, mock_tokenizer=str(folder),
-                                             mock_ttft_ms=1, mock_tokens_per_s=2000)
-    registry = StaticRegistry([WorkerRecord(address=worker.address)])
+    # Two workers: with a model's only worker there is no decision, and nothing is tokenized.
+    workers = [await mock_worker_factory.start(mock_kv_blocks=512, block_size=16, mock_tokenizer=str(folder),
+                                               mock_ttft_ms=1, mock_tokens_per_s=2000) for _ in range(2)]
+    registry = StaticRegistry([WorkerRecord(address=worker.address) for worker in workers])
     router = Router(registry, RouterConfig(policy="cache_aware", load_poll_interval_s=0.1, health_poll_interval_s=0.2),
                     metrics_registry=CollectorRegistry())
     await router.start()
     try:
         await router.wait_ready(timeout=60)
+        await wait_until(lambda: len(router.snapshot().eligible()) == 2, timeout=60, message="both workers serving")
         model = router.snapshot().eligible()[0].model
         await wait_until(lambda: router._cache.tokenizers.get(model) is not None, timeout=60,
                          message="the worker's tokenizer loaded at the router")

@@ -53,10 +53,21 @@ async def serving(folder: Path, **config):
 
 
 @asynccontextmanager
-async def routed(address: str):
-    async with started_router([address], RouterConfig(policy="cache_aware", **FAST)) as router:
+async def routed(*addresses: str):
+    async with started_router(list(addresses), RouterConfig(policy="cache_aware", **FAST)) as router:
         await router.wait_cache_ready(timeout=60)
         yield router
+
+
+@asynccontextmanager
+async def two_workers(folder: Path, **config):
+    async with serving(folder, **config) as first, serving(folder, **config) as second:
+        yield first, second
+
+
+def _summed(workers) -> tuple[dict, int]:
+    outcomes = [w.outcomes() for w in workers]
+    return {o: sum(out[o] for out in outcomes) for o in outcomes[0]}, sum(w.counts["renders"] for w in workers)
 
 
 async def _chat(router: Router, rid: str, topic: str) -> int:
@@ -69,26 +80,36 @@ async def _chat(router: Router, rid: str, topic: str) -> int:
 
 
 async def test_a_worker_that_takes_ids_gets_them_and_skips_rendering(tokenizer_folder):
-    async with serving(tokenizer_folder, accept_router_ids=True, router_ids_verify_first=1,
-                       router_ids_verify_every=1000) as worker, routed(worker.address) as router:
+    async with two_workers(tokenizer_folder, accept_router_ids=True, router_ids_verify_first=0,
+                           router_ids_verify_every=1000) as workers, routed(*(w.address for w in workers)) as router:
         for n, topic in enumerate(TOPICS):
             await _chat(router, f"chat-{n}", topic)
-        assert worker.outcomes() == {"used": 4, "verified": 1, "mismatched": 0, "declined": 0}
-        assert worker.counts["renders"] == 1          # only the verified one was rendered here
+        assert _summed(workers) == ({"used": 5, "verified": 0, "mismatched": 0, "declined": 0}, 0)
         # A long new text: the decision tokenized only its head, so no ids go with it.
         text = " ".join(f"word{i} of a long fresh document" for i in range(300))
         request = build_request("long", [GenerateInput(text=text)], SamplingParams(max_tokens=2))
         async with router.stream(request) as stream:
             [c async for c in stream]
-        assert worker.outcomes()["used"] == 4 and worker.counts["renders"] == 2
+        assert _summed(workers) == ({"used": 5, "verified": 0, "mismatched": 0, "declined": 0}, 1)
 
 
 async def test_a_worker_without_the_option_gets_no_ids(tokenizer_folder):
-    async with serving(tokenizer_folder) as worker, routed(worker.address) as router:
+    async with two_workers(tokenizer_folder) as workers, routed(*(w.address for w in workers)) as router:
         for n, topic in enumerate(TOPICS[:3]):
             await _chat(router, f"chat-{n}", topic)
-        assert worker.outcomes() == {"used": 0, "verified": 0, "mismatched": 0, "declined": 0}
-        assert worker.counts["renders"] == 3
+        assert _summed(workers) == ({"used": 0, "verified": 0, "mismatched": 0, "declined": 0}, 3)
+
+
+async def test_the_only_worker_of_a_model_gets_prompts_the_router_never_keyed(tokenizer_folder):
+    """With one worker there is nothing to decide (#49 goal 2): the router neither tokenizes nor
+    sends ids, and the worker renders each prompt itself, as under any other policy."""
+    async with serving(tokenizer_folder, accept_router_ids=True, router_ids_verify_first=0,
+                       router_ids_verify_every=1000) as worker, routed(worker.address) as router:
+        for n, topic in enumerate(TOPICS[:3]):
+            await _chat(router, f"chat-{n}", topic)
+        assert _summed([worker]) == ({"used": 0, "verified": 0, "mismatched": 0, "declined": 0}, 3)
+        stats = router.cache_stats()
+        assert stats["routed_without_choice"] == 3 and stats["routed_without_ids"] == 0
 
 
 class _Tokenizers:

@@ -99,7 +99,7 @@ class Router:
                                          overlay_s=max(1.0, 3 * self.config.load_poll_interval_s), clock=clock)
         self._tickets = itertools.count()
         # Around each attempt, in this order: cache holds and ids, the batch gate, adapter placement.
-        hooks = (CacheHook(self._cache, self._metrics),) if self._cache is not None else ()
+        hooks = (CacheHook(self._cache, self._metrics, self._pool.serving),) if self._cache is not None else ()
         hooks += (BatchHook(self._batch, self._pool.snapshot, self.config.classes), AdapterHook(self.adapters))
         self._context = StreamContext(
             policy=self._policy, pool=self._pool, budget=self._budget, admission=self._admission,

@@ -8,12 +8,18 @@ a worker's held tokens on its lease. Each attempt holds the prompt's blocks on i
 speculative entries from the pick to the first token, then for the event delay (RoutedHold);
 an attempt that ends before it stored nothing releases them. A worker that takes the router's
 ids gets them on a first attempt. A chat answer the caller got is tokenized for the next turn.
+
+Where one worker at most can take the request (its model's only serving worker), there is no
+decision to make: the hook keys nothing and the request routes as under any other policy (#49
+goal 2: routing costs nothing where it cannot help). The worker renders the prompt itself then,
+and its own prefix cache finds whatever it holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_fleet.protocol.types import Chunk
@@ -36,12 +42,17 @@ class CacheHandle:
 
 
 class CacheHook(AttemptHooks):
-    def __init__(self, routing: CacheRouting, metrics: RouterMetrics) -> None:
+    def __init__(self, routing: CacheRouting, metrics: RouterMetrics,
+                 serving: Callable[[str | None, str | None], int]) -> None:
         self.routing = routing
         self._metrics = metrics
+        self._serving = serving   # Pool.serving: workers of a model and pool that could take a request
 
-    async def prepare(self, stream: HookedStream) -> CacheHandle:
-        routing, request = self.routing, stream.request
+    async def prepare(self, stream: HookedStream) -> CacheHandle | None:
+        routing, request, features = self.routing, stream.request, stream.features
+        if self._serving(features.model, features.pool) <= 1:
+            self.routing.no_choice += 1
+            return None   # nothing to choose between: no keying, no holds (the module docstring)
         # Where the prompt's blocks are held: rendering and tokenizing a chat prompt takes
         # milliseconds, so it runs off the event loop; given token ids are read in place.
         if routing.needs_tokenizing(request):

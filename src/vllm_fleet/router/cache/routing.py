@@ -86,6 +86,7 @@ class CacheRouting:
         self._on_change = on_change
         self.followers: dict[str, KvFollower] = {}
         self.unknown_ids = 0              # requests routed without token ids (tokenizer not ready)
+        self.no_choice = 0                # requests not keyed: one worker at most could take them (hook.py)
         self.head_chars = config.cache_tuning.head_chars  # 0: tokenize every prompt whole (match)
         self._block_sizes: dict[str, int] = {}      # model -> block size its workers' Info gave
         # address -> [predicted cached tokens, prompt tokens routed, of those held more elsewhere]
@@ -196,7 +197,7 @@ class CacheRouting:
     def stats(self) -> dict:
         """The index's counters and sizes, requests routed without ids, per-worker predictions."""
         return {**dataclasses.asdict(self.index.counters), "entries": self.index.entries_per_worker(),
-                "routed_without_ids": self.unknown_ids, "prefix_reuse": {model: round(reuse.share, 3) for model, reuse in list(self._reuse.items())},
+                "routed_without_ids": self.unknown_ids, "routed_without_choice": self.no_choice, "prefix_reuse": {model: round(reuse.share, 3) for model, reuse in list(self._reuse.items())},
                 "predicted_hit_rate": {a: self.predicted_hit_rate(a) for a in self._predicted},
                 "copied_tokens": {a: totals[2] for a, totals in self._predicted.items()}}
 

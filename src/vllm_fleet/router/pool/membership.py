@@ -245,6 +245,14 @@ class Pool:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def serving(self, model: str | None, pool: str | None) -> int:
+        """How many workers of `model` (any if None) in `pool` are up and not draining, ejected or
+        not: an upper bound on `snapshot().eligible(model, pool)`, counted without making views
+        (the cache hook asks it per request)."""
+        return sum(1 for w in self._workers.values()
+                   if w.state(False) == SERVING and (model is None or w.model == model)
+                   and (not pool or not w.pool or w.pool == pool))
+
     def snapshot(self) -> PoolSnapshot:
         is_ejected = self._outliers.is_ejected
         listeners = self._listeners

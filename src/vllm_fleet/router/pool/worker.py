@@ -47,15 +47,23 @@ class WorkerState:
             return DRAINING
         return EJECTED if ejected else SERVING
 
+    @property
+    def model(self) -> str:
+        return self.info.model if self.info else self.record.model
+
+    @property
+    def pool(self) -> str:
+        # The worker's own word (Info, from its --pool) wins; the registry record covers the time before Info.
+        return self.info.pool if self.info and self.info.pool else self.record.pool
+
     def view(self, ejected: bool, fields: Mapping[str, object] = {}) -> WorkerView:
         """The frozen view of it now; `fields`: the ones its listeners own (batch, cache)."""
         info = self.info
         settings = info.settings if info else {}
         return WorkerView(
             address=self.address,
-            model=info.model if info else self.record.model,
-            # The worker's own word (Info, from its --pool) wins; the registry record covers the time before Info.
-            pool=info.pool if info and info.pool else self.record.pool,
+            model=self.model,
+            pool=self.pool,
             state=self.state(ejected),
             breaker=self.breaker.state,
             health=self.health,
