@@ -33,8 +33,7 @@ def _scheduler(max_seqs: int, budget: int = 2048, interactive_slots: int = 0) ->
     scheduler.__dict__.update(
         policy=SchedulingPolicy.PRIORITY, waiting=create_request_queue(SchedulingPolicy.PRIORITY), running=[],
         max_num_running_reqs=max_seqs, max_num_scheduled_tokens=budget, num_waiting_for_streaming_input=0,
-        batch_priority=100, interactive_slots=interactive_slots, batch_step_tokens=64, batch_solo_step_tokens=512, batch_beside_prompts=True,
-        _by_class=True,
+        batch_priority=100, interactive_slots=interactive_slots, batch_step_tokens=64, batch_solo_step_tokens=512, _by_class=True,
         _batch_arrived=False, _steps_since_check=0,
         _admission_limit="max_num_active_reqs" if _is_032() else "max_num_running_reqs",
         kv_cache_manager=FreedBlocks(), encoder_cache_manager=SimpleNamespace(free=lambda request: None),
@@ -227,22 +226,6 @@ def test_a_governed_step_admitting_an_interactive_prompt_lets_in_no_batch_prefil
     assert _held(scheduler, decodes + [prefill]) == ["batch-prefill"]
     assert prefill.status == RequestStatus.RUNNING         # sits the step out: nothing to preempt for
     assert set(scheduler._step_interactive_ids) == {"chat", "chat-new"}
-
-
-def test_on_cpu_a_waiting_interactive_prompt_gets_a_step_without_batch_that_the_governor_does_not_learn_from():
-    scheduler = _scheduler(max_seqs=8)
-    scheduler.batch_beside_prompts = False   # the CPU default (class_policy.default_batch_beside_prompts)
-    decodes = [_running(scheduler, _request(f"batch-decode-{n}", 100, float(n), outputs=2)) for n in range(2)]
-    prefill = _running(scheduler, _request("batch-prefill", 100, 5.0, prompt=1500))
-    _running(scheduler, _request("chat", 0, 9.0, outputs=2))
-    scheduler.waiting.add_request(_request("chat-new", 0, 10.0, prompt=30))
-    _governed(scheduler, allowance=40)
-    assert scheduler._prepare_step(8, 2048) == 1 + 30       # chat's decode and the prompt: no batch
-    assert _held(scheduler, decodes + [prefill]) == ["batch-decode-0", "batch-decode-1", "batch-prefill"]
-    assert scheduler._step_interactive_ids == ()             # its time is no baseline for decode steps
-    scheduler.waiting.pop_request()                          # admitted: the next step is governed again
-    assert scheduler._prepare_step(8, 2048) == 1 + 2 + 38
-    assert set(scheduler._step_interactive_ids) == {"chat"}
 
 
 def test_the_governor_is_told_each_steps_duration_and_its_interactive_and_batch_tokens(monkeypatch):

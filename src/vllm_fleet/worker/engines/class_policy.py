@@ -108,15 +108,6 @@ def default_solo_step_tokens(budget: int, batch_step_tokens: int, on_cpu: bool) 
     return max(batch_step_tokens, budget // 4)
 
 
-def default_batch_beside_prompts(on_cpu: bool) -> bool:
-    """Whether batch decodes run in the step that prefills a waiting interactive prompt, when not
-    set (`batch_beside_prompts`). On a GPU a step of decodes and one prefill lasts about as long as
-    the prefill alone, and an online rate of 8/s at ~30 ms a step would hold batch back a quarter
-    of its steps. On CPU every token of a step costs its time: a prompt's first token waits for
-    the batch decodes beside it, so they sit that one step out (one step per arrival)."""
-    return not on_cpu
-
-
 def may_need_preemption(free_slots: int, waiting_interactive_tokens: tuple[int, ...] | list[int], token_budget: int,
                         running_due: int, interactive_due: int) -> bool:
     """Whether `batch_to_preempt` could choose anything: a waiting interactive request finds no

@@ -17,9 +17,7 @@ where it stopped, its computed blocks found again in the prefix cache where they
 prefills, so tokens are taken in that order; (3) while interactive requests run or wait, caps the
 step's batch prefill at `batch_step_tokens` (a step lasts as long as its prefill, and each
 interactive decode waits for the whole step), and a step of batch alone at `batch_solo_step_tokens`
-of prefill (an interactive prompt arriving mid-step waits for it), and unless
-`batch_beside_prompts`, gives a waiting interactive prompt a step without batch (with the
-step governor on); (4) while only batch waits, admits it only while
+of prefill (an interactive prompt arriving mid-step waits for it); (4) while only batch waits, admits it only while
 `interactive_slots` slots stay free; (5) unless `batch_slowdown_target` is null, holds each step's batch
 tokens beside running interactive work to what keeps the step within that many times a step without
 batch, learnt from the steps' own durations (step_governor.py). Interactive requests are never
@@ -27,8 +25,7 @@ preempted by it.
 
 Settings come from vLLM's `additional_config` (it travels to the EngineCore process with the
 config): `{"vllm_fleet_classes": {"batch_priority": 100, "interactive_slots": 8,
-"batch_step_tokens": 256, "batch_solo_step_tokens": 2048, "batch_beside_prompts": true,
-"batch_slowdown_target": 1.1}}` (null
+"batch_step_tokens": 256, "batch_solo_step_tokens": 2048, "batch_slowdown_target": 1.1}}` (null
 for the last: no step governor).
 
 vLLM 0.26 and 0.32 differ where this touches them, and both are handled: 0.32 admits up to
@@ -57,7 +54,6 @@ from vllm_fleet.worker.engines.class_policy import (
     Step,
     batch_admission_cap,
     batch_to_preempt,
-    default_batch_beside_prompts,
     default_solo_step_tokens,
     is_batch,
     may_need_preemption,
@@ -96,10 +92,6 @@ class ClassScheduler(Scheduler):
         # (class_policy.default_solo_step_tokens says why).
         self.batch_solo_step_tokens = int(settings.get("batch_solo_step_tokens", default_solo_step_tokens(
             self.max_num_scheduled_tokens, self.batch_step_tokens, on_cpu())))
-        # Whether batch decodes share the step of a waiting interactive prompt: yes on a GPU, where
-        # decodes beside a prefill cost it little and holding them would cost batch a step per
-        # arrival; no on CPU (class_policy.batch_beside_prompts says why).
-        self.batch_beside_prompts = bool(settings.get("batch_beside_prompts", default_batch_beside_prompts(on_cpu())))
         target = slowdown_target(settings)
         self._governor = None if target is None else StepGovernor(
             float(target), ceiling=self.max_num_running_reqs + self.batch_step_tokens)
@@ -209,13 +201,9 @@ class ClassScheduler(Scheduler):
         if self._governor is not None:
             self._step_interactive_ids = ()
             if interactive_due or waiting:   # else nothing to protect: no extra pass over the running list
-                prompt_step = bool(waiting) and not self.batch_beside_prompts
-                # A prompt's step held clean is not a clean step the governor learns from: its
-                # prefill would raise the baseline that decode steps are judged against.
-                self._step_interactive_ids = () if prompt_step else tuple(
+                self._step_interactive_ids = tuple(
                     [r.request_id for rank, r, _ in ranked if rank == 0] + [r.request_id for r in waiting])
-                allowance = 0 if prompt_step else self._governor.next_allowance()
-                ranked, batch_tokens = self._hold_back_batch(ranked, allowance, bool(waiting))
+                ranked, batch_tokens = self._hold_back_batch(ranked, self._governor.next_allowance(), bool(waiting))
                 step_budget = min(step_budget, interactive_due + sum(waiting_tokens) + batch_tokens)
                 running_due = interactive_due + batch_tokens
         free_slots = max(0, limit - len(self.running) - self.num_waiting_for_streaming_input)

@@ -74,7 +74,6 @@ _CLASS_SETTINGS = {
     "interactive_slots": ("an integer >= 0", lambda v: _number(v) and isinstance(v, int) and v >= 0),
     "batch_step_tokens": ("an integer >= 1", lambda v: _number(v) and isinstance(v, int) and v >= 1),
     "batch_solo_step_tokens": ("an integer >= 1", lambda v: _number(v) and isinstance(v, int) and v >= 1),
-    "batch_beside_prompts": ("true or false", lambda v: isinstance(v, bool)),
     "batch_slowdown_target": ("a number above 1, or null for no step governor",
                               lambda v: v is None or (_number(v) and v > 1)),
 }
