@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -134,12 +135,16 @@ class HttpConnection:
                 ttft = self.last_text_at - started if ttft is None else ttft
             pending += data[:-2]
             if b'"usage":{' in pending:
-                usage = pending[pending.index(b'"usage":{') + 8:]
-                tokens = json.loads(usage[:usage.index(b"}") + 1])["completion_tokens"]
+                # Not the object's first "}": usage may nest prompt_tokens_details (a prefix cache's hits).
+                found = _COMPLETION_TOKENS.search(pending, pending.index(b'"usage":{'))
+                tokens = int(found.group(1)) if found else tokens
             if b"data: [DONE]" in pending:
                 pending = b""
             elif len(pending) > 4096:
                 pending = pending[-4096:]
+
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 
 
 class HttpPool:

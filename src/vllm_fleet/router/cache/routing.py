@@ -195,9 +195,11 @@ class CacheRouting:
         return reuse
 
     def stats(self) -> dict:
-        """The index's counters and sizes, requests routed without ids, per-worker predictions."""
+        """The index's counters and sizes, requests routed without ids or without a choice, each
+        model's tokenizer here, per-worker predictions."""
         return {**dataclasses.asdict(self.index.counters), "entries": self.index.entries_per_worker(),
-                "routed_without_ids": self.unknown_ids, "routed_without_choice": self.no_choice, "prefix_reuse": {model: round(reuse.share, 3) for model, reuse in list(self._reuse.items())},
+                "routed_without_ids": self.unknown_ids, "routed_without_choice": self.no_choice,
+                "tokenizers": self.tokenizers.states() if self.tokenizers is not None else {}, "prefix_reuse": {model: round(reuse.share, 3) for model, reuse in list(self._reuse.items())},
                 "predicted_hit_rate": {a: self.predicted_hit_rate(a) for a in self._predicted},
                 "copied_tokens": {a: totals[2] for a, totals in self._predicted.items()}}
 
