@@ -230,10 +230,11 @@ def _children_cpu() -> float:
 
 async def main(args: argparse.Namespace) -> None:
     # Sides: each --src with the gateway's defaults, then each --gateway-variant on the first src.
-    sides = [(src, "defaults", []) for src in (args.src or [None])]
+    sides = [(src, "defaults" if not args.gateway_arg else " ".join(args.gateway_arg), list(args.gateway_arg))
+             for src in (args.src or [None])]
     for variant in args.gateway_variant or []:
         label, _, gateway_args = variant.partition("=")
-        sides.append((sides[0][0], label, gateway_args.split()))
+        sides.append((sides[0][0], label, [*args.gateway_arg, *gateway_args.split()]))
     for round_ in range(args.rounds):
         for src, label, extra in (sides if round_ % 2 == 0 else sides[::-1]):
             result = await one_side(src, args, extra, label)
@@ -258,6 +259,8 @@ if __name__ == "__main__":
                              "so a --policy cache_aware gateway fetches the tokenizer and keys every prompt (#49 goal 2)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--src", action="append", help="a checkout's src/ (repeat to compare; default: this one)")
+    parser.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
+                        help="an argument for every side's gateway (repeat: --gateway-arg=--policy --gateway-arg=cache_aware)")
     parser.add_argument("--gateway-variant", action="append", metavar="LABEL=ARGS",
                         help="one more side: the gateway with these arguments (e.g. 'grouped=--stream-interval-ms 50')")
     parser.add_argument("--py-spy", metavar="PY_SPY", help="profile the gateway with this py-spy (a diagnosis: "

@@ -174,11 +174,13 @@ class PromptTokenizer:
 
 
 class _LockedBackend:
-    """A `tokenizers.Tokenizer`'s `encode`, one caller at a time (PromptTokenizer's lock), through
-    `encode_batch`: `Tokenizer.encode` holds the GIL for the whole call, so a prompt tokenized on a
-    thread stalled the router's event loop just the same (measured: a loop kept 3% of its pace beside
-    a thread encoding, 96% beside `encode_batch`, which releases the GIL while Rust tokenizes, and
-    was no slower: 93 against 109 us for 50 words)."""
+    """A `tokenizers.Tokenizer`'s `encode`, one caller at a time (PromptTokenizer's lock).
+
+    `encode` holds the GIL for its whole call (a thread tokenizing leaves the event loop 3% of its
+    pace); `encode_batch([text])` releases it. Tried (2026-12-07, benchmarks/RESULTS.md, #49 goal
+    2): through `encode_batch`, TTFT P50 of a cache-aware gateway was 1.06-1.16x and its CPU a
+    token 1.07-1.12x, three rounds out of three on 2 cores: handing the GIL back and forth costs
+    the request more than the loop gains where the cores are busy anyway. Kept on `encode`."""
 
     __slots__ = ("_backend", "_lock")
 
@@ -188,7 +190,7 @@ class _LockedBackend:
 
     def encode(self, text: str, **kwargs: Any) -> Any:
         with self._lock:
-            return self._backend.encode_batch([text], **kwargs)[0]
+            return self._backend.encode(text, **kwargs)
 
 
 def _apply_chat_template_params(tokenizer: Any) -> frozenset[str]:
