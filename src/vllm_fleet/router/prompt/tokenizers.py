@@ -173,14 +173,22 @@ class PromptTokenizer:
             return list(self._tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
 
+# Texts at least this long are encoded with the GIL released (`_LockedBackend`): ~0.3 ms of
+# tokenizing and up, where the event loop would otherwise stand still for the whole call (a
+# 10,000-token document: ~7 ms). Shorter texts (a decision's 250-character head, a question) keep
+# `encode`: there the GIL's hand-offs cost the request more than the loop gains (below).
+RELEASE_GIL_CHARS = 2_000
+
+
 class _LockedBackend:
     """A `tokenizers.Tokenizer`'s `encode`, one caller at a time (PromptTokenizer's lock).
 
-    `encode` holds the GIL for its whole call (a thread tokenizing leaves the event loop 3% of its
-    pace); `encode_batch([text])` releases it. Tried (2026-12-07, benchmarks/RESULTS.md, #49 goal
-    2): through `encode_batch`, TTFT P50 of a cache-aware gateway was 1.06-1.16x and its CPU a
-    token 1.07-1.12x, three rounds out of three on 2 cores: handing the GIL back and forth costs
-    the request more than the loop gains where the cores are busy anyway. Kept on `encode`."""
+    `Tokenizer.encode` holds the GIL for its whole call, so a prompt tokenized on a thread stalls
+    the router's event loop just the same (a loop kept 3% of its pace beside a thread encoding);
+    `encode_batch([text])` releases it while Rust tokenizes (96%). For every text that cost: a
+    cache-aware gateway's TTFT P50 was 1.06-1.16x and its CPU a token 1.07-1.12x with 200-word
+    prompts on 2 busy cores (three rounds of three, benchmarks/RESULTS.md, #49 goal 2): each hand-off
+    of the GIL waits on the loop. So only long texts are encoded with it released."""
 
     __slots__ = ("_backend", "_lock")
 
@@ -190,6 +198,8 @@ class _LockedBackend:
 
     def encode(self, text: str, **kwargs: Any) -> Any:
         with self._lock:
+            if len(text) >= RELEASE_GIL_CHARS:
+                return self._backend.encode_batch([text], **kwargs)[0]
             return self._backend.encode(text, **kwargs)
 
 
