@@ -165,11 +165,11 @@ async def one_side(src: str | None, args: argparse.Namespace, extra_gateway_args
             # A cache-aware gateway keys prompts once it has loaded the workers' tokenizer (seconds of
             # its CPU): warm up until it has, so that the measured load neither pays for the load
             # nor goes unkeyed.
-            deadline, unkeyed = time.monotonic() + 120, _cache_index(gateway.port)
-            while unkeyed is not None and time.monotonic() < deadline and _loading(unkeyed):
+            deadline, index_before = time.monotonic() + 120, _cache_index(gateway.port)
+            while index_before is not None and time.monotonic() < deadline and _loading(index_before):
                 await asyncio.to_thread(_run_load, gateway.port, warm_up)
-                unkeyed, before = _cache_index(gateway.port), unkeyed
-                if "tokenizers" not in unkeyed and unkeyed["routed_without_ids"] == before["routed_without_ids"]:
+                index_before, earlier = _cache_index(gateway.port), index_before
+                if "tokenizers" not in index_before and index_before["routed_without_ids"] == earlier["routed_without_ids"]:
                     break   # a tree before the index said its tokenizers: a round all keyed
             g0, w0 = cpu_seconds(gateway.pid), sum(cpu_seconds(w.pid) for w in workers)
             c0, started = _children_cpu(), time.perf_counter()
@@ -178,7 +178,7 @@ async def one_side(src: str | None, args: argparse.Namespace, extra_gateway_args
             if profiler is not None:
                 profiler.wait(timeout=args.seconds + 60)
             elapsed = time.perf_counter() - started
-            unkeyed_after = _cache_index(gateway.port)
+            index_after = _cache_index(gateway.port)
             g_cpu = cpu_seconds(gateway.pid) - g0
             w_cpu = sum(cpu_seconds(w.pid) for w in workers) - w0
             c_cpu = _children_cpu() - c0
@@ -195,10 +195,11 @@ async def one_side(src: str | None, args: argparse.Namespace, extra_gateway_args
             "requests": sent, "errors": sum(p["errors"] for p in parts),
             "first_errors": [e for p in parts for e in p["first_errors"]][:3], "processes": args.processes,
             "mock_workers": args.mock_workers, "prompt_words": args.prompt_words,
-            **({} if unkeyed is None else {
-                "tokenizers": unkeyed_after.get("tokenizers"),
-                "routed_without_ids": unkeyed_after["routed_without_ids"] - unkeyed["routed_without_ids"],
-                "routed_without_choice": unkeyed_after.get("routed_without_choice", 0) - unkeyed.get("routed_without_choice", 0)}),
+            **({} if index_before is None else {
+                "tokenizers": index_after.get("tokenizers"),
+                "routed_without_ids": index_after["routed_without_ids"] - index_before["routed_without_ids"],
+                "routed_without_choice":
+                    index_after.get("routed_without_choice", 0) - index_before.get("routed_without_choice", 0)}),
             "ttft_p50_ms": ms(50), "ttft_p90_ms": ms(90), "ttft_p99_ms": ms(99),
             "engine_token_ms": round(1000 / args.mock_tokens_per_s, 2), "tpot_p50_ms": ms(50, tpots),
             "tpot_p99_ms": ms(99, tpots), "e2e_p50_ms": ms(50, e2es), "e2e_p99_ms": ms(99, e2es),

@@ -51,7 +51,7 @@ class CacheHook(AttemptHooks):
     async def prepare(self, stream: HookedStream) -> CacheHandle | None:
         routing, request, features = self.routing, stream.request, stream.features
         if self._serving(features.model, features.pool) <= 1:
-            self.routing.no_choice += 1
+            routing.no_choice += 1
             return None   # nothing to choose between: no keying, no holds (the module docstring)
         # Where the prompt's blocks are held: rendering and tokenizing a chat prompt takes
         # milliseconds, so it runs off the event loop; given token ids are read in place.

@@ -199,7 +199,8 @@ class CacheRouting:
         model's tokenizer here, per-worker predictions."""
         return {**dataclasses.asdict(self.index.counters), "entries": self.index.entries_per_worker(),
                 "routed_without_ids": self.unknown_ids, "routed_without_choice": self.no_choice,
-                "tokenizers": self.tokenizers.states() if self.tokenizers is not None else {}, "prefix_reuse": {model: round(reuse.share, 3) for model, reuse in list(self._reuse.items())},
+                "tokenizers": self.tokenizers.states() if self.tokenizers is not None else {},
+                "prefix_reuse": {model: round(reuse.share, 3) for model, reuse in list(self._reuse.items())},
                 "predicted_hit_rate": {a: self.predicted_hit_rate(a) for a in self._predicted},
                 "copied_tokens": {a: totals[2] for a, totals in self._predicted.items()}}
 

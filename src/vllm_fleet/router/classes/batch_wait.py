@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from vllm_fleet.router.classes.batch_gate import BatchGate
 from vllm_fleet.router.classes.service_class import (DEFAULT_SLOTS, ServiceClassConfig, batch_share, busy,
                                                      guaranteed_batch)
-from vllm_fleet.router.pool.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot, WorkerView
+from vllm_fleet.router.pool.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot, WorkerView, serves
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +123,7 @@ def why_no_slack(snapshot: PoolSnapshot, gate: BatchGate, model: str | None, poo
     """Why a batch request of `model` (in class pool `pool`) finds no worker with slack: one
     clause per worker of the model, in `has_slack`'s order of checks."""
     config = gate.config
-    workers = [w for w in snapshot
-               if (model is None or w.model == model) and (not pool or not w.pool or w.pool == pool)]
+    workers = [w for w in snapshot if serves(w, model, pool)]
     of_model = f" of model {model!r}" if model else ""
     in_pool = f" in pool {pool!r}" if pool else ""
     if not workers:

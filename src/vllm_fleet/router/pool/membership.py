@@ -49,7 +49,7 @@ from vllm_fleet.router.pool.breaker import CircuitBreaker
 from vllm_fleet.router.pool.ejection import OutlierDetector
 from vllm_fleet.router.pool.lease import Lease
 from vllm_fleet.router.pool.listener import PoolListener
-from vllm_fleet.router.pool.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot
+from vllm_fleet.router.pool.snapshot import HALF_OPEN, OPEN, SERVING, PoolSnapshot, serves
 from vllm_fleet.router.pool.worker import WorkerState
 
 logger = logging.getLogger(__name__)
@@ -249,9 +249,7 @@ class Pool:
         """How many workers of `model` (any if None) in `pool` are up and not draining, ejected or
         not: an upper bound on `snapshot().eligible(model, pool)`, counted without making views
         (the cache hook asks it per request)."""
-        return sum(1 for w in self._workers.values()
-                   if w.state(False) == SERVING and (model is None or w.model == model)
-                   and (not pool or not w.pool or w.pool == pool))
+        return sum(1 for w in self._workers.values() if w.state(False) == SERVING and serves(w, model, pool))
 
     def snapshot(self) -> PoolSnapshot:
         is_ejected = self._outliers.is_ejected

@@ -17,6 +17,12 @@ DOWN = "down"            # health NOT_SERVING / UNREACHABLE, or Info not fetched
 CLOSED, HALF_OPEN, OPEN = "closed", "half_open", "open"
 
 
+def serves(worker, model: str | None, pool: str | None) -> bool:
+    """Whether `worker` (anything with `model` and `pool`) serves `model` (any if None) in class
+    pool `pool`: a worker without a pool serves any."""
+    return (model is None or worker.model == model) and (not pool or not worker.pool or worker.pool == pool)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerView:
     """One worker as the router sees it now."""
@@ -107,8 +113,7 @@ class PoolSnapshot:
     def eligible(self, model: str | None = None, pool: str | None = None) -> list[WorkerView]:
         """Routable workers of `model` (any if None) in `pool` (workers without a pool serve any)."""
         return [
-            w for w in self.workers
-            if w.routable and (model is None or w.model == model) and (not pool or not w.pool or w.pool == pool)
+            w for w in self.workers if w.routable and serves(w, model, pool)
         ]
 
     def in_panic(self, model: str | None = None, pool: str | None = None) -> PoolSnapshot | None:
@@ -118,9 +123,7 @@ class PoolSnapshot:
         instead of refusing every one."""
         if self.eligible(model, pool):
             return None
-        up = [w for w in self.workers
-              if w.state in (SERVING, EJECTED) and (model is None or w.model == model)
-              and (not pool or not w.pool or w.pool == pool)]
+        up = [w for w in self.workers if w.state in (SERVING, EJECTED) and serves(w, model, pool)]
         if not up:
             return None
         return PoolSnapshot(tuple(replace(w, state=SERVING, breaker=CLOSED) for w in up), self.taken_at)
