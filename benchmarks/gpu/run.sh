@@ -385,6 +385,19 @@ short() {  # issue #17 target 2: many short requests; every system up (and done 
     done
 }
 
+grid_variant() {  # grid_variant NAME PORT_OFFSET WORKER_OPTS ENV GATEWAY_OPTS: one more system for grid
+    local name=$1 offset=$2 opts=$3 env_vars=$4 gateway_opts=$5
+    [[ -n $opts$env_vars$gateway_opts ]] || return 0
+    FLEET_EXTRA="$FLEET_EXTRA $opts" FLEET_PY="env $env_vars ${FLEET_PY#env }" \
+        fleet_worker "worker-$name" 0 $((BASE + offset))
+    profiles+=(--profile "$name=${PIDS[-1]}")
+    wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + offset)) || return 1
+    gateway $((BASE + offset + 1)) 127.0.0.1:$((BASE + offset)) ${GRID_GATEWAY_ARGS:-} $gateway_opts
+    wait_http http://127.0.0.1:$((BASE + offset + 1)) 60 || return 1
+    extra+=(--system "$name=http://127.0.0.1:$((BASE + offset + 1))")
+    log "grid: $name = our worker with: ${opts:-nothing more}; env: ${env_vars:-nothing more}; its gateway with: ${gateway_opts:-nothing more}"
+}
+
 grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on stock `vllm serve` and ours in turn
     local frac=${GRID_MEM:-0.28}
     MODEL=${GRID_MODEL:-${SHORT_MODEL:?set SHORT_MODEL (stage.sh makes the Qwen3-0.6B-shaped folder)}}
@@ -406,18 +419,11 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
     gateway $((BASE + 43)) 127.0.0.1:$((BASE + 42)) ${GRID_GATEWAY_ARGS:-}
     profiles+=(--profile "ours=${PIDS[-1]}")
     wait_http http://127.0.0.1:$((BASE + 43)) 60 || return 1
-    # a third system: our worker with GRID_VARIANT's options added (e.g. a cost's off switch), and/or
-    # its gateway with GRID_VARIANT_GATEWAY's
-    if [[ -n ${GRID_VARIANT:-}${GRID_VARIANT_GATEWAY:-} ]]; then
-        FLEET_EXTRA="$FLEET_EXTRA ${GRID_VARIANT:-}" fleet_worker worker-variant 0 $((BASE + 44))
-        profiles+=(--profile "variant=${PIDS[-1]}")
-        wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + 44)) || return 1
-        # GRID_VARIANT_GATEWAY: options for the variant's gateway only (e.g. --policy cache_aware, #49 goal 2)
-        gateway $((BASE + 45)) 127.0.0.1:$((BASE + 44)) ${GRID_GATEWAY_ARGS:-} ${GRID_VARIANT_GATEWAY:-}
-        wait_http http://127.0.0.1:$((BASE + 45)) 60 || return 1
-        extra+=(--system "variant=http://127.0.0.1:$((BASE + 45))")
-        log "grid: variant = our worker with: ${GRID_VARIANT:-nothing more}; its gateway with: ${GRID_VARIANT_GATEWAY:-nothing more}"
-    fi
+    # a third system: our worker with GRID_VARIANT's options added (e.g. a cost's off switch), its
+    # environment with GRID_VARIANT_ENV's assignments, and/or its gateway with GRID_VARIANT_GATEWAY's
+    # (e.g. --policy cache_aware, #49 goal 2); a fourth with GRID_VARIANT2, _ENV2, _GATEWAY2
+    grid_variant variant 44 "${GRID_VARIANT:-}" "${GRID_VARIANT_ENV:-}" "${GRID_VARIANT_GATEWAY:-}" || return 1
+    grid_variant variant2 46 "${GRID_VARIANT2:-}" "${GRID_VARIANT_ENV2:-}" "${GRID_VARIANT_GATEWAY2:-}" || return 1
     [[ -n ${GRID_PY_SPY:-} ]] && extra+=(--py-spy "$GRID_PY_SPY" "${profiles[@]}")
     # GRID_PROFILE_RATE: profile round 1's bench at this rate (default: the first of GRID_RATES)
     [[ -n ${GRID_PY_SPY:-} && -n ${GRID_PROFILE_RATE:-} ]] && extra+=(--profile-rate "$GRID_PROFILE_RATE")
