@@ -13,6 +13,7 @@ from vllm_fleet.config import EngineConfig
 from vllm_fleet.errors import ConfigError
 
 DEFAULT_CPU_KV_CACHE_GB = 2
+MULTIPROC_METHOD_VARIABLE = "VLLM_WORKER_MULTIPROC_METHOD"
 CLASS_SCHEDULER = "vllm_fleet.worker.engines.class_scheduler.ClassScheduler"
 
 _PASSTHROUGH = (
@@ -107,3 +108,10 @@ def set_core_environment(config: EngineConfig) -> None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KV_CACHE_GB)
     if config.cpu_cores is not None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_cores
+    # EngineCore as a fresh process, as stock `vllm serve` starts it, not forked from the worker:
+    # forked, it carries the worker's whole heap and state, and on an H100 (0.6B shape, 200 req/s,
+    # 16-token answers) its steps ran slower, for the same CPU-seconds: TPOT P50 1.39-1.94x stock,
+    # against 0.86-1.08x spawned (benchmarks/RESULTS.md, #49). VLLM_WORKER_MULTIPROC_METHOD=fork
+    # in the worker's environment brings the fork back. (vLLM-cpu spawns it whatever is set here:
+    # its platform sets the same variable when the engine's config is built.)
+    os.environ.setdefault(MULTIPROC_METHOD_VARIABLE, "spawn")
