@@ -88,7 +88,12 @@ async def test_a_burst_for_an_unloaded_adapter_loads_it_once(lora_gateway, tmp_p
     server.router.adapters.remember("burst", make_adapter(tmp_path / "burst"), BASE)  # known, loaded nowhere
     before = server.router.adapters.loads
     replies = await asyncio.gather(*(_chat(http, keys, "burst") for _ in range(32)))
-    assert [r.status_code for r in replies] == [200] * 32
+    # Seen once in a fresh-clone suite (24 of 32 answered 503 "no serving worker ... can take the
+    # request now"), never alone or under load since: the failure says what the router saw.
+    failed = [(r.status_code, r.text[:200]) for r in replies if r.status_code != 200]
+    seen = [(w.address, w.state, w.breaker, sorted(server.router.adapters.held_by(w)))
+            for w in server.router.snapshot()]
+    assert not failed, f"{len(failed)} of 32 failed, first {failed[:2]}; router saw {seen}; loads {server.router.adapters.loads - before}"
     assert server.router.adapters.loads - before == 1
     holders = [w for w in server.router.snapshot() if "burst" in server.router.adapters.held_by(w)]
     assert len(holders) == 1
