@@ -169,7 +169,8 @@ async def one_side(src: str | None, args: argparse.Namespace, extra_gateway_args
             while index_before is not None and time.monotonic() < deadline and _loading(index_before):
                 await asyncio.to_thread(_run_load, gateway.port, warm_up)
                 index_before, earlier = _cache_index(gateway.port), index_before
-                if "tokenizers" not in index_before and index_before["routed_without_ids"] == earlier["routed_without_ids"]:
+                all_keyed = index_before["routed_without_ids"] == earlier["routed_without_ids"]
+                if "tokenizers" not in index_before and all_keyed:
                     break   # a tree before the index said its tokenizers: a round all keyed
             g0, w0 = cpu_seconds(gateway.pid), sum(cpu_seconds(w.pid) for w in workers)
             c0, started = _children_cpu(), time.perf_counter()

@@ -175,8 +175,9 @@ class PromptTokenizer:
 
 # Texts at least this long are encoded with the GIL released (`_LockedBackend`): ~0.5 ms of
 # tokenizing and up (SmolLM2's tokenizer here: ~0.3-0.6 us a character), where the event loop would
-# otherwise stand still for the whole call (a 40,000-character document: tens of milliseconds). Shorter texts (a decision's 250-character head, a question) keep
-# `encode`: there the GIL's hand-offs cost the request more than the loop gains (below).
+# otherwise stand still for the whole call (a 40,000-character document: tens of milliseconds).
+# Shorter texts (a decision's 250-character head, a question) keep `encode`: there the GIL's
+# hand-offs cost the request more than the loop gains (below).
 RELEASE_GIL_CHARS = 2_000
 
 
