@@ -427,7 +427,9 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
     [[ -n ${GRID_PY_SPY:-} ]] && extra+=(--py-spy "$GRID_PY_SPY" "${profiles[@]}")
     # GRID_PROFILE_RATE: profile round 1's bench at this rate (default: the first of GRID_RATES)
     [[ -n ${GRID_PY_SPY:-} && -n ${GRID_PROFILE_RATE:-} ]] && extra+=(--profile-rate "$GRID_PROFILE_RATE")
-    $VLLM_PY benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:$((BASE + 41)) \
+    # GRID_OUT may name several answer lengths (GRID_NUM one count for all, or one each); GRID_TIME_LIMIT
+    # (s) stops the client there, keeping every finished bench's JSON for grid_ratios.py
+    ${GRID_TIME_LIMIT:+timeout -s INT $GRID_TIME_LIMIT} $VLLM_PY benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:$((BASE + 41)) \
         --ours http://127.0.0.1:$((BASE + 43)) "${extra[@]}" --model "$MODEL" --served-name "$NAME" \
         --rates "${GRID_RATES:-100,200,400}" --rounds "${GRID_ROUNDS:-2}" --out-len "${GRID_OUT:-64}" \
         --num-prompts "${GRID_NUM:-2000}" --results "$RESULTS/goal1" 2>&1 | tee "$RESULTS/goal1.txt"

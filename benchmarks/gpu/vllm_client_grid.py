@@ -2,14 +2,20 @@
 
     python benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:PORT1 --ours http://127.0.0.1:PORT2 \
         [--system lean=http://127.0.0.1:PORT3 ...] --model DIR [--rates 100,200,400] [--rounds 2] \
-        [--out-len 64] [--in-len 256] [--num-prompts 2000] [--results DIR] \
+        [--out-len 64[,512...]] [--in-len 256] [--num-prompts 2000] [--results DIR] \
         [--py-spy BIN --profile NAME=PID ...]
 
 Every system must already be up (same engine options, e.g. all resident on one GPU, started one
-after the other; `benchmarks/gpu/run.sh grid` starts them). Each (round, rate) benches the systems
-in turn, in reversed order every other round, with `vllm.benchmarks.serve` (random dataset,
-`--ignore-eos`, the same seed everywhere), then prints each system / stock for TTFT, TPOT and E2E at
-P50 and P99, and for output throughput. The client's own JSON results are kept in --results.
+after the other; `benchmarks/gpu/run.sh grid` starts them). For each answer length, each (round,
+rate) benches the systems in turn, in reversed order every other round, with
+`vllm.benchmarks.serve` (random dataset, `--ignore-eos`, the same seed everywhere; `inf` as a rate
+is saturation: every request at once), then prints each system / stock for TTFT, TPOT and E2E at P50
+and P99, and for output throughput. The client's own JSON results are kept in --results (in
+`out<N>/` per answer length when --out-len names several). Answer lengths run one after another,
+both rounds of one before the next, so a run stopped at its time limit keeps whole lengths.
+
+The bench runs in this process (vLLM imported once): a bench in its own process spent ~15 s of
+every ~20 s importing vLLM before the first request.
 
 While each bench runs, the CPU time of every process on the host is read from /proc before and
 after; processes that used at least half a CPU-second are listed (100% = one core), so the table
@@ -25,14 +31,10 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-BENCH = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-         "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-         "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 METRICS = [("ttft", "p50"), ("ttft", "p99"), ("tpot", "p50"), ("tpot", "p99"), ("e2el", "p50"), ("e2el", "p99")]
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -91,20 +93,30 @@ def profile(py_spy: str, pid: int, out: Path, seconds: int) -> threading.Thread:
     return thread
 
 
-def bench(url: str, name: str, rate: str, args: argparse.Namespace, profiles: list[tuple[str, int]]) -> dict:
-    out = Path(args.results)
+def vllm_bench():
+    """vLLM's `vllm bench serve`: its argument parser and entry point, imported once."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    return parser, main
+
+
+def bench(url: str, name: str, rate: str, out_len: int, out: Path, args: argparse.Namespace,
+          profiles: list[tuple[str, int]]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    command = [args.python, "-c", BENCH, "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
+    parser, run_bench = args.vllm_bench
+    command = ["--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
                "--model", args.served_name or args.model, "--tokenizer", args.model, "--dataset-name", "random",
-               "--random-input-len", str(args.in_len), "--random-output-len", str(args.out_len), "--ignore-eos",
-               "--num-prompts", str(args.num_prompts), "--request-rate", rate, "--seed", "0",
+               "--random-input-len", str(args.in_len), "--random-output-len", str(out_len), "--ignore-eos",
+               "--num-prompts", str(args.count), "--request-rate", rate, "--seed", "0",
                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
                "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", f"{name}.json"]
     # --save-detailed: every request's TTFT and gaps, so a gap between sides can be placed in time
     # (a burst of slow steps, or all of them slower) and not only read off the percentiles.
     threads = [profile(args.py_spy, pid, out / f"{name}-{label}.speedscope.json", 5) for label, pid in profiles]
     before, started = cpu_by_process(), time.monotonic()
-    subprocess.run(command, check=True)
+    run_bench(parser.parse_args(command))
     seconds = time.monotonic() - started
     print(f"CPU during {name} ({seconds:.1f} s, processes with >= 0.5 CPU-s):", flush=True)
     print("\n".join(cpu_table(before, cpu_by_process(), seconds)), flush=True)
@@ -124,10 +136,10 @@ def main() -> None:
     parser.add_argument("--rates", default="100,200,400")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--in-len", type=int, default=256)
-    parser.add_argument("--out-len", type=int, default=64)
-    parser.add_argument("--num-prompts", type=int, default=2000)
+    parser.add_argument("--out-len", default="64", help="answer lengths, comma-separated (one grid each)")
+    parser.add_argument("--num-prompts", default="2000",
+                        help="requests per bench: one number, or one per --out-len (comma-separated)")
     parser.add_argument("--results", default="/tmp/gpu-results/goal1")
-    parser.add_argument("--python", default=sys.executable, help="a Python that imports vLLM")
     parser.add_argument("--py-spy", help="py-spy binary: sample the --profile processes once per system")
     parser.add_argument("--profile", action="append", default=[], metavar="SYSTEM=PID",
                         help="a process to sample while SYSTEM runs its first bench (needs --py-spy)")
@@ -142,25 +154,38 @@ def main() -> None:
     rates = args.rates.split(",")
     if args.profile_rate and args.profile_rate not in rates:
         parser.error(f"--profile-rate {args.profile_rate} is not one of --rates {args.rates}")
-    results: dict[tuple[int, str, str], dict] = {}
-    for round_ in range(1, args.rounds + 1):
-        for rate in rates:
-            for side, url in (sides if round_ % 2 else sides[::-1]):
-                first = round_ == 1 and rate == (args.profile_rate or rates[0])
-                results[(round_, rate, side)] = bench(url, f"{side}-rate{rate}-r{round_}", rate, args,
-                                                      wanted.get(side, []) if first else [])
+    out_lens = [int(n) for n in args.out_len.split(",")]
+    counts = [int(n) for n in args.num_prompts.split(",")]
+    if len(counts) not in (1, len(out_lens)):
+        parser.error(f"--num-prompts {args.num_prompts}: give one count, or one per --out-len {args.out_len}")
+    counts *= len(out_lens) // len(counts)
+    args.vllm_bench = vllm_bench()
+    for out_len, args.count in zip(out_lens, counts):
+        out = Path(args.results) / f"out{out_len}" if len(out_lens) > 1 else Path(args.results)
+        results: dict[tuple[int, str, str], dict] = {}
+        for round_ in range(1, args.rounds + 1):
+            for rate in rates:
+                for side, url in (sides if round_ % 2 else sides[::-1]):
+                    first = round_ == 1 and rate == (args.profile_rate or rates[0]) and out_len == out_lens[0]
+                    results[(round_, rate, side)] = bench(url, f"{side}-rate{rate}-r{round_}", rate, out_len, out,
+                                                          args, wanted.get(side, []) if first else [])
+        print_ratios(results, sides, rates, args.rounds, out_len)
+
+
+def ratio(top: float, bottom: float) -> str:
+    return f"{top / bottom:.3f}" if bottom else "n/a"  # a stand-in engine's whole answer can come in one chunk
+
+
+def print_ratios(results: dict, sides: list, rates: list[str], rounds: int, out_len: int) -> None:
     for side, _ in sides[1:]:
-        print(f"ratios {side} / stock (round: value):")
+        print(f"ratios {side} / stock, {out_len}-token answers (round: value):")
         for rate in rates:
             cells = []
-            for metric, pct in METRICS:
-                key = f"{pct}_{metric}_ms"
-                ratios = [results[(r, rate, side)][key] / results[(r, rate, "stock")][key]
-                          for r in range(1, args.rounds + 1)]
-                cells.append(f"{metric} {pct} " + "/".join(f"{x:.3f}" for x in ratios))
-            tput = [results[(r, rate, side)]["output_throughput"] / results[(r, rate, "stock")]["output_throughput"]
-                    for r in range(1, args.rounds + 1)]
-            cells.append("throughput " + "/".join(f"{x:.3f}" for x in tput))
+            for metric, pct in [*METRICS, ("output_throughput", "")]:
+                key = f"{pct}_{metric}_ms" if pct else metric
+                ratios = [ratio(results[(r, rate, side)][key], results[(r, rate, "stock")][key])
+                          for r in range(1, rounds + 1)]
+                cells.append(f"{metric.replace('output_', '')} {pct}".rstrip() + " " + "/".join(ratios))
             print(f"rate {rate}: " + "; ".join(cells), flush=True)
 
 
