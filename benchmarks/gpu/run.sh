@@ -386,16 +386,24 @@ short() {  # issue #17 target 2: many short requests; every system up (and done 
 }
 
 grid_variant() {  # grid_variant NAME PORT_OFFSET WORKER_OPTS ENV GATEWAY_OPTS: one more system for grid
-    local name=$1 offset=$2 opts=$3 env_vars=$4 gateway_opts=$5
+    local name=$1 offset=$2 opts=$3 env_vars=$4 gateway_opts=$5 worker_port
     [[ -n $opts$env_vars$gateway_opts ]] || return 0
-    FLEET_EXTRA="$FLEET_EXTRA $opts" FLEET_PY="env $env_vars ${FLEET_PY#env }" \
-        fleet_worker "worker-$name" 0 $((BASE + offset))
-    profiles+=(--profile "$name=${PIDS[-1]}")
-    wait_grpc "$START_TIMEOUT" 127.0.0.1:$((BASE + offset)) || return 1
-    gateway $((BASE + offset + 1)) 127.0.0.1:$((BASE + offset)) ${GRID_GATEWAY_ARGS:-} $gateway_opts
+    if [[ -n $opts$env_vars ]]; then
+        worker_port=$((BASE + offset))
+        FLEET_EXTRA="$FLEET_EXTRA $opts" FLEET_PY="env $env_vars ${FLEET_PY#env }" \
+            fleet_worker "worker-$name" 0 "$worker_port"
+        profiles+=(--profile "$name=${PIDS[-1]}")
+        wait_grpc "$START_TIMEOUT" 127.0.0.1:$worker_port || return 1
+    else
+        # Only the gateway differs (e.g. a routing policy, #49 goal 2): it fronts our system's own
+        # worker, so the two are compared on one engine. On an engine of its own, one engine's
+        # luck against another's (same options, same GPU) moved TTFT P50 up to 1.5x either way.
+        worker_port=$((BASE + 42))
+    fi
+    gateway $((BASE + offset + 1)) 127.0.0.1:$worker_port ${GRID_GATEWAY_ARGS:-} $gateway_opts
     wait_http http://127.0.0.1:$((BASE + offset + 1)) 60 || return 1
     extra+=(--system "$name=http://127.0.0.1:$((BASE + offset + 1))")
-    log "grid: $name = our worker with: ${opts:-nothing more}; env: ${env_vars:-nothing more}; its gateway with: ${gateway_opts:-nothing more}"
+    log "grid: $name = our worker (port $worker_port) with: ${opts:-nothing more}; env: ${env_vars:-nothing more}; its gateway with: ${gateway_opts:-nothing more}"
 }
 
 grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on stock `vllm serve` and ours in turn
@@ -427,9 +435,18 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
     [[ -n ${GRID_PY_SPY:-} ]] && extra+=(--py-spy "$GRID_PY_SPY" "${profiles[@]}")
     # GRID_PROFILE_RATE: profile round 1's bench at this rate (default: the first of GRID_RATES)
     [[ -n ${GRID_PY_SPY:-} && -n ${GRID_PROFILE_RATE:-} ]] && extra+=(--profile-rate "$GRID_PROFILE_RATE")
-    # GRID_OUT may name several answer lengths (GRID_NUM one count for all, or one each); GRID_TIME_LIMIT
-    # (s) stops the client there, keeping every finished bench's JSON for grid_ratios.py
-    ${GRID_TIME_LIMIT:+timeout -s INT $GRID_TIME_LIMIT} $VLLM_PY benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:$((BASE + 41)) \
+    # GRID_OUT may name several answer lengths (GRID_NUM one count for all, or one each). GRID_DEADLINE
+    # (s from this script's start) stops the client in time for the archive to be written, keeping
+    # every finished bench for grid_ratios.py: on 12-07 three 0.6B systems took 245 s to start (the
+    # first `vllm serve` compiles), and a call killed at its limit brought nothing back.
+    local limit=()
+    if [[ -n ${GRID_DEADLINE:-} ]]; then
+        local left=$((GRID_DEADLINE - SECONDS))
+        ((left > 0)) || left=1   # `timeout 0` would not stop it at all
+        limit=(timeout -s INT "$left")
+        log "grid: the client stops in $left s (GRID_DEADLINE $GRID_DEADLINE)"
+    fi
+    "${limit[@]}" $VLLM_PY benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:$((BASE + 41)) \
         --ours http://127.0.0.1:$((BASE + 43)) "${extra[@]}" --model "$MODEL" --served-name "$NAME" \
         --rates "${GRID_RATES:-100,200,400}" --rounds "${GRID_ROUNDS:-2}" --out-len "${GRID_OUT:-64}" \
         --num-prompts "${GRID_NUM:-2000}" --results "$RESULTS/goal1" 2>&1 | tee "$RESULTS/goal1.txt"

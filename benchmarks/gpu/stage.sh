@@ -26,6 +26,9 @@
 #   Since the repo passed ~27 MB (2026-12-06), 37 MiB parts no longer fit beside it: re-split vLLM
 #   into 28 MiB parts, (cd .gpu && mkdir -p v28 && cat vllm.part0* | split -b 28M -d - v28/vllm.part),
 #   and carry .gpu/v28/vllm.part0N in runs 1-4 (lean parts in runs 5-6); `install` joins vllm.part*.
+#   With the repo at ~36 MB (2026-12-07) one 28 MiB part is all a run can carry: py-spy (8 MB,
+#   .gpu/pyspy) needs a run of its own. Keep raw results small (benchmarks/RESULTS.md says how they
+#   are trimmed): every MB the repo grows is a MB less per run here.
 #
 # The first sequence, of 2026-12-01 (the repo itself is ~10 MB of each run's 64 MiB, so vLLM travels in
 # three 37 MiB parts; pack_vllm.sh writes them):
