@@ -136,10 +136,13 @@ pool8b)
     # STEP_TOKENS=N: the engine scheduler's batch prefill per step beside interactive work (its
     # batch_step_tokens; default 1/32 of the step, 256 here), to trace the ITL / batch-share trade-off.
     # SLOWDOWN=X: its step governor on, holding steps with batch to X times a step without.
+    # BASIS=tail: the governor holds the tail of the steps with batch (each window's longest against
+    # the clean steps' 90th percentile), not their mean (batch_slowdown_basis, step_governor.py).
     # SOLO_TOKENS=N: batch prefill in a step of batch alone (batch_solo_step_tokens; default a quarter
     # of the step, 2,048): the step an interactive arrival waits behind before its own prefill.
     classes=()
     [[ -n ${STEP_TOKENS:-} ]] && classes+=("\"batch_step_tokens\": $STEP_TOKENS")
+    [[ -n ${BASIS:-} ]] && classes+=("\"batch_slowdown_basis\": \"$BASIS\"")
     [[ -n ${SOLO_TOKENS:-} ]] && classes+=("\"batch_solo_step_tokens\": $SOLO_TOKENS")
     [[ -n ${SLOWDOWN:-} ]] && classes+=("\"batch_slowdown_target\": $SLOWDOWN")
     step_args=()

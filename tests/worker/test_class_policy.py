@@ -109,6 +109,7 @@ def test_an_operators_scheduler_is_kept():
 @pytest.mark.parametrize("classes, message", [
     ('{"batch_slowdown_target": 0.9}', "batch_slowdown_target must be a number above 1"),
     ('{"batch_step_tokens": "many"}', "batch_step_tokens must be an integer >= 1"),
+    ('{"batch_slowdown_basis": "p99"}', 'batch_slowdown_basis must be "mean" or "tail"'),
     ('{"batch_stepp_tokens": 64}', "unknown vllm_fleet_classes setting(s) batch_stepp_tokens"),
     ('[1, 2]', "must be an object"),
 ])

@@ -55,7 +55,7 @@ async def _run(client: WorkerClient, request_id: str, prompt: str, tokens: int, 
 @dataclass
 class Run:
     scheduler: str              # as the worker's Info names it
-    governor: str               # the step governor's target as Info reports it ("": none)
+    governor: str               # the step governor's target and basis as Info reports them ("": none)
     interactive: Stream         # beside two decoding batch requests holding both slots
     batch: list[Stream]
     chat: Stream                # beside one batch request prefilling a long prompt, a slot free
@@ -70,7 +70,8 @@ async def _interactive_beside_batch(*worker_options: str) -> Run:
         await worker.wait_serving(600)
         async with WorkerClient(worker.address) as client:
             settings = (await client.info()).settings
-            scheduler, governor = settings["scheduler_cls"], settings["batch_slowdown_target"]
+            scheduler = settings["scheduler_cls"]
+            governor = f'{settings["batch_slowdown_target"]} {settings["batch_slowdown_basis"]}'.strip()
             # Slots: both held by batch, both decoding.
             batch = [Stream() for _ in PROMPTS]
             tasks = [asyncio.create_task(_run(client, f"batch-{i}", prompt, BATCH_TOKENS, BATCH_PRIORITY, stream))
@@ -115,7 +116,7 @@ UNGOVERNED = ("--engine-arg", 'additional_config={"vllm_fleet_classes": {"batch_
 async def test_an_interactive_request_takes_a_step_from_a_full_batch_and_batch_resumes_whole(options):
     run = await _interactive_beside_batch(*options)
     interactive, batch = run.interactive, run.batch
-    assert run.scheduler == CLASS_SCHEDULER and run.governor == ("" if options else "1.1")
+    assert run.scheduler == CLASS_SCHEDULER and run.governor == ("" if options else "1.1 mean")
     assert interactive.finish_reason == "length" and len(interactive.ids) == 8
     # It ran to its end while both batch requests were still running; with two slots, one of them
     # was out of the running set meanwhile: preempted, and resumed after.

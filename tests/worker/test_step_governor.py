@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_fleet.worker.engines.step_governor import BASELINE_STEPS, PROBE_EVERY, WINDOW, StepGovernor
+from vllm_fleet.worker.engines.step_governor import (
+    BASELINE_STEPS,
+    PROBE_EVERY,
+    WINDOW,
+    StepGovernor,
+    percentile,
+    slowdown_basis,
+)
 
 
 def _with_baseline(seconds: float = 0.010, **kwargs) -> StepGovernor:
@@ -62,6 +69,42 @@ def test_a_window_is_judged_only_when_full():
     for _ in range(WINDOW - 1):
         governor.step_done(0.1, interactive_tokens=3, batch_tokens=5)
     assert governor.allowance == 160
+
+
+def _online_steps(governor: StepGovernor) -> None:
+    """Clean steps as online traffic makes them: decodes (10 ms), and one in eight prefilling a new
+    prompt (40 ms); their mean is 13.75 ms, their 90th percentile 40 ms."""
+    for step in range(64):
+        governor.step_done(0.040 if step % 8 == 0 else 0.010, interactive_tokens=3, batch_tokens=0)
+
+
+def test_the_tail_basis_lets_batch_lengthen_typical_steps_while_they_stay_under_the_clean_steps_tail():
+    # Mixed steps of 25 ms, with one of 30 in each window: 1.9x the mean clean step (the mean basis
+    # halves) but under 1.1x the 40-ms prefill steps that set online's ITL P99 (the tail basis grows).
+    mixed = [0.025] * (WINDOW - 1) + [0.030]
+    by_mean, by_tail = StepGovernor(1.1, ceiling=320), StepGovernor(1.1, ceiling=320, basis="tail")
+    for governor in (by_mean, by_tail):
+        _online_steps(governor)
+        for _ in range(4):
+            for seconds in mixed:
+                governor.step_done(seconds, interactive_tokens=3, batch_tokens=governor.allowance)
+    assert by_mean.allowance == 10 and by_mean.halvings == 4
+    assert by_tail.allowance == 160 + 4 * 320 // 16 and by_tail.halvings == 0
+
+
+def test_the_tail_basis_halves_when_a_windows_longest_step_passes_the_clean_steps_tail():
+    governor = StepGovernor(1.1, ceiling=320, basis="tail")
+    _online_steps(governor)
+    for seconds in [0.012] * (WINDOW - 1) + [0.045]:   # one step past 1.1 x 40 ms
+        governor.step_done(seconds, interactive_tokens=3, batch_tokens=governor.allowance)
+    assert governor.allowance == 80 and governor.halvings == 1
+
+
+def test_the_basis_is_the_mean_unless_the_settings_say_tail():
+    assert slowdown_basis({}) == "mean" and slowdown_basis({"batch_slowdown_basis": "tail"}) == "tail"
+    assert percentile([0.010] * 7 + [0.040], 0.9) == 0.040 and percentile([3, 1, 2], 0.5) == 2
+    with pytest.raises(ValueError, match="slowdown basis"):
+        StepGovernor(1.1, ceiling=64, basis="p99")
 
 
 @pytest.mark.parametrize("slowdown, ceiling, floor", [(1.0, 64, 1), (0.5, 64, 1), (1.1, 0, 0), (1.1, 64, 65)])

@@ -25,8 +25,9 @@ preempted by it.
 
 Settings come from vLLM's `additional_config` (it travels to the EngineCore process with the
 config): `{"vllm_fleet_classes": {"batch_priority": 100, "interactive_slots": 8,
-"batch_step_tokens": 256, "batch_solo_step_tokens": 2048, "batch_slowdown_target": 1.1}}` (null
-for the last: no step governor).
+"batch_step_tokens": 256, "batch_solo_step_tokens": 2048, "batch_slowdown_target": 1.1,
+"batch_slowdown_basis": "mean"}}` (null for the target: no step governor; "tail" for the basis: the
+governor holds the tail of the steps, not their mean, step_governor.py).
 
 vLLM 0.26 and 0.32 differ where this touches them, and both are handled: 0.32 admits up to
 `max_num_active_reqs` and 0.26 up to `max_num_running_reqs`; 0.32's `_preempt_request` takes
@@ -59,7 +60,7 @@ from vllm_fleet.worker.engines.class_policy import (
     may_need_preemption,
     step_token_budget,
 )
-from vllm_fleet.worker.engines.step_governor import StepGovernor, slowdown_target
+from vllm_fleet.worker.engines.step_governor import StepGovernor, slowdown_basis, slowdown_target
 from vllm_fleet.worker.engines.vllm_args import on_cpu
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,9 @@ class ClassScheduler(Scheduler):
         self.batch_solo_step_tokens = int(settings.get("batch_solo_step_tokens", default_solo_step_tokens(
             self.max_num_scheduled_tokens, self.batch_step_tokens, on_cpu())))
         target = slowdown_target(settings)
+        basis = slowdown_basis(settings)
         self._governor = None if target is None else StepGovernor(
-            float(target), ceiling=self.max_num_running_reqs + self.batch_step_tokens)
+            float(target), ceiling=self.max_num_running_reqs + self.batch_step_tokens, basis=basis)
         self._step_interactive_ids: tuple[str, ...] = ()
         self._steps_timed: dict[int, tuple[float, tuple[str, ...]]] = {}  # id(scheduler output) -> (start, interactive ids)
         self._last_step_end = 0.0
@@ -107,10 +109,11 @@ class ClassScheduler(Scheduler):
         if not self._by_class:
             logger.warning("class scheduler: scheduling policy is %s, not priority: it schedules as vLLM does",
                            self.policy.value)
+        held = "no limit of" if target is None else f"{float(target):g}x"
         logger.info("class scheduler (%s): batch is priority >= %d, %d interactive slot(s) of %d, batch prefill "
-                    "<= %d tokens a step beside interactive and %d alone, steps with batch held to %s a step without",
-                    type(self).__name__, self.batch_priority, self.interactive_slots, self.max_num_running_reqs,
-                    self.batch_step_tokens, self.batch_solo_step_tokens, "no limit of" if target is None else f"{float(target):g}x")
+                    "<= %d tokens a step beside interactive and %d alone, steps with batch held to %s a step "
+                    "without (by their %s)", type(self).__name__, self.batch_priority, self.interactive_slots,
+                    self.max_num_running_reqs, self.batch_step_tokens, self.batch_solo_step_tokens, held, basis)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if not self._by_class:

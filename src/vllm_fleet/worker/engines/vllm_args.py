@@ -77,6 +77,7 @@ _CLASS_SETTINGS = {
     "batch_solo_step_tokens": ("an integer >= 1", lambda v: _number(v) and isinstance(v, int) and v >= 1),
     "batch_slowdown_target": ("a number above 1, or null for no step governor",
                               lambda v: v is None or (_number(v) and v > 1)),
+    "batch_slowdown_basis": ('"mean" or "tail"', lambda v: v in ("mean", "tail")),
 }
 
 

@@ -216,6 +216,7 @@ class VllmEngine(Engine):
             "scheduler_cls": str(cfg.scheduler_config.scheduler_cls or "vllm"),   # vllm_args: ours by default
             # Empty when the engine does not govern its steps: a router then steers batch by latency itself.
             "batch_slowdown_target": _governed_slowdown(cfg),
+            "batch_slowdown_basis": _governor_basis(cfg),   # what it holds steps by: "mean" or "tail"
             "block_size": str(cfg.cache_config.block_size),
             "num_kv_blocks": str(cfg.cache_config.num_gpu_blocks or 0),
             "enable_prefix_caching": str(cfg.cache_config.enable_prefix_caching),
@@ -347,3 +348,11 @@ def _governed_slowdown(cfg: Any) -> str:
         return ""
     target = slowdown_target((cfg.additional_config or {}).get(SETTINGS_KEY, {}))
     return "" if target is None else f"{target:g}"
+
+
+def _governor_basis(cfg: Any) -> str:
+    """What the step governor judges a step by ("mean" or "tail"), or "" when no governor runs."""
+    from vllm_fleet.worker.engines.class_scheduler import SETTINGS_KEY
+    from vllm_fleet.worker.engines.step_governor import slowdown_basis
+
+    return slowdown_basis((cfg.additional_config or {}).get(SETTINGS_KEY, {})) if _governed_slowdown(cfg) else ""
