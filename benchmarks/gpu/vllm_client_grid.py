@@ -28,6 +28,7 @@ benchmarks/speedscope_top.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -93,6 +94,7 @@ def profile(py_spy: str, pid: int, out: Path, seconds: int) -> threading.Thread:
     return thread
 
 
+@functools.cache
 def vllm_bench():
     """vLLM's `vllm bench serve`: its argument parser and entry point, imported once."""
     from vllm.benchmarks.serve import add_cli_args, main
@@ -102,14 +104,14 @@ def vllm_bench():
     return parser, main
 
 
-def bench(url: str, name: str, rate: str, out_len: int, out: Path, args: argparse.Namespace,
+def bench(url: str, name: str, rate: str, out_len: int, count: int, out: Path, args: argparse.Namespace,
           profiles: list[tuple[str, int]]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    parser, run_bench = args.vllm_bench
+    parser, run_bench = vllm_bench()
     command = ["--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
                "--model", args.served_name or args.model, "--tokenizer", args.model, "--dataset-name", "random",
                "--random-input-len", str(args.in_len), "--random-output-len", str(out_len), "--ignore-eos",
-               "--num-prompts", str(args.count), "--request-rate", rate, "--seed", "0",
+               "--num-prompts", str(count), "--request-rate", rate, "--seed", "0",
                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
                "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", f"{name}.json"]
     # --save-detailed: every request's TTFT and gaps, so a gap between sides can be placed in time
@@ -159,16 +161,15 @@ def main() -> None:
     if len(counts) not in (1, len(out_lens)):
         parser.error(f"--num-prompts {args.num_prompts}: give one count, or one per --out-len {args.out_len}")
     counts *= len(out_lens) // len(counts)
-    args.vllm_bench = vllm_bench()
-    for out_len, args.count in zip(out_lens, counts):
+    for out_len, count in zip(out_lens, counts):
         out = Path(args.results) / f"out{out_len}" if len(out_lens) > 1 else Path(args.results)
         results: dict[tuple[int, str, str], dict] = {}
         for round_ in range(1, args.rounds + 1):
             for rate in rates:
                 for side, url in (sides if round_ % 2 else sides[::-1]):
                     first = round_ == 1 and rate == (args.profile_rate or rates[0]) and out_len == out_lens[0]
-                    results[(round_, rate, side)] = bench(url, f"{side}-rate{rate}-r{round_}", rate, out_len, out,
-                                                          args, wanted.get(side, []) if first else [])
+                    results[(round_, rate, side)] = bench(url, f"{side}-rate{rate}-r{round_}", rate, out_len, count,
+                                                          out, args, wanted.get(side, []) if first else [])
         print_ratios(results, sides, rates, args.rounds, out_len)
 
 
@@ -186,6 +187,11 @@ def print_ratios(results: dict, sides: list, rates: list[str], rounds: int, out_
                 ratios = [ratio(results[(r, rate, side)][key], results[(r, rate, "stock")][key])
                           for r in range(1, rounds + 1)]
                 cells.append(f"{metric.replace('output_', '')} {pct}".rstrip() + " " + "/".join(ratios))
+            # A ratio compares like with like only where both sides delivered the same tokens.
+            differ = [r for r in range(1, rounds + 1) if results[(r, rate, side)]["total_output_tokens"]
+                      != results[(r, rate, "stock")]["total_output_tokens"]]
+            if differ:
+                cells.append(f"DIFFERENT WORK in round(s) {differ}: output tokens differ from stock's")
             print(f"rate {rate}: " + "; ".join(cells), flush=True)
 
 

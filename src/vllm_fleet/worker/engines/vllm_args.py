@@ -11,6 +11,7 @@ from typing import Any
 
 from vllm_fleet.config import EngineConfig
 from vllm_fleet.errors import ConfigError
+from vllm_fleet.worker.engines.step_governor import BASES
 
 DEFAULT_CPU_KV_CACHE_GB = 2
 MULTIPROC_METHOD_VARIABLE = "VLLM_WORKER_MULTIPROC_METHOD"
@@ -77,7 +78,7 @@ _CLASS_SETTINGS = {
     "batch_solo_step_tokens": ("an integer >= 1", lambda v: _number(v) and isinstance(v, int) and v >= 1),
     "batch_slowdown_target": ("a number above 1, or null for no step governor",
                               lambda v: v is None or (_number(v) and v > 1)),
-    "batch_slowdown_basis": ('"mean" or "tail"', lambda v: v in ("mean", "tail")),
+    "batch_slowdown_basis": (" or ".join(f'"{b}"' for b in BASES), lambda v: v in BASES),
 }
 
 

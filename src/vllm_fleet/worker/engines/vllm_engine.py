@@ -214,9 +214,8 @@ class VllmEngine(Engine):
             "max_num_seqs": str(cfg.scheduler_config.max_num_seqs),
             "scheduling_policy": str(cfg.scheduler_config.policy),
             "scheduler_cls": str(cfg.scheduler_config.scheduler_cls or "vllm"),   # vllm_args: ours by default
-            # Empty when the engine does not govern its steps: a router then steers batch by latency itself.
-            "batch_slowdown_target": _governed_slowdown(cfg),
-            "batch_slowdown_basis": _governor_basis(cfg),   # what it holds steps by: "mean" or "tail"
+            # Both empty when the engine does not govern its steps: a router then steers batch by latency itself.
+            **_governor_settings(cfg),
             "block_size": str(cfg.cache_config.block_size),
             "num_kv_blocks": str(cfg.cache_config.num_gpu_blocks or 0),
             "enable_prefix_caching": str(cfg.cache_config.enable_prefix_caching),
@@ -338,21 +337,17 @@ class VllmEngine(Engine):
             await asyncio.to_thread(llm.shutdown)
 
 
-def _governed_slowdown(cfg: Any) -> str:
-    """The step governor's target (class_scheduler.py, step_governor.py) as the engine runs it, or ""."""
+def _governor_settings(cfg: Any) -> dict[str, str]:
+    """The step governor (class_scheduler.py, step_governor.py) as the engine runs it: its target and
+    what it holds steps by ("mean" or "tail"); both "" when no governor runs."""
     from vllm_fleet.worker.engines.class_scheduler import SETTINGS_KEY
-    from vllm_fleet.worker.engines.step_governor import slowdown_target
+    from vllm_fleet.worker.engines.step_governor import slowdown_basis, slowdown_target
     from vllm_fleet.worker.engines.vllm_args import CLASS_SCHEDULER
 
-    if str(cfg.scheduler_config.scheduler_cls) != CLASS_SCHEDULER or str(cfg.scheduler_config.policy) != "priority":
-        return ""
-    target = slowdown_target((cfg.additional_config or {}).get(SETTINGS_KEY, {}))
-    return "" if target is None else f"{target:g}"
-
-
-def _governor_basis(cfg: Any) -> str:
-    """What the step governor judges a step by ("mean" or "tail"), or "" when no governor runs."""
-    from vllm_fleet.worker.engines.class_scheduler import SETTINGS_KEY
-    from vllm_fleet.worker.engines.step_governor import slowdown_basis
-
-    return slowdown_basis((cfg.additional_config or {}).get(SETTINGS_KEY, {})) if _governed_slowdown(cfg) else ""
+    settings = (cfg.additional_config or {}).get(SETTINGS_KEY, {})
+    scheduler = cfg.scheduler_config
+    ours = str(scheduler.scheduler_cls) == CLASS_SCHEDULER and str(scheduler.policy) == "priority"
+    target = slowdown_target(settings) if ours else None
+    if target is None:
+        return {"batch_slowdown_target": "", "batch_slowdown_basis": ""}
+    return {"batch_slowdown_target": f"{target:g}", "batch_slowdown_basis": slowdown_basis(settings)}
