@@ -123,9 +123,11 @@ async def test_client_cancel_aborts_the_engine_request(mock):
     await wait_until(lambda: _idle(client), timeout=10, message="Load back to zero running")
 
 
-async def test_abort_rpc_ends_the_stream_with_reason_abort(mock):
+# One input is read by the request's own task (no pump, generate_rpcs._next_direct); two are pumped.
+@pytest.mark.parametrize("texts", [["a"], ["a", "b"]], ids=["one input, read directly", "two inputs, pumped"])
+async def test_abort_rpc_ends_the_stream_with_reason_abort(mock, texts):
     _, client = mock
-    request = build_request("abort-me", [GenerateInput(text="a"), GenerateInput(text="b")],
+    request = build_request("abort-me", [GenerateInput(text=text) for text in texts],
                               SamplingParams(max_tokens=4000))
     chunks = []
 
@@ -137,7 +139,7 @@ async def test_abort_rpc_ends_the_stream_with_reason_abort(mock):
     await wait_until(lambda: len(chunks) >= 2, timeout=10, message="first chunks")
     assert await client.abort("abort-me") is True
     await asyncio.wait_for(task, 10)
-    assert {(c.index, c.finish_reason) for c in chunks if c.finish_reason} == {(0, "abort"), (1, "abort")}
+    assert {(c.index, c.finish_reason) for c in chunks if c.finish_reason} == {(i, "abort") for i in range(len(texts))}
     await wait_until(lambda: _idle(client), timeout=10, message="Load back to zero")
     assert await client.abort("unknown-id") is False
 
@@ -193,3 +195,31 @@ async def test_a_cancelled_consumer_sees_cancellation_not_a_worker_error(mock):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_abort_rpc_ends_a_one_input_stream_its_engine_went_silent_on(module_mock_workers, tmp_path):
+    """A one-input request's own task waits on the engine (no pump between): an Abort while the
+    engine sends nothing must cut that wait, not wait for a token that may never come."""
+    stall = tmp_path / "stall"
+    worker = await module_mock_workers.start(mock_tokens_per_s=200, mock_ttft_ms=5, mock_stall_file=str(stall),
+                                             no_engine_stall_check=True)
+    client = WorkerClient(worker.address)
+    chunks = []
+
+    async def consume():
+        async for chunk in client.generate(build_request("silent", [GenerateInput(text="a")],
+                                                         SamplingParams(max_tokens=4000)), timeout=60):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(consume())
+    try:
+        await wait_until(lambda: len(chunks) >= 1, timeout=10, message="a first chunk")
+        stall.touch()  # the mock engine stops before its next step
+        assert await client.abort("silent") is True
+        await asyncio.wait_for(task, 10)
+        assert chunks[-1].finish_reason == "abort"
+        await wait_until(lambda: _idle(client), timeout=10, message="Load back to zero")
+    finally:
+        stall.unlink(missing_ok=True)
+        task.cancel()
+        await client.close()

@@ -2,8 +2,11 @@
 
 Generate: admit → validate → prepare each input (prepare.py) → one engine request per input
 (id `<request_id>-<index>`), each pumped by its own task into one queue of typed events →
-a RequestStream turns the events into chunks (request_stream.py). When the call ends early
-(client gone, deadline, Abort), every engine request still running is aborted. GenerateMany
+a RequestStream turns the events into chunks (request_stream.py). A request of one input whose
+tokens are not coalesced (the common case) has no pump: its own task reads the engine's stream,
+one task hand-off a token fewer (issue #49: at ~20,000 tokens/s the worker's core is the limit).
+When the call ends early (client gone, deadline, Abort), every engine request still running is
+aborted. GenerateMany
 does the same for many requests over one call, batching their chunks (mux.py). Whatever a
 request fails with becomes its gRPC status in one place (status.py).
 
@@ -19,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +57,17 @@ class _Active:
     engine_ids: list[str] = field(default_factory=list)
     aborted: bool = False
     events: asyncio.Queue[StreamEvent] | None = None  # where fail_all() delivers its error
+    # A request without pumps (one input, read by its own task; _next_direct): an Abort or
+    # fail_all() sets `aborted` / `failure` and, while that task waits on the engine, cancels the wait.
+    direct: bool = False
+    failure: Exception | None = None
+    reader: asyncio.Task | None = None
+    interrupts: int = 0
+
+    def interrupt(self) -> None:
+        if self.reader is not None:
+            self.interrupts += 1
+            self.reader.cancel()
 
 
 class GenerateRpcs:
@@ -170,9 +184,16 @@ class GenerateRpcs:
         started = loop.time()
         interval_ms = request.stream_interval_ms or self.config.default_stream_interval_ms
         stream = RequestStream(prepared, request.n, interval_ms / 1000, self.metrics, started)
-        events: asyncio.Queue[StreamEvent] = asyncio.Queue()
         active = self._open(request_id)
-        active.events = events
+        # One input, no coalescing deadline to wait on beside the engine: read the engine directly.
+        direct = len(prepared) == 1 and not prepared[0].exhausted and not interval_ms
+        source = events = None
+        if direct:
+            active.direct = True
+            active.engine_ids.append(f"{request_id}-0")
+            source = self._engine_events(0, active.engine_ids[0], prepared[0], request.priority, adapter)
+        else:
+            events = active.events = asyncio.Queue()
         outcome = "error"
         # Interactive requests' token times feed the Load's latency report; batch stays out of it.
         batch = request.hints.service_class == "batch"
@@ -180,16 +201,18 @@ class GenerateRpcs:
         if batch:  # interactive samples taken meanwhile do not teach the baseline
             self.latency.batch_started()
         try:
-            self._start_inputs(request_id, request, prepared, active, events, adapter)
+            if not direct:
+                self._start_inputs(request_id, request, prepared, active, events, adapter)
             while stream.open_inputs:
-                match await _next_event(events, stream.next_deadline(), loop):
+                match await (_next_direct(source, active) if direct else
+                             _next_event(events, stream.next_deadline(), loop)):
                     case Deltas(index, deltas):
                         now = loop.time()
                         if last_tokens_at is not None:
                             self._note_latency(last_tokens_at, index, deltas, started, now)
                         chunks = stream.on_deltas(index, deltas, now)
-                        if index in stream.cut_inputs:  # ended early at a stop string (resume/stops.py)
-                            _cancel_pump(active, f"{request_id}-{index}")
+                        if index in stream.cut_inputs and not direct:  # ended early at a stop string
+                            _cancel_pump(active, f"{request_id}-{index}")  # (resume/stops.py; direct: _close)
                     case Ended(index, aborted):
                         chunks = stream.on_end(index, aborted)
                     case Failed(_, error):
@@ -209,7 +232,9 @@ class GenerateRpcs:
             stream.close()
             self.metrics.requests.labels(outcome).inc()
             self.metrics.e2e.observe(loop.time() - started)
-            await self._close(request_id, active, all_done=(outcome == "ok"))
+            # A direct request cut at a stop string left its engine request running: abort it.
+            await self._close(request_id, active, all_done=(outcome == "ok" and not (direct and stream.cut_inputs)),
+                              source=source)
 
     def _note_latency(self, last_tokens_at: dict[int, float], index: int, deltas: list, started: float,
                       now: float) -> None:
@@ -250,20 +275,30 @@ class GenerateRpcs:
     async def _pump(self, index: int, engine_id: str, item: PreparedInput, priority: int,
                     events: asyncio.Queue[StreamEvent], adapter: HeldAdapter | None = None) -> None:
         """Relay one engine request's output as events; cancelling the task aborts the request."""
+        try:
+            async with contextlib.aclosing(self._engine_events(index, engine_id, item, priority, adapter)) as source:
+                async for event in source:
+                    events.put_nowait(event)
+        except asyncio.CancelledError:
+            events.put_nowait(Ended(index, aborted=True))
+            raise
+
+    async def _engine_events(self, index: int, engine_id: str, item: PreparedInput, priority: int,
+                             adapter: HeldAdapter | None) -> AsyncIterator[StreamEvent]:
+        """One engine request's output as events, ending with Ended or Failed; closing the
+        generator or cancelling its reader aborts the request."""
         self.watch.submitted(engine_id, len(item.prompt_token_ids))
         try:
             # cache_salt only when the request has one: engines written before it need not take it
             salt = {"cache_salt": item.cache_salt} if item.cache_salt is not None else {}
-            async for deltas in self.engine.generate(engine_id, item.prompt_token_ids, item.engine_params,
-                                                     priority=priority, adapter=adapter, **salt):
-                self.watch.produced(engine_id)
-                events.put_nowait(Deltas(index, deltas))
-            events.put_nowait(Ended(index, aborted=False))
-        except asyncio.CancelledError:
-            events.put_nowait(Ended(index, aborted=True))
-            raise
+            async with contextlib.aclosing(self.engine.generate(engine_id, item.prompt_token_ids, item.engine_params,
+                                                                priority=priority, adapter=adapter, **salt)) as outputs:
+                async for deltas in outputs:
+                    self.watch.produced(engine_id)
+                    yield Deltas(index, deltas)
+            yield Ended(index, aborted=False)
         except Exception as exc:  # the stream raises it, and status.py maps it
-            events.put_nowait(Failed(index, exc))
+            yield Failed(index, exc)
         finally:
             self.watch.finished(engine_id)
 
@@ -273,7 +308,8 @@ class GenerateRpcs:
         self.metrics.in_flight.inc()
         return active
 
-    async def _close(self, request_id: str, active: _Active, *, all_done: bool) -> None:
+    async def _close(self, request_id: str, active: _Active, *, all_done: bool,
+                     source: AsyncGenerator[StreamEvent, None] | None = None) -> None:
         """Stop the pumps and, unless every input finished, abort what is left in the engine;
         then the request is no longer in flight.
 
@@ -288,9 +324,12 @@ class GenerateRpcs:
         self.metrics.in_flight.dec()
         for task in active.tasks:
             task.cancel()
-        await _despite_cancellation(self._release(request_id, active, all_done=all_done))
+        await _despite_cancellation(self._release(request_id, active, all_done=all_done, source=source))
 
-    async def _release(self, request_id: str, active: _Active, *, all_done: bool) -> None:
+    async def _release(self, request_id: str, active: _Active, *, all_done: bool,
+                       source: AsyncGenerator[StreamEvent, None] | None) -> None:
+        if source is not None:
+            await source.aclose()  # a direct request's engine stream, if the loop left it early
         if active.tasks:
             await asyncio.gather(*active.tasks, return_exceptions=True)
         if not all_done and active.engine_ids:
@@ -311,6 +350,10 @@ class GenerateRpcs:
             if active.events is not None:
                 active.events.put_nowait(Failed(0, error))
                 failed.append(request_id)
+            elif active.direct:
+                active.failure = error
+                active.interrupt()
+                failed.append(request_id)
         return failed
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
@@ -320,6 +363,7 @@ class GenerateRpcs:
         active.aborted = True
         for task in active.tasks:
             task.cancel()
+        active.interrupt()
         return pb.AbortResponse(found=True)
 
 
@@ -335,6 +379,30 @@ async def _next_event(events: asyncio.Queue[StreamEvent], deadline: float | None
             return await events.get()
     except TimeoutError:
         return None
+
+
+async def _next_direct(source: AsyncIterator[StreamEvent], active: _Active) -> StreamEvent:
+    """The next event of a request that reads its engine stream in its own task. An Abort or
+    fail_all() that came while the task was elsewhere is seen here; one that comes while it
+    waits cancels the wait (which aborts the engine request, as a pump's cancel does) and
+    becomes the event a pump would have sent. Any other cancellation goes on up."""
+    if active.failure is not None:
+        return Failed(0, active.failure)
+    if active.aborted:
+        return Ended(0, aborted=True)
+    task = asyncio.current_task()
+    active.reader = task
+    try:
+        return await anext(source)
+    except asyncio.CancelledError:
+        ours, active.interrupts = active.interrupts, 0
+        for _ in range(ours):
+            task.uncancel()
+        if not ours or task.cancelling():
+            raise
+        return Failed(0, active.failure) if active.failure is not None else Ended(0, aborted=True)
+    finally:
+        active.reader = None
 
 
 async def _despite_cancellation(cleanup: Coroutine[Any, Any, None]) -> None:
