@@ -435,6 +435,8 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
     [[ -n ${GRID_PY_SPY:-} ]] && extra+=(--py-spy "$GRID_PY_SPY" "${profiles[@]}")
     # GRID_PROFILE_RATE: profile round 1's bench at this rate (default: the first of GRID_RATES)
     [[ -n ${GRID_PY_SPY:-} && -n ${GRID_PROFILE_RATE:-} ]] && extra+=(--profile-rate "$GRID_PROFILE_RATE")
+    # GRID_WARMUPS=N: N untimed requests before every bench (vLLM's --num-warmups), so the first bench
+    # after a system's start is not its cold one (12-07: stock's first 512-token bench ran at 1.4x its later TPOT).
     # GRID_OUT may name several answer lengths (GRID_NUM one count for all, or one each). GRID_DEADLINE
     # (s from this script's start) stops the client in time for the archive to be written, keeping
     # every finished bench for grid_ratios.py: on 12-07 three 0.6B systems took 245 s to start (the
@@ -449,7 +451,8 @@ grid() {  # issue #49 goal 1: vLLM's own bench client (vllm_client_grid.py) on s
     "${limit[@]}" $VLLM_PY benchmarks/gpu/vllm_client_grid.py --stock http://127.0.0.1:$((BASE + 41)) \
         --ours http://127.0.0.1:$((BASE + 43)) "${extra[@]}" --model "$MODEL" --served-name "$NAME" \
         --rates "${GRID_RATES:-100,200,400}" --rounds "${GRID_ROUNDS:-2}" --out-len "${GRID_OUT:-64}" \
-        --num-prompts "${GRID_NUM:-2000}" --results "$RESULTS/goal1" 2>&1 | tee "$RESULTS/goal1.txt"
+        --num-prompts "${GRID_NUM:-2000}" --warmups "${GRID_WARMUPS:-0}" --results "$RESULTS/goal1" 2>&1 |
+        tee "$RESULTS/goal1.txt"
 }
 
 wait_grpc_health() {  # wait_grpc_health SECONDS host:port [PID]: the standard gRPC health service says

@@ -113,7 +113,8 @@ def bench(url: str, name: str, rate: str, out_len: int, count: int, out: Path, a
                "--random-input-len", str(args.in_len), "--random-output-len", str(out_len), "--ignore-eos",
                "--num-prompts", str(count), "--request-rate", rate, "--seed", "0",
                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-               "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", f"{name}.json"]
+               "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", f"{name}.json",
+               "--num-warmups", str(args.warmups)]
     # --save-detailed: every request's TTFT and gaps, so a gap between sides can be placed in time
     # (a burst of slow steps, or all of them slower) and not only read off the percentiles.
     threads = [profile(args.py_spy, pid, out / f"{name}-{label}.speedscope.json", 5) for label, pid in profiles]
@@ -141,6 +142,8 @@ def main() -> None:
     parser.add_argument("--out-len", default="64", help="answer lengths, comma-separated (one grid each)")
     parser.add_argument("--num-prompts", default="2000",
                         help="requests per bench: one number, or one per --out-len (comma-separated)")
+    parser.add_argument("--warmups", type=int, default=0,
+                        help="untimed requests before every bench (vLLM's --num-warmups): no first bench is cold")
     parser.add_argument("--results", default="/tmp/gpu-results/goal1")
     parser.add_argument("--py-spy", help="py-spy binary: sample the --profile processes once per system")
     parser.add_argument("--profile", action="append", default=[], metavar="SYSTEM=PID",

@@ -129,19 +129,24 @@ async def test_abort_rpc_ends_the_stream_with_reason_abort(mock, texts):
     _, client = mock
     request = build_request("abort-me", [GenerateInput(text=text) for text in texts],
                               SamplingParams(max_tokens=4000))
-    chunks = []
-
-    async def consume():
-        async for chunk in client.generate(request, timeout=60):
-            chunks.append(chunk)
-
-    task = asyncio.create_task(consume())
+    task, chunks = _streaming(client, request)
     await wait_until(lambda: len(chunks) >= 2, timeout=10, message="first chunks")
     assert await client.abort("abort-me") is True
     await asyncio.wait_for(task, 10)
     assert {(c.index, c.finish_reason) for c in chunks if c.finish_reason} == {(i, "abort") for i in range(len(texts))}
     await wait_until(lambda: _idle(client), timeout=10, message="Load back to zero")
     assert await client.abort("unknown-id") is False
+
+
+def _streaming(client: WorkerClient, request) -> tuple[asyncio.Task, list]:
+    """A task reading the request's stream, and the list its chunks go to as they come."""
+    chunks = []
+
+    async def consume():
+        async for chunk in client.generate(request, timeout=60):
+            chunks.append(chunk)
+
+    return asyncio.create_task(consume()), chunks
 
 
 async def _idle(client: WorkerClient) -> bool:
@@ -152,14 +157,7 @@ async def _idle(client: WorkerClient) -> bool:
 async def test_sigterm_drains_in_flight_streams_then_exits(module_mock_workers):
     worker = await module_mock_workers.start(mock_tokens_per_s=100, mock_ttft_ms=5, drain_grace_s=30)
     client = WorkerClient(worker.address)
-    chunks = []
-
-    async def consume():
-        async for chunk in client.generate(build_request("drain", [GenerateInput(text="x")],
-                                                           SamplingParams(max_tokens=150)), timeout=60):
-            chunks.append(chunk)
-
-    task = asyncio.create_task(consume())
+    task, chunks = _streaming(client, build_request("drain", [GenerateInput(text="x")], SamplingParams(max_tokens=150)))
     await wait_until(lambda: chunks, timeout=10, message="the stream to start")
     worker.signal(signal.SIGTERM)
     await wait_until(lambda: _status_is(client, "NOT_SERVING"), timeout=10, message="NOT_SERVING on drain")
@@ -204,14 +202,8 @@ async def test_abort_rpc_ends_a_one_input_stream_its_engine_went_silent_on(modul
     worker = await module_mock_workers.start(mock_tokens_per_s=200, mock_ttft_ms=5, mock_stall_file=str(stall),
                                              no_engine_stall_check=True)
     client = WorkerClient(worker.address)
-    chunks = []
-
-    async def consume():
-        async for chunk in client.generate(build_request("silent", [GenerateInput(text="a")],
-                                                         SamplingParams(max_tokens=4000)), timeout=60):
-            chunks.append(chunk)
-
-    task = asyncio.create_task(consume())
+    request = build_request("silent", [GenerateInput(text="a")], SamplingParams(max_tokens=4000))
+    task, chunks = _streaming(client, request)
     try:
         await wait_until(lambda: len(chunks) >= 1, timeout=10, message="a first chunk")
         stall.touch()  # the mock engine stops before its next step
