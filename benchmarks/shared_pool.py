@@ -45,6 +45,9 @@ targets, each printed met or not: online TTFT P99 and ITL P99 with batch <= 1.05
 while batch takes >= 80 % of what the idle capacity allows; back within target <= 1 s after the
 online rate doubles. Ratios are taken within one run, side by side. The router's controller
 steers by its own `--slowdown-target` (P90 against P90); the printout judges P99s against 1.05x.
+`--alone-again` measures online alone a second time, right after the phase with batch, and prints
+how far its P99s moved with nothing changed (on the H100, 83-118 ms between two identical runs):
+a ratio within that spread is noise, not a reading.
 """
 
 from __future__ import annotations
@@ -284,11 +287,14 @@ async def main(args: argparse.Namespace) -> None:
               f"batch: {args.batch_in_flight} in flight, {args.batch_words} words, max_tokens {args.batch_max_tokens}; "
               f"{args.seconds:.0f} s per phase")
         results = []
-        for name, kw in [("batch alone", dict(online=False, batch_class="batch")),
-                         ("online alone", dict(online=True, batch_class=None)),
-                         ("online + batch, classes", dict(online=True, batch_class="batch")),
-                         ("online + batch, no classes", dict(online=True, batch_class="interactive")),
-                         ("step-up, classes", dict(online=True, batch_class="batch", step_at=args.seconds / 2))]:
+        phases = [("batch alone", dict(online=False, batch_class="batch")),
+                  ("online alone", dict(online=True, batch_class=None)),
+                  ("online + batch, classes", dict(online=True, batch_class="batch")),
+                  ("online + batch, no classes", dict(online=True, batch_class="interactive")),
+                  ("step-up, classes", dict(online=True, batch_class="batch", step_at=args.seconds / 2))]
+        if args.alone_again:  # right after the phase it is compared with, as the first is right before
+            phases.insert(3, (ALONE_AGAIN, dict(online=True, batch_class=None)))
+        for name, kw in phases:
             if "step_at" in kw:
                 kw["alone_ttft_p99_ms"] = next(r["ttft_p99_ms"] for r in results if r["phase"] == "online alone")
             result = await phase(name, addresses, args, **kw)
@@ -308,6 +314,19 @@ async def main(args: argparse.Namespace) -> None:
 
 def met(ok: bool) -> str:
     return "met" if ok else "NOT met"
+
+
+ALONE_AGAIN = "online alone, again"
+
+
+def alone_spread(first: dict, again: dict, mixed: dict) -> str:
+    """Online alone measured twice, around the phase with batch: how far one P99 moves with nothing
+    changed, and the ratios with batch against the second measurement too. A single 20-s phase's
+    P99 is its second-largest sample or so; a ratio inside this spread is not a reading."""
+    def cell(key: str) -> str:
+        return (f"{key.removesuffix('_ms').replace('_', ' ').upper()} {first[key]:.0f} then {again[key]:.0f} ms "
+                f"(x{again[key] / first[key]:.2f}); with batch / the second: x{mixed[key] / again[key]:.2f}")
+    return "online alone twice: " + "; ".join(cell(key) for key in ("ttft_p99_ms", "itl_p99_ms"))
 
 
 def verdict(by: dict[str, dict], args: argparse.Namespace) -> list[str]:
@@ -343,6 +362,8 @@ def verdict(by: dict[str, dict], args: argparse.Namespace) -> list[str]:
              f"{TARGET_BATCH_SHARE:.0%} of the idle capacity: {met(share >= TARGET_BATCH_SHARE)}; both at once: "
              f"{met(latency_ok and share >= TARGET_BATCH_SHARE)}; back within target <= {TARGET_RECOVERY_S:g} s "
              f"after the step: {met(relative_s is not None and relative_s <= TARGET_RECOVERY_S)}"]
+    if ALONE_AGAIN in by:
+        lines.insert(2, alone_spread(alone, by[ALONE_AGAIN], mixed))
     errors = sum(r.get("online_errors", 0) + r.get("batch_errors", 0) for r in by.values())
     if errors:
         lines.append(f"errors: {errors} requests failed in all (see each phase's JSON line)")
@@ -368,6 +389,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", choices=("vllm", "mock"), default="vllm")
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--alone-again", action="store_true",
+                        help="Measure online alone again right after the phase with batch: the spread of one P99")
     parser.add_argument("--rate", type=float, default=2.0, help="Online requests per second (Poisson)")
     parser.add_argument("--online-words", type=int, default=60)
     parser.add_argument("--online-max-tokens", type=int, default=32)

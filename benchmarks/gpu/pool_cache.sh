@@ -145,6 +145,8 @@ pool8b)
     [[ -n ${BASIS:-} ]] && classes+=("\"batch_slowdown_basis\": \"$BASIS\"")
     [[ -n ${SOLO_TOKENS:-} ]] && classes+=("\"batch_solo_step_tokens\": $SOLO_TOKENS")
     [[ -n ${SLOWDOWN:-} ]] && classes+=("\"batch_slowdown_target\": $SLOWDOWN")
+    # ALONE_AGAIN=1: online alone measured again after the phase with batch (the spread of one P99)
+    again=(); [[ ${ALONE_AGAIN:-0} == 1 ]] && again=(--alone-again)
     step_args=()
     if ((${#classes[@]})); then
         joined=$(IFS=,; echo "${classes[*]}")
@@ -156,6 +158,6 @@ pool8b)
         --completions --stand-in-words --max-num-seqs $((ONE_WORKER ? 128 : 64)) --seconds ${SECONDS_PER_PHASE:-30} --rate ${RATE:-8} \
         --online-words 256 --online-max-tokens 64 --batch-in-flight 128 --batch-words 512 --batch-max-tokens 128 \
         --targets ${TARGETS:-relative} --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} \
-        2>&1 | tee "$OUT/shared-pool-8b.txt"
+        "${again[@]}" 2>&1 | tee "$OUT/shared-pool-8b.txt"
     for log in /tmp/shared-pool-worker-gpu*.log; do [[ -f $log ]] && xz -c "$log" >"$OUT/8b-$(basename "$log").xz"; done ;;
 esac
