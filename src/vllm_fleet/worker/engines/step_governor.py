@@ -26,7 +26,9 @@ basis let batch take only 22-37% of the idle capacity while online's ITL P99 sta
 (benchmarks/RESULTS.md, #52): online's P99 is set by the clean steps that prefill a new prompt,
 which batch never enters, so steps with batch decodes may be far longer than the mean clean step
 and still not reach it. The tail basis trades online's typical token time for batch throughput,
-holding only the tail that #52's targets name.
+holding only the tail that #52's targets name. Measured, it does that on CPU engines; on the H100
+it was stricter than the mean (batch ~15%): there a window's longest mixed step is one that also
+prefills, while the clean steps' 90th percentile is mostly decodes (RESULTS.md, 2026-12-07).
 
 What it cannot do: with two engines on one GPU each one's clean steps run beside the other's batch,
 so its baseline already carries the other's load.
@@ -36,9 +38,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from vllm_fleet.latency_stats import p90
 
 PROBE_EVERY = 8       # one step in eight with interactive work is clean: batch keeps 7/8 of them
 WINDOW = 8            # mixed steps per judgement: a few tens of milliseconds on a GPU
@@ -51,8 +55,7 @@ DEFAULT_SLOWDOWN_TARGET = 1.1
 SETTING = "batch_slowdown_target"
 BASIS_SETTING = "batch_slowdown_basis"
 BASES = ("mean", "tail")
-TAIL = 0.9             # the tail basis's percentile
-CLEAN_TAIL_STEPS = 64  # clean steps the tail basis takes its percentile over
+CLEAN_TAIL_STEPS = 64  # clean steps the tail basis takes its 90th percentile over
 
 
 def slowdown_target(settings: Mapping[str, Any]) -> float | None:
@@ -67,12 +70,6 @@ def slowdown_target(settings: Mapping[str, Any]) -> float | None:
 def slowdown_basis(settings: Mapping[str, Any]) -> str:
     """What the governor judges a step by ("mean" or "tail", see the module doc)."""
     return str(settings.get(BASIS_SETTING, BASES[0]))
-
-
-def percentile(values: Sequence[float], share: float) -> float:
-    """The nearest-rank percentile: the value at or below which `share` of `values` lie."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
 
 
 @dataclass
@@ -124,7 +121,7 @@ class StepGovernor:
         if len(self._mixed) < WINDOW:
             return
         if self.basis == "tail":
-            measured, reference = percentile(self._mixed, TAIL), percentile(self._clean, TAIL)
+            measured, reference = max(self._mixed), p90(list(self._clean))
         else:
             measured, reference = sum(self._mixed) / len(self._mixed), self.baseline_s
         self._mixed.clear()
