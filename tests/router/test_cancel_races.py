@@ -21,7 +21,7 @@ from vllm_fleet.router import Router, RouterConfig
 
 from vllm_fleet.router.classes.batch_gate import BatchGate
 from vllm_fleet.router.classes.service_class import ServiceClassConfig
-from vllm_fleet.worker.generate_rpcs import _next_event
+from vllm_fleet.worker.in_flight import next_event
 
 
 async def _cancel_as_it_fires(waiting: asyncio.Task, fire) -> None:
@@ -36,7 +36,7 @@ async def _cancel_as_it_fires(waiting: asyncio.Task, fire) -> None:
 async def test_the_worker_stream_loop_keeps_a_cancel_that_lands_with_an_event():
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    waiting = asyncio.create_task(_next_event(events, loop.time() + 30, loop))  # a coalescing deadline
+    waiting = asyncio.create_task(next_event(events, loop.time() + 30, loop))  # a coalescing deadline
     await _cancel_as_it_fires(waiting, lambda: events.put_nowait("chunk"))
 
 

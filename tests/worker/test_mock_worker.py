@@ -123,7 +123,7 @@ async def test_client_cancel_aborts_the_engine_request(mock):
     await wait_until(lambda: _idle(client), timeout=10, message="Load back to zero running")
 
 
-# One input is read by the request's own task (no pump, generate_rpcs._next_direct); two are pumped.
+# One input is read by the request's own task (no pump, in_flight.next_direct); two are pumped.
 @pytest.mark.parametrize("texts", [["a"], ["a", "b"]], ids=["one input, read directly", "two inputs, pumped"])
 async def test_abort_rpc_ends_the_stream_with_reason_abort(mock, texts):
     _, client = mock

@@ -3,8 +3,9 @@
 Rooms: `engines/` (the engines), `openai/` (vLLM's meaning for a request body), `resume/`
 (continuing a migrated stream), `watch/` (hung-engine detection); the serving loop sits here:
 `server.py` (the process), `service.py` (the gRPC service; its Generate RPCs in
-`generate_rpcs.py`), `prepare.py` (one preparation path for every engine),
-`request_stream.py`, `coalescer.py`, `mux.py`, `status.py`, `validation.py`.
+`generate_rpcs.py`, its requests in flight in `in_flight.py`), `prepare.py` (one preparation
+path for every engine), `request_stream.py`, `coalescer.py`, `mux.py`, `status.py`,
+`validation.py`.
 """
 
 from vllm_fleet.worker.engines.base import Engine, build_engine

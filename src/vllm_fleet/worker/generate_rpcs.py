@@ -4,11 +4,11 @@ Generate: admit → validate → prepare each input (prepare.py) → one engine 
 (id `<request_id>-<index>`), each pumped by its own task into one queue of typed events →
 a RequestStream turns the events into chunks (request_stream.py). A request of one input whose
 tokens are not coalesced (the common case) has no pump: its own task reads the engine's stream,
-one task hand-off a token fewer (issue #49: at ~20,000 tokens/s the worker's core is the limit).
-When the call ends early (client gone, deadline, Abort), every engine request still running is
-aborted. GenerateMany
-does the same for many requests over one call, batching their chunks (mux.py). Whatever a
-request fails with becomes its gRPC status in one place (status.py).
+one task hand-off a token fewer (issue #49: at ~20,000 tokens/s the worker's core is the limit;
+in_flight.py holds a request's record and how its task waits). When the call ends early (client
+gone, deadline, Abort), every engine request still running is aborted. GenerateMany does the same
+for many requests over one call, batching their chunks (mux.py). Whatever a request fails with
+becomes its gRPC status in one place (status.py).
 
 `GenerateRpcs` is a part of `WorkerService` (service.py), not a servicer of its own: gRPC
 serves one servicer class per service, so the Worker's RPCs are split by job over a mixin.
@@ -22,9 +22,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import grpc
 
@@ -36,6 +34,7 @@ from vllm_fleet.protocol.convert import chunk_to_pb, request_from_pb
 from vllm_fleet.protocol.types import Chunk, GenerateRequest, WorkerLoad
 from vllm_fleet.worker.adapters import AdapterRegistry, HeldAdapter
 from vllm_fleet.worker.engines.base import Engine, SampleDelta
+from vllm_fleet.worker.in_flight import InFlight, cancel_pump, despite_cancellation, next_direct, next_event
 from vllm_fleet.worker.latency_window import LatencyWindow
 from vllm_fleet.worker.metrics import WorkerMetrics
 from vllm_fleet.worker.mux import MuxCall, MuxOutbox
@@ -49,27 +48,6 @@ from vllm_fleet.worker.watch.engine_watch import EngineWatch
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _Active:
-    """One request in flight: its pumps, and the engine requests they run (Pool's has none)."""
-
-    tasks: list[asyncio.Task] = field(default_factory=list)
-    engine_ids: list[str] = field(default_factory=list)
-    aborted: bool = False
-    events: asyncio.Queue[StreamEvent] | None = None  # where fail_all() delivers its error
-    # A request without pumps (one input, read by its own task; _next_direct): an Abort or
-    # fail_all() sets `aborted` / `failure` and, while that task waits on the engine, cancels the wait.
-    direct: bool = False
-    failure: Exception | None = None
-    reader: asyncio.Task | None = None
-    interrupts: int = 0
-
-    def interrupt(self) -> None:
-        if self.reader is not None:
-            self.interrupts += 1
-            self.reader.cancel()
-
-
 class GenerateRpcs:
     """Generate, GenerateMany and Abort of `WorkerService`, with the requests in flight."""
 
@@ -79,7 +57,7 @@ class GenerateRpcs:
     metrics: WorkerMetrics
     limits: Limits
     draining: bool
-    active: dict[str, _Active]
+    active: dict[str, InFlight]
     latency: LatencyWindow
     idle: asyncio.Event
     watch: EngineWatch
@@ -204,15 +182,15 @@ class GenerateRpcs:
             if not direct:
                 self._start_inputs(request_id, request, prepared, active, events, adapter)
             while stream.open_inputs:
-                match await (_next_direct(source, active) if direct else
-                             _next_event(events, stream.next_deadline(), loop)):
+                match await (next_direct(source, active) if direct else
+                             next_event(events, stream.next_deadline(), loop)):
                     case Deltas(index, deltas):
                         now = loop.time()
                         if last_tokens_at is not None:
                             self._note_latency(last_tokens_at, index, deltas, started, now)
                         chunks = stream.on_deltas(index, deltas, now)
                         if index in stream.cut_inputs and not direct:  # ended early at a stop string
-                            _cancel_pump(active, f"{request_id}-{index}")  # (resume/stops.py; direct: _close)
+                            cancel_pump(active, f"{request_id}-{index}")  # (resume/stops.py; direct: _close)
                     case Ended(index, aborted):
                         chunks = stream.on_end(index, aborted)
                     case Failed(_, error):
@@ -260,7 +238,7 @@ class GenerateRpcs:
             raise DuplicateRequestError(f"request {request_id} is already running on this worker")
 
     def _start_inputs(self, request_id: str, request: GenerateRequest, prepared: list[PreparedInput],
-                      active: _Active, events: asyncio.Queue[StreamEvent], adapter: HeldAdapter | None) -> None:
+                      active: InFlight, events: asyncio.Queue[StreamEvent], adapter: HeldAdapter | None) -> None:
         for index, item in enumerate(prepared):
             self.metrics.prompt_tokens.inc(item.prompt_len)
             if item.exhausted:  # a resume that used up max_tokens already: it ends at once
@@ -302,13 +280,13 @@ class GenerateRpcs:
         finally:
             self.watch.finished(engine_id)
 
-    def _open(self, request_id: str) -> _Active:
-        active = self.active[request_id] = _Active()
+    def _open(self, request_id: str) -> InFlight:
+        active = self.active[request_id] = InFlight()
         self.idle.clear()
         self.metrics.in_flight.inc()
         return active
 
-    async def _close(self, request_id: str, active: _Active, *, all_done: bool,
+    async def _close(self, request_id: str, active: InFlight, *, all_done: bool,
                      source: AsyncGenerator[StreamEvent, None] | None = None) -> None:
         """Stop the pumps and, unless every input finished, abort what is left in the engine;
         then the request is no longer in flight.
@@ -324,9 +302,9 @@ class GenerateRpcs:
         self.metrics.in_flight.dec()
         for task in active.tasks:
             task.cancel()
-        await _despite_cancellation(self._release(request_id, active, all_done=all_done, source=source))
+        await despite_cancellation(self._release(request_id, active, all_done=all_done, source=source))
 
-    async def _release(self, request_id: str, active: _Active, *, all_done: bool,
+    async def _release(self, request_id: str, active: InFlight, *, all_done: bool,
                        source: AsyncGenerator[StreamEvent, None] | None) -> None:
         if source is not None:
             await source.aclose()  # a direct request's engine stream, if the loop left it early
@@ -365,68 +343,6 @@ class GenerateRpcs:
             task.cancel()
         active.interrupt()
         return pb.AbortResponse(found=True)
-
-
-async def _next_event(events: asyncio.Queue[StreamEvent], deadline: float | None,
-                      loop: asyncio.AbstractEventLoop) -> StreamEvent | None:
-    """The next event of a request's inputs, or None once the coalescing deadline has passed."""
-    if deadline is None:
-        return await events.get()
-    # asyncio.timeout_at, not wait_for: on Python 3.11 wait_for drops a cancel that lands as the
-    # event arrives, and the request then runs on for a client that has gone (the abort is lost).
-    try:
-        async with asyncio.timeout_at(deadline):
-            return await events.get()
-    except TimeoutError:
-        return None
-
-
-async def _next_direct(source: AsyncIterator[StreamEvent], active: _Active) -> StreamEvent:
-    """The next event of a request that reads its engine stream in its own task. An Abort or
-    fail_all() that came while the task was elsewhere is seen here; one that comes while it
-    waits cancels the wait (which aborts the engine request, as a pump's cancel does) and
-    becomes the event a pump would have sent. Any other cancellation goes on up."""
-    if active.failure is not None:
-        return Failed(0, active.failure)
-    if active.aborted:
-        return Ended(0, aborted=True)
-    task = asyncio.current_task()
-    active.reader = task
-    try:
-        return await anext(source)
-    except asyncio.CancelledError:
-        ours, active.interrupts = active.interrupts, 0
-        for _ in range(ours):
-            task.uncancel()
-        if not ours or task.cancelling():
-            raise
-        return Failed(0, active.failure) if active.failure is not None else Ended(0, aborted=True)
-    finally:
-        active.reader = None
-
-
-async def _despite_cancellation(cleanup: Coroutine[Any, Any, None]) -> None:
-    """Run `cleanup` to its end even if the awaiting task is cancelled (once or more) meanwhile;
-    such a cancellation is raised once it has ended. Only the loop's own shutdown, which
-    cancels every task, stops the cleanup itself."""
-    task = asyncio.ensure_future(cleanup)
-    cancelled = False
-    while True:
-        try:
-            await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():  # the cleanup itself was cancelled (the loop shuts down)
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-
-
-def _cancel_pump(active: _Active, engine_id: str) -> None:
-    """Stop one input's pump, which aborts its engine request."""
-    if engine_id in active.engine_ids:
-        active.tasks[active.engine_ids.index(engine_id)].cancel()
 
 
 def _end_with(outbox: MuxOutbox, stream: int, status: RequestStatus) -> None:
