@@ -85,13 +85,20 @@ smg_options() {
         smg_args=(--smg-site "$SMG_SITE" --smg-arg=--disable-circuit-breaker)
     fi
 }
+# DEADLINE=S: the bench gets SIGINT after S seconds (SIGKILL 30 s later), so that it stops its
+# workers and the device call keeps the time it has left. `timeout -s INT S bash pool_cache.sh`
+# does not do this: the signal reaches this shell, which waits for its foreground bench (lost a
+# whole 480-s call on 2026-12-07).
+bounded() {
+    if [[ -n ${DEADLINE:-} ]]; then timeout -s INT -k 30 "$DEADLINE" "$@"; else "$@"; fi
+}
 case ${1:?cache, unique, shared, jobs, pool or pool8b} in
 unique)
     PROMPTS=${PROMPTS:-160} RATE=${RATE:-8} POLICIES=${POLICIES:-round_robin,least_outstanding,cache_aware}
     PREFIXES=$PROMPTS ;&
 cache)
     smg_options
-    $FLEET_PY cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model "$QWEN3_8B" --tokenizer "$QWEN3_8B" \
+    bounded $FLEET_PY cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model "$QWEN3_8B" --tokenizer "$QWEN3_8B" \
         --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
         --num-prefixes ${PREFIXES:-24} --prefix-len ${PREFIX_LEN:-2048} --suffix-len 128 --output-len 32 \
@@ -107,7 +114,7 @@ cache)
 shared)
     rm -f /tmp/cache-bench-worker-gpu*.log /tmp/cache-bench-gateway-*.log  # appended to: keep this run's only
     smg_options
-    $FLEET_PY cache_routing.py --workload shared-start --completions --stand-in-words --cuda-devices 0,0 \
+    bounded $FLEET_PY cache_routing.py --workload shared-start --completions --stand-in-words --cuda-devices 0,0 \
         --model "$QWEN3_8B" --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
         --tenants ${TENANTS:-24} --doc-words ${DOC_WORDS:-1700} --users ${USERS:-240} --rate ${RATE:-4} \
@@ -121,13 +128,13 @@ shared)
     done
     if [[ -d /tmp/cache-bench-smg ]]; then tar -C /tmp -cJf "$OUT/shared-smg-logs.tar.xz" cache-bench-smg; fi ;;
 jobs)
-    $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices $devices --max-model-len 2048 \
+    bounded $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices $devices --max-model-len 2048 \
         --worker-arg=--gpu-memory-utilization --worker-arg=$( ((ONE_WORKER)) && echo 0.4 || echo 0.2) --max-num-seqs $((ONE_WORKER ? 128 : 64)) \
         --seconds 30 --rate ${RATE:-8} --rows ${ROWS:-3000} --max-tokens 64 --batch-words 200 \
         --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 --phases ${PHASES:-spark,api,no-classes} "${api_variant_args[@]}" \
         --targets ${TARGETS:-relative} --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} 2>&1 | tee "$OUT/shared-pool-jobs.txt" ;;
 pool)
-    $FLEET_PY shared_pool.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
+    bounded $FLEET_PY shared_pool.py --workers vllm --model "$SMOL_REAL" --cuda-devices 0,0 --max-model-len 2048 \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.2 --max-num-seqs 64 --seconds 30 --rate ${RATE:-8} \
         --online-words 60 --online-max-tokens 32 --batch-in-flight 96 --batch-words 300 --batch-max-tokens 64 \
         --targets ${TARGETS:-relative} --ttft-target-ms ${TTFT_TARGET_MS:-200} --itl-target-ms ${ITL_TARGET_MS:-63} 2>&1 | tee "$OUT/shared-pool.txt" ;;
@@ -152,7 +159,7 @@ pool8b)
         joined=$(IFS=,; echo "${classes[*]}")
         step_args=(--worker-arg=--engine-arg "--worker-arg=additional_config={\"vllm_fleet_classes\": {$joined}}")
     fi
-    $FLEET_PY shared_pool.py --workers vllm --model "$QWEN3_8B" --cuda-devices $devices --max-model-len 2048 \
+    bounded $FLEET_PY shared_pool.py --workers vllm --model "$QWEN3_8B" --cuda-devices $devices --max-model-len 2048 \
         --worker-arg=--load-format --worker-arg=dummy --worker-arg=--gpu-memory-utilization --worker-arg=$( ((ONE_WORKER)) && echo 0.85 || echo 0.42) \
         --worker-arg=--no-enforce-eager --worker-arg=--max-num-batched-tokens --worker-arg=8192 "${step_args[@]}" \
         --completions --stand-in-words --max-num-seqs $((ONE_WORKER ? 128 : 64)) --seconds ${SECONDS_PER_PHASE:-30} --rate ${RATE:-8} \
