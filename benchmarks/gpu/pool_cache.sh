@@ -98,7 +98,8 @@ unique)
     PREFIXES=$PROMPTS ;&
 cache)
     smg_options
-    bounded $FLEET_PY cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model "$QWEN3_8B" --tokenizer "$QWEN3_8B" \
+    bounded $FLEET_PY cache_routing_vllm_bench.py --one-pair --cuda-devices 0,0 --model "$QWEN3_8B" \
+        --tokenizer "$QWEN3_8B" \
         --max-model-len 4096 --worker-arg=--load-format --worker-arg=dummy \
         --worker-arg=--gpu-memory-utilization --worker-arg=0.35 --kv-blocks ${KV_BLOCKS:-1600} \
         --num-prefixes ${PREFIXES:-24} --prefix-len ${PREFIX_LEN:-2048} --suffix-len 128 --output-len 32 \
@@ -128,7 +129,8 @@ shared)
     done
     if [[ -d /tmp/cache-bench-smg ]]; then tar -C /tmp -cJf "$OUT/shared-smg-logs.tar.xz" cache-bench-smg; fi ;;
 jobs)
-    bounded $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices $devices --max-model-len 2048 \
+    bounded $FLEET_PY shared_pool_jobs.py --workers vllm --model "$SMOL_REAL" --cuda-devices $devices \
+        --max-model-len 2048 \
         --worker-arg=--gpu-memory-utilization --worker-arg=$( ((ONE_WORKER)) && echo 0.4 || echo 0.2) --max-num-seqs $((ONE_WORKER ? 128 : 64)) \
         --seconds 30 --rate ${RATE:-8} --rows ${ROWS:-3000} --max-tokens 64 --batch-words 200 \
         --spark-cores 8 --spark-in-flight 12 --batch-api-concurrency 96 --phases ${PHASES:-spark,api,no-classes} "${api_variant_args[@]}" \
